@@ -1,0 +1,6 @@
+"""Callbacks reporting through the MLflow logger."""
+
+from callbacks.artifacts import FinalCheckpoint, MLflowSaveConfig
+from callbacks.samples import SampleLogger
+
+__all__ = ["FinalCheckpoint", "MLflowSaveConfig", "SampleLogger"]

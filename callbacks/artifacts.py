@@ -1,0 +1,41 @@
+"""Run artifacts in MLflow: the resolved config and the final checkpoint."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytorch_lightning as pl
+from pytorch_lightning.cli import SaveConfigCallback
+
+from lightning_gpate.tracking import mlflow_logger_of
+
+
+class MLflowSaveConfig(SaveConfigCallback):
+    """Store the resolved LightningCLI config as ``config.yaml`` in the MLflow run."""
+
+    def save_config(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        logger = mlflow_logger_of(trainer)
+        if logger is None or trainer.global_rank != 0:
+            return
+        text = self.parser.dump(self.config, skip_none=False)
+        logger.experiment.log_text(logger.run_id, text, "config.yaml")
+
+
+class FinalCheckpoint(pl.Callback):
+    """Save the final checkpoint at the end of fitting and attach it to the MLflow run
+    (artifact ``checkpoints/final.ckpt``); the run gets a ``final_checkpoint`` tag with its path."""
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        logger = mlflow_logger_of(trainer)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "final.ckpt"
+            trainer.save_checkpoint(path)  # collective under DDP: every rank calls it
+            if logger is None or trainer.global_rank != 0:
+                return
+            logger.experiment.log_artifact(logger.run_id, str(path), "checkpoints")
+        run = logger.experiment.get_run(logger.run_id)
+        uri = f"{run.info.artifact_uri}/checkpoints/final.ckpt"
+        local = uri[len("file://"):] if uri.startswith("file://") else uri
+        logger.experiment.set_tag(logger.run_id, "final_checkpoint", local)
+        pl_module.print(f"Final checkpoint: {local}\nSample it: lightning-gpate sample --ckpt_path {local} --num_samples 1000 --output samples.{'csv' if pl_module.data_spec['kind'] == 'tabular' else 'npz'}")

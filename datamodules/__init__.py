@@ -1,0 +1,11 @@
+"""DataModules: image and tabular data, splits, and fixed disjoint teacher partitions."""
+
+from datamodules.base import DataError, GenerativeDataModule
+from datamodules.image import ImageDataModule
+from datamodules.partition import TeacherBatches, TeacherPartition
+from datamodules.tabular import ColumnSpec, TabularDataModule, TabularTransformer, infer_schema
+
+__all__ = [
+    "ColumnSpec", "DataError", "GenerativeDataModule", "ImageDataModule", "TabularDataModule",
+    "TabularTransformer", "TeacherBatches", "TeacherPartition", "infer_schema",
+]

@@ -1,0 +1,362 @@
+"""Tabular data: schema, the exact transform to the generator's space and back, the DataModule.
+
+The generator emits, per feature column: numeric and binary columns as one value in [-1, 1]
+(min-max scaled with the column's bounds; binary as -1/+1), categorical columns as a one-hot block.
+Bounds and categories are *metadata*; where they are read from the private data instead of declared
+in the config, the spec lists the column under ``private_metadata`` so private models can refuse it
+or pay for it (see ``lightning_gpate.privacy.dp_stats``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from datamodules.base import DataError, GenerativeDataModule
+
+COLUMN_TYPES = ("numeric", "binary", "categorical")
+BUILTIN_TABLES = ("breast_cancer",)
+
+
+@dataclass
+class ColumnSpec:
+    """One column: its type, original dtype and metadata (bounds or categories)."""
+
+    name: str
+    type: str
+    dtype: str
+    min: float | None = None
+    max: float | None = None
+    categories: list[Any] = field(default_factory=list)
+    public: bool = False  # metadata declared by the user (not read from the private data)
+
+    @property
+    def width(self) -> int:
+        return len(self.categories) if self.type == "categorical" else 1
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype.startswith(("int", "uint", "Int", "UInt"))
+
+
+def _py(value: Any) -> Any:
+    """numpy scalar -> plain Python (for JSON/YAML specs)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _numeric_values(series: pd.Series, name: str) -> pd.Series:
+    values = pd.to_numeric(series, errors="coerce")
+    bad = values.isna() & series.notna()
+    if bad.any():
+        examples = sorted({str(v) for v in series[bad].head(20)})[:5]
+        rows = list(series.index[bad][:5])
+        raise DataError(
+            f"column {name!r} is numeric but has non-numeric values {examples} (rows {rows}); "
+            f"declare them missing with na_values, or declare the column categorical in the schema"
+        )
+    return values
+
+
+def infer_schema(
+    frame: pd.DataFrame, label: str, declared: dict[str, dict[str, Any]] | None = None
+) -> tuple[list[ColumnSpec], ColumnSpec]:
+    """Column types and metadata: declared entries win, the rest is inferred from ``frame``.
+
+    Inference: non-numeric values → categorical (two distinct values → binary); numeric with two
+    distinct values → binary; otherwise numeric (integer dtype kept, outputs rounded).
+    Declared ``min``/``max``/``categories`` are public; inferred ones are read from the data.
+    """
+    declared = dict(declared or {})
+    unknown = sorted(set(declared) - set(frame.columns))
+    if unknown:
+        raise DataError(f"schema names columns not in the data: {unknown}; columns are {list(frame.columns)}")
+    specs = {}
+    for name in frame.columns:
+        decl = dict(declared.get(name, {}))
+        col_type = decl.pop("type", None)
+        if col_type is not None and col_type not in COLUMN_TYPES:
+            raise DataError(f"column {name!r}: type must be one of {COLUMN_TYPES}, got {col_type!r}")
+        series = frame[name]
+        is_numeric = pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
+        if not is_numeric and col_type == "numeric":
+            series = _numeric_values(series, name)
+            is_numeric = True
+        if not is_numeric and col_type is None:
+            as_numbers = pd.to_numeric(series, errors="coerce")
+            if as_numbers.notna().mean() > 0.5:  # mostly numbers: a stray marker, not a category
+                _numeric_values(series, name)
+        distinct = pd.unique(series.dropna())
+        if col_type is None:
+            col_type = "binary" if len(distinct) == 2 else ("numeric" if is_numeric else "categorical")
+        dtype = str(series.dtype) if is_numeric else "object"
+        if pd.api.types.is_bool_dtype(series):
+            dtype = "bool"
+        spec = ColumnSpec(name=name, type=col_type, dtype=str(decl.pop("dtype", dtype)))
+        if col_type == "numeric":
+            if "min" in decl and "max" in decl:
+                spec.min, spec.max, spec.public = float(decl.pop("min")), float(decl.pop("max")), True
+                if spec.max < spec.min:
+                    raise DataError(f"column {name!r}: declared max {spec.max} < min {spec.min}")
+            elif "min" in decl or "max" in decl:
+                raise DataError(f"column {name!r}: declare both min and max, or neither")
+            else:
+                spec.min, spec.max = float(series.min()), float(series.max())
+        else:
+            if "categories" in decl:
+                spec.categories, spec.public = [_py(c) for c in decl.pop("categories")], True
+                unseen = sorted({str(v) for v in distinct} - {str(c) for c in spec.categories})
+                if unseen:
+                    raise DataError(f"column {name!r} has values {unseen[:5]} not among its declared categories")
+            else:
+                spec.categories = sorted((_py(v) for v in distinct), key=lambda v: (str(type(v)), v))
+            if col_type == "binary" and len(spec.categories) != 2:
+                raise DataError(f"column {name!r} is binary but has {len(spec.categories)} categories")
+        if decl:
+            raise DataError(f"column {name!r}: unknown schema keys {sorted(decl)}")
+        specs[name] = spec
+    if label not in specs:
+        raise DataError(f"label column {label!r} is not in the data; columns are {list(frame.columns)}")
+    label_spec = specs.pop(label)
+    if label_spec.type == "numeric":
+        label_spec.type = "categorical"
+        label_spec.categories = sorted(_py(v) for v in pd.unique(frame[label].dropna()))
+        label_spec.public = "categories" in declared.get(label, {})
+    if len(label_spec.categories) < 2:
+        raise DataError(f"label column {label!r} has fewer than two classes")
+    return list(specs.values()), label_spec
+
+
+class TabularTransformer:
+    """Exact, invertible map between a frame in its original schema and the generator's space."""
+
+    def __init__(self, columns: Sequence[ColumnSpec], label: ColumnSpec, column_order: Sequence[str]) -> None:
+        self.columns = list(columns)
+        self.label = label
+        self.column_order = list(column_order)
+
+    @property
+    def output_dim(self) -> int:
+        return sum(c.width for c in self.columns)
+
+    def spans(self) -> list[tuple[int, int, str]]:
+        """``(start, end, activation)`` per column of the generator's output: tanh or softmax."""
+        out, start = [], 0
+        for c in self.columns:
+            out.append((start, start + c.width, "softmax" if c.type == "categorical" else "tanh"))
+            start += c.width
+        return out
+
+    def transform(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Frame → (``[n, output_dim]`` float64 features, ``[n]`` int64 class indices).
+
+        Numeric values outside the bounds are clipped to them (declared bounds bound each record's
+        influence; this is what makes them part of the privacy analysis).
+        """
+        blocks = []
+        for c in self.columns:
+            series = frame[c.name]
+            if c.type == "numeric":
+                v = _numeric_values(series, c.name).to_numpy(dtype=np.float64)
+                span = c.max - c.min
+                scaled = np.zeros_like(v) if span == 0 else 2.0 * (np.clip(v, c.min, c.max) - c.min) / span - 1.0
+                blocks.append(scaled[:, None])
+            else:
+                codes = self._codes(series, c)
+                if c.type == "binary":
+                    blocks.append((2.0 * codes - 1.0)[:, None])
+                else:
+                    blocks.append(np.eye(len(c.categories))[codes])
+        features = np.concatenate(blocks, axis=1) if blocks else np.zeros((len(frame), 0))
+        return features, self._codes(frame[self.label.name], self.label)
+
+    @staticmethod
+    def _codes(series: pd.Series, c: ColumnSpec) -> np.ndarray:
+        lookup = {str(cat): i for i, cat in enumerate(c.categories)}
+        as_str = series.map(str)
+        codes = as_str.map(lookup)
+        if codes.isna().any():
+            bad = sorted(set(as_str[codes.isna()]))[:5]
+            raise DataError(f"column {c.name!r} has values {bad} not among its categories {c.categories[:10]}")
+        return codes.to_numpy(dtype=np.int64)
+
+    def inverse_transform(self, features: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
+        """Generator space → frame with the original column names, order, dtypes, ranges, categories."""
+        features = np.asarray(features, dtype=np.float64)
+        if features.ndim != 2 or features.shape[1] != self.output_dim:
+            raise DataError(f"expected features of shape [n, {self.output_dim}], got {features.shape}")
+        data, start = {}, 0
+        for c in self.columns:
+            block = features[:, start:start + c.width]
+            start += c.width
+            if c.type == "numeric":
+                v = (np.clip(block[:, 0], -1.0, 1.0) + 1.0) / 2.0 * (c.max - c.min) + c.min
+                v = np.clip(v, c.min, c.max)
+                data[c.name] = pd.Series(np.round(v) if c.is_integer else v).astype(c.dtype)
+            else:
+                codes = (block[:, 0] >= 0).astype(np.int64) if c.type == "binary" else block.argmax(axis=1)
+                data[c.name] = self._decode_categories(codes, c)
+        data[self.label.name] = self._decode_categories(np.asarray(labels, dtype=np.int64), self.label)
+        return pd.DataFrame(data)[self.column_order]
+
+    @staticmethod
+    def _decode_categories(codes: np.ndarray, c: ColumnSpec) -> pd.Series:
+        values = pd.Series(np.asarray(c.categories, dtype=object)[codes])
+        if c.dtype != "object":
+            values = values.astype(c.dtype)
+        return values
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "columns": [asdict(c) for c in self.columns],
+            "label": asdict(self.label),
+            "column_order": self.column_order,
+        }
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> "TabularTransformer":
+        return cls(
+            [ColumnSpec(**c) for c in spec["columns"]], ColumnSpec(**spec["label"]), spec["column_order"]
+        )
+
+
+def load_builtin_table(name: str) -> tuple[pd.DataFrame, str]:
+    """A table that ships with scikit-learn (no download), and its label column."""
+    if name == "breast_cancer":
+        from sklearn.datasets import load_breast_cancer
+
+        frame = load_breast_cancer(as_frame=True).frame
+        return frame, "target"
+    raise DataError(f"unknown builtin table {name!r}; choose one of {BUILTIN_TABLES}")
+
+
+class TabularDataModule(GenerativeDataModule):
+    """A table from a CSV file, a DataFrame, or a builtin, with a label column for conditional models.
+
+    Args:
+        path: CSV file (ignored when ``frame`` or ``builtin`` is given).
+        label: label column (class of the conditional generator).
+        frame: a pandas DataFrame (Python API).
+        builtin: ``"breast_cancer"`` (ships with scikit-learn; its label is ``target``).
+        sep: CSV separator.
+        na_values: extra strings that mean "missing" (e.g. ``["?"]``).
+        missing: what to do with rows that have missing values: ``"error"`` or ``"drop"``.
+        drop_columns: columns to leave out (ids).
+        schema: per-column declarations ``{name: {type, min, max, categories, dtype}}``; declared
+            bounds/categories are public, the rest is inferred and listed as private metadata.
+        class_ratio: class ratio of the label declared public (else the empirical ratio is recorded
+            as private metadata that private models must not use for free).
+        **kwargs: see :class:`GenerativeDataModule` (batch size, teachers, splits).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        label: str | None = None,
+        *,
+        frame: pd.DataFrame | None = None,
+        builtin: str | None = None,
+        sep: str = ",",
+        na_values: list[str] | None = None,
+        missing: str = "error",
+        drop_columns: list[str] | None = None,
+        schema: dict[str, dict[str, Any]] | None = None,
+        class_ratio: list[float] | None = None,
+        batch_size: int = 64,
+        num_teachers: int = 0,
+        teacher_batch_size: int = 32,
+        partition_seed: int = 0,
+        remainder: str = "spread",
+        val_fraction: float = 0.0,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size,
+            partition_seed=partition_seed, remainder=remainder, val_fraction=val_fraction,
+            test_fraction=test_fraction, split_seed=split_seed, num_workers=num_workers,
+        )
+        if missing not in ("error", "drop"):
+            raise DataError(f"missing must be 'error' or 'drop', got {missing!r}")
+        if frame is None and builtin is None and path is None:
+            raise DataError("give a CSV path, a DataFrame (frame=...) or builtin='breast_cancer'")
+        self.path, self.label, self.frame, self.builtin = path, label, frame, builtin
+        self.sep, self.na_values, self.missing = sep, na_values, missing
+        self.drop_columns = list(drop_columns or [])
+        self.schema, self.class_ratio = schema, class_ratio
+        self.save_hyperparameters(ignore=["frame"])
+        self._ensure_loaded()  # fail at construction on a bad file, column or value
+
+    def read_frame(self) -> pd.DataFrame:
+        """The table as given, before any transform (with missing-value handling applied)."""
+        if self.frame is not None:
+            frame = self.frame.copy()
+        elif self.builtin is not None:
+            frame, builtin_label = load_builtin_table(self.builtin)
+            self.label = self.label or builtin_label
+        else:
+            path = Path(self.path)
+            if not path.is_file():
+                raise DataError(f"data file not found: {path.resolve()}")
+            try:
+                frame = pd.read_csv(path, sep=self.sep, na_values=self.na_values)
+            except (pd.errors.ParserError, UnicodeDecodeError) as err:
+                raise DataError(f"could not read {path} as CSV (sep={self.sep!r}): {err}") from err
+            if frame.shape[1] == 1 and self.sep == "," and ";" in frame.columns[0]:
+                raise DataError(f"{path} has one column {frame.columns[0][:60]!r}...: is it ';'-separated? set sep: ';'")
+        if self.label is None:
+            raise DataError("no label column given (label: NAME)")
+        missing_drop = sorted(set(self.drop_columns) - set(frame.columns))
+        if missing_drop:
+            raise DataError(f"drop_columns names columns not in the data: {missing_drop}")
+        frame = frame.drop(columns=self.drop_columns)
+        if self.label not in frame.columns:
+            raise DataError(f"label column {self.label!r} is not in the data; columns are {list(frame.columns)}")
+        holes = frame.isna()
+        if holes.any().any():
+            if self.missing == "drop":  # a per-record transformation: neighbouring inputs stay neighbours
+                frame = frame[~holes.any(axis=1)].reset_index(drop=True)
+            else:
+                counts = holes.sum()
+                counts = {k: int(v) for k, v in counts[counts > 0].items()}
+                raise DataError(
+                    f"missing values (NaN) in columns {counts}; set missing: drop to drop those rows, "
+                    f"or fill them before training"
+                )
+        if len(frame) == 0:
+            raise DataError("the table has no rows (after dropping rows with missing values)")
+        return frame
+
+    def _load(self) -> dict[str, Any]:
+        frame = self.read_frame()
+        columns, label_spec = infer_schema(frame, self.label, self.schema)
+        self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
+        features, labels = self.transformer.transform(frame)
+        num_classes = len(label_spec.categories)
+        if self.class_ratio is not None:
+            if len(self.class_ratio) != num_classes or min(self.class_ratio) < 0 or sum(self.class_ratio) <= 0:
+                raise DataError(f"class_ratio must give {num_classes} non-negative weights, got {self.class_ratio}")
+            ratio, source = list(np.asarray(self.class_ratio) / sum(self.class_ratio)), "public"
+        else:
+            ratio, source = list(np.bincount(labels, minlength=num_classes) / len(labels)), "data"
+        private = [c.name for c in columns if not c.public]
+        if not label_spec.public:
+            private.append(label_spec.name)
+        spec = {
+            "kind": "tabular",
+            "shape": [self.transformer.output_dim],
+            "num_classes": num_classes,
+            "class_names": [str(c) for c in label_spec.categories],
+            "class_ratio": [float(r) for r in ratio],
+            "class_ratio_source": source,
+            "private_metadata": private,
+            "spans": [list(s) for s in self.transformer.spans()],
+            **self.transformer.to_spec(),
+        }
+        tensors = (torch.from_numpy(features.astype(np.float32)), torch.from_numpy(labels.copy()))
+        return {"splits": {"train": tensors}, "spec": spec}

@@ -1,0 +1,1 @@
+"""Differentially private data generators on PyTorch Lightning."""

@@ -1,0 +1,68 @@
+"""Single (non-ensemble) conditional discriminators: DCGAN for images, MLP for tables."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from lightning_gpate.nets.generators import _norm1d, concat_label_maps, one_hot
+
+
+def _norm2d(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":  # per-sample statistics: safe under DP-SGD's per-sample gradients
+        return nn.GroupNorm(min(32, channels), channels)
+    return nn.Identity()
+
+
+class ConditionalDCGANDiscriminator(nn.Module):
+    """DCGAN discriminator with the label concatenated to every layer (G-PATE's MNIST teacher shape):
+    conv5x5/2 → conv5x5/2 (norm) → fc(1024) (norm) → fc(1). Returns logits ``[n]``.
+
+    Args:
+        in_shape: ``(C, H, W)``.
+        num_classes: label classes.
+        df_dim: base channel width (64 in the paper).
+        fc_dim: dense width (1024 in the paper).
+        norm: ``"batch"`` (non-private), ``"group"`` or ``"none"`` (DP-SGD needs per-sample norms).
+    """
+
+    def __init__(self, *, in_shape: Sequence[int], num_classes: int, df_dim: int = 64, fc_dim: int = 1024, norm: str = "batch") -> None:
+        super().__init__()
+        c, h, w = in_shape
+        self.num_classes = num_classes
+        self.conv0 = nn.Conv2d(c + num_classes, c + num_classes, 5, stride=2, padding=2)
+        self.conv1 = nn.Conv2d(c + 2 * num_classes, df_dim + num_classes, 5, stride=2, padding=2)
+        self.norm1 = _norm2d(norm, df_dim + num_classes)
+        flat = (df_dim + num_classes) * ((h + 3) // 4) * ((w + 3) // 4)
+        self.fc0 = nn.Linear(flat + num_classes, fc_dim)
+        self.norm_fc = _norm1d("layer" if norm == "group" else norm, fc_dim)
+        self.fc1 = nn.Linear(fc_dim + num_classes, 1)
+        self.act = nn.LeakyReLU(0.2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        yo = one_hot(y, self.num_classes)
+        h = self.act(self.conv0(concat_label_maps(x, yo)))
+        h = self.act(self.norm1(self.conv1(concat_label_maps(h, yo))))
+        h = self.act(self.norm_fc(self.fc0(torch.cat([h.flatten(1), yo], 1))))
+        return self.fc1(torch.cat([h, yo], 1)).squeeze(1)
+
+
+class ConditionalMLPDiscriminator(nn.Module):
+    """MLP discriminator for tables: [x, onehot(y)] → hidden (norm, LeakyReLU 0.2) → logit ``[n]``."""
+
+    def __init__(self, *, in_features: int, num_classes: int, hidden: Sequence[int] = (256, 256), norm: str = "none") -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        layers, width = [], in_features + num_classes
+        for h in hidden:
+            layers += [nn.Linear(width, h), _norm1d(norm, h), nn.LeakyReLU(0.2)]
+            width = h
+        layers.append(nn.Linear(width, 1))
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.body(torch.cat([x.flatten(1), one_hot(y, self.num_classes)], 1)).squeeze(1)

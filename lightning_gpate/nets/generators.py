@@ -1,0 +1,102 @@
+"""Generators: conditional DCGAN (images) and conditional MLP (tables). Plain ``nn.Module``s."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    return F.one_hot(y.long(), num_classes).float()
+
+
+def concat_label_maps(h: torch.Tensor, y_onehot: torch.Tensor) -> torch.Tensor:
+    """Append the one-hot label as constant feature maps (DCGAN ``conv_cond_concat``)."""
+    maps = y_onehot[:, :, None, None].expand(-1, -1, h.shape[2], h.shape[3])
+    return torch.cat([h, maps], dim=1)
+
+
+class ConditionalDCGANGenerator(nn.Module):
+    """DCGAN generator with the label concatenated to every layer, as in G-PATE's MNIST model
+    (DCGAN-tensorflow ``generator`` with ``y_dim``): fc(1024) → fc(2·gf·s/4·s/4) → deconv → deconv.
+
+    Args:
+        z_dim: latent size.
+        num_classes: label classes.
+        out_shape: ``(C, H, W)`` with ``H`` and ``W`` divisible by 4.
+        gf_dim: base channel width (64 in the paper).
+        fc_dim: width of the first dense layer (1024 in the paper).
+    """
+
+    def __init__(self, *, z_dim: int, num_classes: int, out_shape: Sequence[int], gf_dim: int = 64, fc_dim: int = 1024) -> None:
+        super().__init__()
+        c, h, w = out_shape
+        if h % 4 or w % 4:
+            raise ValueError(f"image side must be divisible by 4, got {h}x{w}")
+        self.num_classes, self.out_shape = num_classes, tuple(out_shape)
+        self.h4, self.w4, self.gf = h // 4, w // 4, gf_dim
+        self.fc0 = nn.Sequential(nn.Linear(z_dim + num_classes, fc_dim), nn.BatchNorm1d(fc_dim), nn.ReLU(True))
+        self.fc1 = nn.Sequential(
+            nn.Linear(fc_dim + num_classes, 2 * gf_dim * self.h4 * self.w4),
+            nn.BatchNorm1d(2 * gf_dim * self.h4 * self.w4), nn.ReLU(True),
+        )
+        self.up1 = nn.Sequential(
+            nn.ConvTranspose2d(2 * gf_dim + num_classes, 2 * gf_dim, 5, stride=2, padding=2, output_padding=1),
+            nn.BatchNorm2d(2 * gf_dim), nn.ReLU(True),
+        )
+        self.up2 = nn.ConvTranspose2d(2 * gf_dim + num_classes, c, 5, stride=2, padding=2, output_padding=1)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        yo = one_hot(y, self.num_classes)
+        h = self.fc0(torch.cat([z, yo], 1))
+        h = self.fc1(torch.cat([h, yo], 1)).view(-1, 2 * self.gf, self.h4, self.w4)
+        h = self.up1(concat_label_maps(h, yo))
+        return torch.tanh(self.up2(concat_label_maps(h, yo)))
+
+
+class TabularActivation(nn.Module):
+    """Per-column output activations: tanh for numeric/binary values, softmax over one-hot blocks."""
+
+    def __init__(self, spans: Sequence[Sequence]) -> None:
+        super().__init__()
+        self.spans = [(int(s), int(e), str(a)) for s, e, a in spans]
+        self._all_tanh = all(a == "tanh" for _, _, a in self.spans)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self._all_tanh:
+            return torch.tanh(h)
+        return torch.cat([torch.tanh(h[:, s:e]) if a == "tanh" else torch.softmax(h[:, s:e], dim=1) for s, e, a in self.spans], dim=1)
+
+
+def _norm1d(kind: str, width: int) -> nn.Module:
+    return {"batch": lambda: nn.BatchNorm1d(width), "layer": lambda: nn.LayerNorm(width), "none": nn.Identity}[kind]()
+
+
+class ConditionalMLPGenerator(nn.Module):
+    """MLP generator for tables: [z, onehot(y)] → hidden (norm, ReLU) → per-column activations.
+
+    Args:
+        z_dim: latent size.
+        num_classes: label classes.
+        spans: ``(start, end, activation)`` per output column (from the data spec).
+        hidden: hidden widths.
+        norm: ``"batch"``, ``"layer"`` or ``"none"``.
+    """
+
+    def __init__(self, *, z_dim: int, num_classes: int, spans: Sequence[Sequence], hidden: Sequence[int] = (256, 256), norm: str = "batch") -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        layers, width = [], z_dim + num_classes
+        for h in hidden:
+            layers += [nn.Linear(width, h), _norm1d(norm, h), nn.ReLU(True)]
+            width = h
+        out_dim = int(spans[-1][1]) if len(spans) else 0
+        layers.append(nn.Linear(width, out_dim))
+        self.body = nn.Sequential(*layers)
+        self.activation = TabularActivation(spans)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.body(torch.cat([z, one_hot(y, self.num_classes)], 1)))

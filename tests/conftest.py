@@ -1,0 +1,50 @@
+"""Shared fixtures: every test runs in its own folder with its own MLflow store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (tmp_path / "mlruns").mkdir()
+    torch.set_num_threads(1)
+    yield
+
+
+@pytest.fixture
+def mixed_frame() -> pd.DataFrame:
+    """A small table with every column kind, an integer and a float column, and a label."""
+    rng = np.random.default_rng(0)
+    n = 120
+    return pd.DataFrame({
+        "age": rng.integers(18, 90, n),
+        "income": rng.normal(50_000, 12_000, n).round(2),
+        "smoker": rng.choice(["yes", "no"], n),
+        "region": rng.choice(["north", "south", "east", "west"], n),
+        "visits": rng.integers(0, 3, n),
+        "flag": rng.choice([True, False], n),
+        "outcome": rng.choice([0, 1], n, p=[0.7, 0.3]),
+    })
+
+
+def query_run(experiment: str):
+    """The newest MLflow run of an experiment in the test's store, and a client."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r}"
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
+    assert runs, f"no runs in {experiment!r}"
+    return runs[0], client

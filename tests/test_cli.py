@@ -1,0 +1,80 @@
+"""End to end through the command line: fit → MLflow run → sample, and the CLI's errors."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import query_run
+from lightning_gpate.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_GAN = ["--model.z_dim", "16", "--model.gf_dim", "8", "--model.df_dim", "8", "--model.fc_dim", "32",
+             "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
+
+
+def _fit(config: str, *extra: str):
+    main(["fit", "--config", str(ROOT / "configs" / config), *SMALL_GAN, *extra])
+
+
+def test_fit_then_sample_digits(capsys):
+    _fit("gan_digits.yaml")
+    run, client = query_run("digits")
+    assert run.data.params["z_dim"] == "16"
+    assert run.data.params["dataset"] == "digits"
+    assert {"d_loss", "g_loss"} <= set(run.data.metrics)
+    assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 4  # one per generator step
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "checkpoints", "samples"} <= artifacts
+    config = Path(client.download_artifacts(run.info.run_id, "config.yaml")).read_text()
+    assert "ImageDataModule" in config and "max_steps: 4" in config
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/samples_final.png"]
+
+    ckpt = run.data.tags["final_checkpoint"]
+    assert main(["sample", "--ckpt_path", ckpt, "--num_samples", "25", "--output", "out/s.npz", "--seed", "1"]) == 0
+    data = np.load("out/s.npz")
+    assert data["images"].shape == (25, 1, 8, 8) and data["labels"].shape == (25,)
+    assert 0.0 <= data["images"].min() and data["images"].max() <= 16.0  # the digits' own range
+    assert Path("out/s.png").stat().st_size > 0
+    again = np.load(main(["sample", "--ckpt_path", ckpt, "--num_samples", "25", "--output", "out/t.npz", "--seed", "1"]) or "out/t.npz")
+    assert np.array_equal(again["images"], data["images"])  # seeded
+
+
+def test_fit_then_sample_table_in_original_schema(tmp_path, mixed_frame):
+    mixed_frame.to_csv("table.csv", index=False)
+    main(["fit", "--config", str(ROOT / "configs" / "gan_breast_cancer.yaml"),
+          "--data.builtin", "null", "--data.path", "table.csv", "--data.label", "outcome", "--data.batch_size", "16",
+          "--model.hidden", "[16]", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+          "--trainer.logger.init_args.experiment_name", "table"])
+    run, client = query_run("table")
+    assert "g_loss" in run.data.metrics
+    table_artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
+    assert table_artifacts == ["samples/samples_final.csv"]
+    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "40", "--output", "s.csv"]) == 0
+    out = pd.read_csv("s.csv")
+    assert list(out.columns) == list(mixed_frame.columns) and len(out) == 40
+    assert (out.dtypes == pd.read_csv("table.csv").dtypes).all()
+    assert out["age"].between(mixed_frame["age"].min(), mixed_frame["age"].max()).all()
+    assert set(out["region"]) <= set(mixed_frame["region"]) and set(out["outcome"]) <= {0, 1}
+
+
+def test_sample_errors_are_clear_and_write_nothing(tmp_path, capsys):
+    torch.save({"state_dict": {}}, "other.ckpt")
+    assert main(["sample", "--ckpt_path", "other.ckpt", "--num_samples", "5", "--output", "x.csv"]) == 2
+    assert "not a lightning-gpate generator checkpoint" in capsys.readouterr().err
+    assert main(["sample", "--ckpt_path", "missing.ckpt", "--num_samples", "5", "--output", "x.csv"]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sample", "--ckpt_path", "other.ckpt", "--num_samples", "0", "--output", "x.csv"])
+    assert "--num_samples must be >= 1" in capsys.readouterr().err
+    assert not Path("x.csv").exists()
+
+
+def test_wrong_output_kind_writes_nothing(capsys):
+    _fit("gan_digits.yaml", "--trainer.max_steps", "1")
+    run, _ = query_run("digits")
+    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "5", "--output", "x.csv"]) == 2
+    assert ".npz" in capsys.readouterr().err
+    assert not Path("x.csv").exists()

@@ -1,0 +1,113 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from datamodules import DataError, TabularDataModule, TabularTransformer, infer_schema
+
+
+def test_schema_inference_kinds(mixed_frame):
+    columns, label = infer_schema(mixed_frame, "outcome")
+    kinds = {c.name: c.type for c in columns}
+    assert kinds == {"age": "numeric", "income": "numeric", "smoker": "binary", "region": "categorical",
+                     "visits": "numeric", "flag": "binary"}
+    assert label.categories == [0, 1]
+    region = next(c for c in columns if c.name == "region")
+    assert region.categories == ["east", "north", "south", "west"] and not region.public
+
+
+def test_round_trip_is_exact(mixed_frame):
+    columns, label = infer_schema(mixed_frame, "outcome")
+    tf = TabularTransformer(columns, label, list(mixed_frame.columns))
+    x, y = tf.transform(mixed_frame)
+    assert x.shape == (len(mixed_frame), 1 + 1 + 1 + 4 + 1 + 1)
+    assert x.min() >= -1 and x.max() <= 1
+    back = tf.inverse_transform(x, y)
+    assert list(back.columns) == list(mixed_frame.columns)
+    assert (back.dtypes == mixed_frame.dtypes).all()
+    pd.testing.assert_frame_equal(back, mixed_frame, check_exact=False, rtol=1e-12)
+    assert (back["age"] == mixed_frame["age"]).all()  # integers exactly
+
+
+def test_round_trip_through_the_spec(mixed_frame):
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", test_fraction=0.0)
+    tf = TabularTransformer.from_spec(dm.spec)
+    x, y = tf.transform(mixed_frame)
+    pd.testing.assert_frame_equal(tf.inverse_transform(x, y), mixed_frame, check_exact=False, rtol=1e-12)
+
+
+def test_breast_cancer_round_trip():
+    dm = TabularDataModule(builtin="breast_cancer")
+    frame = dm.read_frame()
+    tf = TabularTransformer.from_spec(dm.spec)
+    x, y = tf.transform(frame)
+    pd.testing.assert_frame_equal(tf.inverse_transform(x, y), frame, check_exact=False, rtol=1e-10)
+
+
+def test_declared_bounds_are_public_clip_and_generated_values_stay_in_range(mixed_frame):
+    schema = {"age": {"min": 30, "max": 60}, "region": {"categories": ["north", "south", "east", "west"]}}
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", schema=schema, class_ratio=[0.5, 0.5])
+    assert "age" not in dm.spec["private_metadata"] and "region" not in dm.spec["private_metadata"]
+    assert "income" in dm.spec["private_metadata"]
+    assert dm.spec["class_ratio_source"] == "public"
+    tf = TabularTransformer.from_spec(dm.spec)
+    x, y = tf.transform(mixed_frame)
+    out = tf.inverse_transform(np.random.default_rng(0).uniform(-3, 3, x.shape), y)
+    assert out["age"].between(30, 60).all()
+    assert set(out["region"]) <= {"north", "south", "east", "west"}
+
+
+def test_empirical_class_ratio_is_marked_private(mixed_frame):
+    dm = TabularDataModule(frame=mixed_frame, label="outcome")
+    assert dm.spec["class_ratio_source"] == "data"
+    assert "outcome" in dm.spec["private_metadata"]
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="data file not found"):
+        TabularDataModule(str(tmp_path / "nope.csv"), label="y")
+
+
+def test_unknown_label_column(mixed_frame):
+    with pytest.raises(DataError, match="label column 'target' is not in the data"):
+        TabularDataModule(frame=mixed_frame, label="target")
+
+
+def test_non_numeric_values_in_a_numeric_column(tmp_path, mixed_frame):
+    frame = mixed_frame.astype({"income": object})
+    frame.loc[5, "income"] = "?"
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(DataError, match=r"column 'income' is numeric but has non-numeric values \['\?'\]"):
+        TabularDataModule(str(path), label="outcome")
+    dm = TabularDataModule(str(path), label="outcome", na_values=["?"], missing="drop")
+    assert dm.spec["num_train"] + len(dm.splits["test"][1]) == len(frame) - 1
+
+
+def test_nans_are_a_clear_error(mixed_frame):
+    frame = mixed_frame.astype({"income": float})
+    frame.loc[[1, 2], "income"] = np.nan
+    with pytest.raises(DataError, match=r"missing values \(NaN\) in columns \{'income': 2\}"):
+        TabularDataModule(frame=frame, label="outcome")
+
+
+def test_schema_errors(mixed_frame):
+    with pytest.raises(DataError, match="schema names columns not in the data"):
+        TabularDataModule(frame=mixed_frame, label="outcome", schema={"nope": {"type": "numeric"}})
+    with pytest.raises(DataError, match="not among its declared categories"):
+        TabularDataModule(frame=mixed_frame, label="outcome", schema={"region": {"categories": ["north"]}})
+    with pytest.raises(DataError, match="both min and max"):
+        TabularDataModule(frame=mixed_frame, label="outcome", schema={"age": {"min": 0}})
+
+
+def test_semicolon_file_hint(tmp_path, mixed_frame):
+    path = tmp_path / "semi.csv"
+    mixed_frame.to_csv(path, sep=";", index=False)
+    with pytest.raises(DataError, match="sep: ';'"):
+        TabularDataModule(str(path), label="outcome")
+    assert TabularDataModule(str(path), label="outcome", sep=";").spec["num_classes"] == 2
+
+
+def test_too_few_rows_per_teacher(mixed_frame):
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", num_teachers=500)
+    with pytest.raises(ValueError, match="too few rows per teacher"):
+        dm.setup("fit")
