@@ -102,6 +102,7 @@ class GenerativeDataModule(pl.LightningDataModule):
         if n - n_test - n_val < 1:
             raise DataError(f"no training rows left after the val/test split of {n} rows")
         test_idx, val_idx, train_idx = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+        self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
         self.splits = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx])}
         self.splits["test"] = splits["test"] if "test" in splits else (x[test_idx], y[test_idx])
         self._spec = loaded["spec"]

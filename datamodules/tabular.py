@@ -332,8 +332,14 @@ class TabularDataModule(GenerativeDataModule):
             raise DataError("the table has no rows (after dropping rows with missing values)")
         return frame
 
+    def split_frame(self, split: str) -> pd.DataFrame:
+        """A split (``train``, ``val``, ``test``) as the original frame's rows, untransformed."""
+        self._ensure_loaded()
+        return self._frame.iloc[self.split_indices[split].numpy()].reset_index(drop=True)
+
     def _load(self) -> dict[str, Any]:
         frame = self.read_frame()
+        self._frame = frame
         columns, label_spec = infer_schema(frame, self.label, self.schema)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
         features, labels = self.transformer.transform(frame)

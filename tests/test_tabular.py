@@ -111,3 +111,11 @@ def test_too_few_rows_per_teacher(mixed_frame):
     dm = TabularDataModule(frame=mixed_frame, label="outcome", num_teachers=500)
     with pytest.raises(ValueError, match="too few rows per teacher"):
         dm.setup("fit")
+
+
+def test_split_frames_are_disjoint_rows_of_the_original(mixed_frame):
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", val_fraction=0.1, test_fraction=0.2)
+    parts = [dm.split_frame(s) for s in ("train", "val", "test")]
+    assert [len(p) for p in parts] == [84, 12, 24]
+    merged = pd.concat(parts).sort_values(list(mixed_frame.columns)).reset_index(drop=True)
+    pd.testing.assert_frame_equal(merged, mixed_frame.sort_values(list(mixed_frame.columns)).reset_index(drop=True))

@@ -1,0 +1,168 @@
+"""What every private generator shares: the budget, the accountant, and the rules on metadata.
+
+* The budget ``(epsilon, delta)`` belongs to the model, not to an optional callback: a step whose
+  privacy event would take ε past the budget is refused *before* its update is applied
+  (:meth:`PrivateGenerativeModel.charge`), and a model whose budget is spent refuses to train.
+* The accountant's state is saved in and restored from every checkpoint, so resuming never resets ε.
+* Metadata read from the private data (bounds, categories, the class ratio) is refused unless it was
+  declared public or paid for; what was paid (``data_spec["metadata_cost"]``) is recorded as pure-DP
+  events in the same accountant.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from lightning_gpate.models.base import GenerativeModel
+from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
+from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+BUDGET_ACCOUNTING = ("guarantee", "paper")
+ACCOUNTANT_KEY = "privacy_accountant"
+
+
+class BudgetExhaustedError(RuntimeError):
+    """Training was asked of a model whose privacy budget is already spent."""
+
+
+class PrivateMetadataError(ValueError):
+    """The data spec carries metadata read from the private data that nobody paid for."""
+
+
+class PrivateGenerativeModel(GenerativeModel):
+    """Base of the private generators (G-PATE, PATE-GAN, DP-GAN, GS-WGAN).
+
+    Subclasses call :meth:`charge` with each step's privacy event *before* applying the step's
+    update, and skip the update when it returns ``False``.
+
+    Args:
+        data_spec: the DataModule's spec.
+        epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
+        delta: δ of the (ε, δ) guarantee, in (0, 1).
+        budget_accounting: ``"guarantee"`` (default: the budget holds a real (ε, δ)-DP guarantee) or
+            ``"paper"`` (the paper's own analysis, e.g. data-dependent PATE ε without smooth
+            sensitivity or GS-WGAN's per-sample composition — NOT a guarantee; the run is tagged so).
+        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
+        z_dim: latent size.
+        latent_prior: ``"normal"`` or ``"uniform"``.
+    """
+
+    def __init__(
+        self,
+        data_spec: dict[str, Any],
+        *,
+        epsilon: float,
+        delta: float,
+        budget_accounting: str = "guarantee",
+        conversion: str = "improved",
+        z_dim: int = 100,
+        latent_prior: str = "normal",
+    ) -> None:
+        if not epsilon > 0:
+            raise ValueError(f"epsilon must be > 0, got {epsilon}")
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        if budget_accounting not in BUDGET_ACCOUNTING:
+            raise ValueError(f"budget_accounting must be one of {BUDGET_ACCOUNTING}, got {budget_accounting!r}")
+        check_metadata_is_public(data_spec)
+        super().__init__(data_spec, z_dim=z_dim, latent_prior=latent_prior)
+        self.epsilon_budget = float(epsilon)
+        self.delta = float(delta)
+        self.budget_accounting = budget_accounting
+        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion)
+        for cost in data_spec.get("metadata_cost", []):
+            self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata"))))
+        self.budget_exhausted = False
+        self.stop_reason: str | None = None
+        if self.spent_epsilon() > self.epsilon_budget:
+            raise ValueError(
+                f"the metadata estimated with DP already costs ε={self.spent_epsilon():.4g}, "
+                f"more than the budget ε={self.epsilon_budget:g}"
+            )
+
+    # ----------------------------------------------------------------- labels
+    def sampling_class_ratio(self) -> list[float]:
+        """Declared-public, DP-estimated or uniform class ratio; never the raw empirical one."""
+        if self.data_spec.get("class_ratio_source") == "data":
+            warnings.warn(
+                "the class ratio was read from the private data: sampling labels uniformly instead. "
+                "Declare it public (data.class_ratio) or pay for it with DP (data.label_ratio_epsilon).",
+                stacklevel=3,
+            )
+            return [1.0 / self.num_classes] * self.num_classes
+        return list(self.data_spec["class_ratio"])
+
+    # ----------------------------------------------------------------- budget
+    def spent_epsilon(self) -> float:
+        """ε spent so far under the accounting the budget uses."""
+        if self.budget_accounting == "paper":
+            return self.accountant.epsilon_paper()
+        return self.accountant.epsilon()
+
+    def epsilon_if(self, event) -> float:
+        """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""
+        if self.budget_accounting == "paper":
+            _, paper = self.accountant.rdp_of(event)
+            acc = self.accountant
+            return rdp_to_epsilon(acc.rdp_paper + paper, acc.orders, acc.delta, conversion=acc.conversion)[0]
+        return self.accountant.epsilon_if(event)
+
+    def charge(self, event) -> bool:
+        """Record ``event`` if the budget allows it and return ``True``; otherwise record nothing,
+        mark the budget exhausted, ask the trainer to stop, and return ``False`` — the caller must
+        then not apply the update that the event pays for."""
+        after = self.epsilon_if(event)
+        if after > self.epsilon_budget:
+            self.budget_exhausted = True
+            self.stop_reason = (
+                f"privacy budget reached: the next step would take epsilon from {self.spent_epsilon():.4f} "
+                f"to {after:.4f} > {self.epsilon_budget:g} (delta={self.delta:g}, {self.budget_accounting})"
+            )
+            if self._trainer is not None:
+                self.trainer.should_stop = True
+            return False
+        self.accountant.record(event)
+        return True
+
+    def on_train_start(self) -> None:
+        if self.budget_exhausted:
+            raise BudgetExhaustedError(
+                f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
+                f"{self.epsilon_budget:g}): {self.stop_reason}. Training more would exceed it; "
+                f"start a new run with a new budget instead."
+            )
+
+    def configure_callbacks(self):
+        from callbacks.privacy import PrivacyBudget
+
+        return [PrivacyBudget()]
+
+    # ----------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[ACCOUNTANT_KEY] = {
+            "accountant": self.accountant.state_dict(),
+            "budget_exhausted": self.budget_exhausted,
+            "stop_reason": self.stop_reason,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(ACCOUNTANT_KEY)
+        if state is None:
+            raise ValueError("checkpoint of a private model without its privacy accountant: refusing to reset epsilon")
+        self.accountant.load_state_dict(state["accountant"])
+        self.budget_exhausted = bool(state["budget_exhausted"])
+        self.stop_reason = state["stop_reason"]
+
+
+def check_metadata_is_public(spec: dict[str, Any]) -> None:
+    """Refuse bounds/categories read from the private data unless declared public or paid for."""
+    private = list(spec.get("private_metadata", []))
+    if private:
+        raise PrivateMetadataError(
+            f"columns {private} have bounds or categories (for the label: its classes) read from the private data, which would leak it "
+            f"for free. Declare them public in data.schema (min/max or categories), or set "
+            f"data.metadata_epsilon to estimate them with DP from the budget."
+        )
+
