@@ -18,6 +18,21 @@ from torch.utils.data import IterableDataset
 REMAINDER_POLICIES = ("spread", "drop")
 
 
+def hashed_uniform(seed: int, epoch: int, teacher_ids: np.ndarray, num_positions: int) -> np.ndarray:
+    """``[len(teacher_ids), num_positions]`` uniforms in [0, 1) that depend only on
+    ``(seed, epoch, global teacher id, position)`` (SplitMix64 finaliser): a teacher's shuffle is
+    the same whichever other teachers a process owns, so 1 and N DDP processes draw the same batches.
+    """
+    with np.errstate(over="ignore"):
+        x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(epoch) * np.uint64(0xBF58476D1CE4E5B9))
+        x = x ^ (np.asarray(teacher_ids, dtype=np.uint64)[:, None] * np.uint64(0x94D049BB133111EB))
+        x = x + np.arange(num_positions, dtype=np.uint64)[None, :] * np.uint64(0xD6E8FEB86659FD93)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 class TeacherPartition:
     """An assignment of training rows to ``num_teachers`` disjoint teachers.
 
@@ -121,7 +136,8 @@ class TeacherBatches(IterableDataset):
     Every item is ``(x, y)`` with ``x`` of shape ``[T, batch_size, *feature_shape]``: teacher ``i``
     of ``teacher_ids`` gets ``batch_size`` rows of its own partition, shuffled once per pass
     (a teacher with fewer rows than ``batch_size`` cycles through its rows). No Python loop over
-    teachers: rows are gathered with one index tensor.
+    teachers: rows are gathered with one index tensor. A teacher's batches depend only on the seed,
+    the pass and its global id, not on which other teachers this process owns.
 
     Args:
         features: all training rows (any storage; ``transform`` maps a gathered batch to model space).
@@ -160,10 +176,9 @@ class TeacherBatches(IterableDataset):
         return self.steps_per_pass
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        self.epoch += 1
         num_teachers, max_rows = self.rows.shape
-        keys = torch.rand(num_teachers, max_rows, generator=gen)
+        keys = torch.from_numpy(hashed_uniform(self.seed, self.epoch, np.asarray(self.teacher_ids), max_rows))
+        self.epoch += 1
         keys[self.rows < 0] = 2.0  # padding sorts last
         order = self.rows.gather(1, keys.argsort(dim=1))
         sizes = self.sizes.unsqueeze(1)

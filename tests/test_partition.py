@@ -91,3 +91,14 @@ def test_teacher_batches_cover_each_partition_once_per_pass():
     for t in range(teachers):
         assert sorted(seen[t]) == sorted(part.rows_of(t).tolist())
     assert np.array_equal(part.sizes, [30] * 4)
+
+
+def test_a_teachers_batches_do_not_depend_on_which_teachers_a_process_owns():
+    n = 300
+    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    y = torch.zeros(n, dtype=torch.long)
+    part = TeacherPartition.create(n, 6, seed=0)
+    everyone = list(TeacherBatches(x, y, part, range(6), batch_size=7, seed=3))
+    rank1_of_2 = list(TeacherBatches(x, y, part, [1, 3, 5], batch_size=7, seed=3))
+    for (xa, _), (xb, _) in zip(everyone, rank1_of_2):
+        assert torch.equal(xa[[1, 3, 5]], xb)
