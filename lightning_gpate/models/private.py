@@ -108,15 +108,24 @@ class PrivateGenerativeModel(GenerativeModel):
             return rdp_to_epsilon(acc.rdp_paper + paper, acc.orders, acc.delta, conversion=acc.conversion)[0]
         return self.accountant.epsilon_if(event)
 
-    def charge(self, event) -> bool:
+    def charge(self, event, *, worst_case=None) -> bool:
         """Record ``event`` if the budget allows it and return ``True``; otherwise record nothing,
         mark the budget exhausted, ask the trainer to stop, and return ``False`` — the caller must
-        then not apply the update that the event pays for."""
-        after = self.epsilon_if(event)
+        then not apply (or use) the outputs that the event pays for.
+
+        Args:
+            event: what the step's mechanism released.
+            worst_case: an event whose cost bounds ``event``'s and that does not depend on the
+                mechanism's noisy outputs (e.g. Confident-GNMax with every query answered). When
+                given, the decision to stop is made on it alone, so the decision never depends on
+                an output that was not paid for.
+        """
+        probe = event if worst_case is None else worst_case
+        after = self.epsilon_if(probe)
         if after > self.epsilon_budget:
             self.budget_exhausted = True
             self.stop_reason = (
-                f"privacy budget reached: the next step would take epsilon from {self.spent_epsilon():.4f} "
+                f"privacy budget reached: the next step could take epsilon from {self.spent_epsilon():.4f} "
                 f"to {after:.4f} > {self.epsilon_budget:g} (delta={self.delta:g}, {self.budget_accounting})"
             )
             if self._trainer is not None:
