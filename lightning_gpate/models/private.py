@@ -19,7 +19,6 @@ from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper")
-ACCOUNTANT_KEY = "privacy_accountant"
 
 
 class BudgetExhaustedError(RuntimeError):
@@ -148,18 +147,17 @@ class PrivateGenerativeModel(GenerativeModel):
         return [PrivacyBudget()]
 
     # ----------------------------------------------------------------- checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[ACCOUNTANT_KEY] = {
+    # The accountant is part of the module's state_dict (extra state), so it travels wherever the
+    # weights travel: checkpoints, load_from_checkpoint, and ddp_spawn's hand-back to the main
+    # process. Loading a private model's weights without it fails (strict state_dict loading).
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
             "accountant": self.accountant.state_dict(),
             "budget_exhausted": self.budget_exhausted,
             "stop_reason": self.stop_reason,
         }
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(ACCOUNTANT_KEY)
-        if state is None:
-            raise ValueError("checkpoint of a private model without its privacy accountant: refusing to reset epsilon")
+    def set_extra_state(self, state: dict[str, Any]) -> None:
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
         self.stop_reason = state["stop_reason"]
