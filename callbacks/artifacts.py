@@ -22,9 +22,22 @@ class MLflowSaveConfig(SaveConfigCallback):
         logger.experiment.log_text(logger.run_id, text, "config.yaml")
 
 
+MLFLOW_RUN_KEY = "mlflow_run"
+
+
 class FinalCheckpoint(pl.Callback):
     """Save the final checkpoint at the end of fitting and attach it to the MLflow run
-    (artifact ``checkpoints/final.ckpt``); the run gets a ``final_checkpoint`` tag with its path."""
+    (artifact ``checkpoints/final.ckpt``); the run gets a ``final_checkpoint`` tag with its path.
+    Every checkpoint saved while it is active records its MLflow run (``checkpoint["mlflow_run"]``:
+    ``run_id``, ``experiment_id``, ``tracking_uri``) so ``lightning-gpate evaluate`` can report back to it."""
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        logger = mlflow_logger_of(trainer)
+        if logger is not None and logger.run_id is not None:
+            checkpoint[MLFLOW_RUN_KEY] = {
+                "run_id": logger.run_id, "experiment_id": logger.experiment_id,
+                "tracking_uri": getattr(logger, "_tracking_uri", None),
+            }
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         logger = mlflow_logger_of(trainer)

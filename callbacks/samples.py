@@ -1,52 +1,105 @@
-"""SampleLogger: image grids (one row per class) or sample tables, as MLflow artifacts."""
+"""SampleLogger: image grids (one row per class, and one grid per class) or sample tables and their
+marginals against real data, as MLflow artifacts."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
 import pytorch_lightning as pl
 
+from callbacks.periodic import PeriodicEvaluation
 from lightning_gpate.sampling import image_grid, samples_to_frame, save_png
 from lightning_gpate.tracking import mlflow_logger_of
 
 
-class SampleLogger(pl.Callback):
+class SampleLogger(PeriodicEvaluation):
     """Log generated samples to the MLflow run every ``every_n_steps`` steps and at the end of fitting.
 
+    Artifacts (``<tag>`` is ``step000100`` … or ``final``):
+
+    * images: ``samples/samples_<tag>.png`` (one row of ``per_class`` samples per class); at the end
+      also ``samples_per_class/class_<i>_<name>.png`` (a ``per_class_grid_size``² grid per class);
+    * tables: ``samples/samples_<tag>.csv`` (``num_samples`` rows in the original schema) and
+      ``plots/marginals_<tag>.png`` (each column's distribution, synthetic vs the real test split).
+
     Args:
-        num_samples: rows in a logged table (images: ``per_class`` per class in the grid).
-        per_class: images per class (row) in a grid.
+        num_samples: rows in a logged table (and in its marginal plot).
+        per_class: images per class (row) in the grid.
         every_n_steps: 0 logs only at the end.
         seed: seed of the latent draws (the same latents every time, so grids are comparable).
+        per_class_grids: log one larger grid per class at the end.
+        per_class_grid_size: side of a per-class grid (its images: the square of it).
+        marginals: log the tables' marginal plots.
+        enabled: ``False`` turns it off.
     """
 
-    def __init__(self, num_samples: int = 200, per_class: int = 10, every_n_steps: int = 0, seed: int = 1234) -> None:
-        self.num_samples, self.per_class, self.every_n_steps, self.seed = num_samples, per_class, every_n_steps, seed
+    name = "samples"
 
-    def _log(self, trainer: pl.Trainer, pl_module, tag: str) -> None:
+    def __init__(
+        self,
+        num_samples: int = 200,
+        per_class: int = 10,
+        every_n_steps: int = 0,
+        seed: int = 1234,
+        *,
+        per_class_grids: bool = True,
+        per_class_grid_size: int = 8,
+        marginals: bool = True,
+        enabled: bool = True,
+    ) -> None:
+        super().__init__(enabled=enabled, every_n_steps=every_n_steps)
+        self.num_samples, self.per_class, self.seed = num_samples, per_class, seed
+        self.per_class_grids, self.per_class_grid_size, self.marginals = per_class_grids, per_class_grid_size, marginals
+
+    def evaluate(self, trainer: pl.Trainer, pl_module, *, tag: str, final: bool) -> None:
+        import torch
+
         logger = mlflow_logger_of(trainer)
-        if logger is None or trainer.global_rank != 0:
-            return
+        client, run_id = logger.experiment, logger.run_id
         spec = pl_module.data_spec
         with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
             if spec["kind"] == "image":
-                import torch
-
                 labels = torch.arange(spec["num_classes"]).repeat_interleave(self.per_class)
                 x, y = pl_module.generate(len(labels), labels=labels, seed=self.seed)
-                path = Path(tmp) / f"samples_{tag}.png"
+                path = tmp / f"samples_{tag}.png"
                 save_png(image_grid(x, y, spec["num_classes"], self.per_class), path)
+                client.log_artifact(run_id, str(path), "samples")
+                if final and self.per_class_grids:
+                    self._log_class_grids(client, run_id, pl_module, tmp)
             else:
                 x, y = pl_module.generate(self.num_samples, seed=self.seed)
-                path = Path(tmp) / f"samples_{tag}.csv"
-                samples_to_frame(spec, x, y).to_csv(path, index=False)
-            logger.experiment.log_artifact(logger.run_id, str(path), "samples")
+                frame = samples_to_frame(spec, x, y)
+                path = tmp / f"samples_{tag}.csv"
+                frame.to_csv(path, index=False)
+                client.log_artifact(run_id, str(path), "samples")
+                real = _real_test_frame(trainer.datamodule)
+                if self.marginals and real is not None:
+                    from lightning_gpate.evaluation.plots import marginal_plot
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0:
-            self._log(trainer, pl_module, f"step{step:06d}")
+                    client.log_artifact(run_id, str(marginal_plot(real, frame, tmp / f"marginals_{tag}.png")), "plots")
 
-    def on_fit_end(self, trainer, pl_module) -> None:
-        self._log(trainer, pl_module, "final")
+    def _log_class_grids(self, client, run_id: str, pl_module, tmp: Path) -> None:
+        import torch
+        from torchvision.utils import make_grid
+
+        from datamodules.image import model_space_to_unit
+
+        spec, side = pl_module.data_spec, self.per_class_grid_size
+        for c, name in enumerate(spec["class_names"]):
+            labels = torch.full((side * side,), c, dtype=torch.long)
+            x, _ = pl_module.generate(len(labels), labels=labels, seed=self.seed + c)
+            safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))[:40]
+            path = tmp / f"class_{c}_{safe}.png"
+            save_png(make_grid(model_space_to_unit(x), nrow=side, padding=1, pad_value=1.0), path)
+            client.log_artifact(run_id, str(path), "samples_per_class")
+
+
+def _real_test_frame(datamodule):
+    """The DataModule's real test rows (original schema), or None where there are none."""
+    if datamodule is None or not hasattr(datamodule, "split_frame"):
+        return None
+    frame = datamodule.split_frame("test")
+    return frame if len(frame) else None

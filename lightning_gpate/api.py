@@ -1,0 +1,256 @@
+"""A Python API for pandas users: fit a (private) generator on a DataFrame, sample DataFrames back.
+
+>>> from lightning_gpate import Synthesizer
+>>> synth = Synthesizer("pategan", epsilon=1.0, delta=1e-5, max_steps=2000)      # doctest: +SKIP
+>>> synth.fit(frame, label="Biopsy", schema={...}, num_teachers=10)             # doctest: +SKIP
+>>> synthetic = synth.sample(1000)                                              # doctest: +SKIP
+
+It wraps the same pieces as ``lightning-gpate fit``: a :class:`~datamodules.TabularDataModule`, the
+model, a Lightning ``Trainer`` with the MLflow logger and the evaluation callbacks, so a run started
+from Python appears in MLflow with the same parameters, ε, utility report, samples and checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def model_classes() -> dict[str, type]:
+    """The trainable generators of :mod:`lightning_gpate.models`, by normalised name (``"pategan"``, ``"gan"``, …)."""
+    import inspect
+
+    import lightning_gpate.models as models
+    from lightning_gpate.models.base import GenerativeModel
+    from lightning_gpate.models.private import PrivateGenerativeModel
+
+    found = {}
+    for attr in getattr(models, "__all__", dir(models)):
+        obj = getattr(models, attr, None)
+        if inspect.isclass(obj) and issubclass(obj, GenerativeModel) and obj not in (GenerativeModel, PrivateGenerativeModel):
+            found[_normalise(obj.__name__)] = obj
+    return found
+
+
+def model_class(model: str | type) -> type:
+    """A model class from a name (``"pategan"``, ``"PATE-GAN"``, ``"gan"``), a dotted class path, or the class.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if isinstance(model, type):
+        return model
+    if "." in model:
+        from lightning_gpate.evaluation.store import _import
+
+        return _import(model)
+    known = model_classes()
+    key = _normalise(model)
+    if key not in known:
+        raise ValueError(f"unknown model {model!r}; choose one of {sorted(known)} (or give a class or a dotted class path)")
+    return known[key]
+
+
+class Synthesizer:
+    """Fit a generator on a DataFrame and sample synthetic DataFrames in the same schema.
+
+    Args:
+        model: model name (``"gan"``, ``"pategan"``, ``"gpate"``, ``"dpgan"``, ``"gswgan"``), class or class path.
+        epsilon: privacy budget ε of a private model (required for one; refused for ``"gan"``).
+        delta: δ of a private model's (ε, δ) guarantee (required for one).
+        max_steps: generator steps (a private model stops earlier when its budget is spent).
+        experiment: MLflow experiment; run_name: MLflow run name.
+        tracking_uri: MLflow store (default: ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
+        evaluate: run :class:`callbacks.DownstreamUtility` at the end of fitting (the report is
+            :attr:`report` and in MLflow).
+        utility_options: keyword arguments of :class:`callbacks.DownstreamUtility` (e.g.
+            ``{"classifiers": ["LogisticRegression"], "every_n_steps": 500}``).
+        log_samples: log samples and marginal plots (:class:`callbacks.SampleLogger`).
+        seed: seed of everything (``pl.seed_everything``).
+        progress_bar: show Lightning's progress bar (ε of a private model is on it).
+        trainer_options: more ``pl.Trainer`` keyword arguments (e.g. ``{"accelerator": "gpu"}``).
+        **model_options: keyword arguments of the model (see its class, e.g. ``lam``, ``lr``).
+    """
+
+    def __init__(
+        self,
+        model: str | type = "pategan",
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        max_steps: int = 1000,
+        experiment: str = "lightning-gpate",
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        evaluate: bool = True,
+        utility_options: dict[str, Any] | None = None,
+        log_samples: bool = True,
+        seed: int = 0,
+        progress_bar: bool = True,
+        trainer_options: dict[str, Any] | None = None,
+        **model_options: Any,
+    ) -> None:
+        from lightning_gpate.models.private import PrivateGenerativeModel
+
+        self.model_cls = model_class(model)
+        self.private = issubclass(self.model_cls, PrivateGenerativeModel)
+        if self.private and (epsilon is None or delta is None):
+            raise ValueError(f"{self.model_cls.__name__} is private: give epsilon=... and delta=... (e.g. delta=1e-5)")
+        if not self.private and (epsilon is not None or delta is not None):
+            raise ValueError(f"{self.model_cls.__name__} is not private: it takes no epsilon/delta (choose a private model)")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.epsilon_budget, self.delta = epsilon, delta
+        self.max_steps, self.experiment, self.run_name, self.tracking_uri = max_steps, experiment, run_name, tracking_uri
+        self.evaluate, self.utility_options, self.log_samples = evaluate, dict(utility_options or {}), log_samples
+        self.seed, self.progress_bar, self.trainer_options = seed, progress_bar, dict(trainer_options or {})
+        self.model_options = model_options
+        self.model = None
+        self.datamodule = None
+        self.trainer = None
+        self.report: dict[str, float] = {}
+        self.run_id: str | None = None
+
+    # ----------------------------------------------------------------- training
+    def fit(
+        self,
+        data: pd.DataFrame,
+        *,
+        label: str,
+        schema: dict[str, dict[str, Any]] | None = None,
+        class_ratio: list[float] | None = None,
+        **data_options: Any,
+    ) -> "Synthesizer":
+        """Train on ``data`` (the label column conditions the generator).
+
+        Args:
+            data: the private table, one row per record.
+            label: the class column.
+            schema: per-column declarations (types, public ``min``/``max``/``categories``); a private
+                model refuses metadata read from the data unless declared here or paid for
+                (``metadata_epsilon``, ``label_ratio_epsilon`` where the DataModule offers them).
+            class_ratio: the label's class ratio, declared public.
+            **data_options: more :class:`~datamodules.TabularDataModule` arguments (``batch_size``,
+                ``num_teachers``, ``test_fraction``, ``missing``, …).
+
+        Returns:
+            ``self``, trained; :attr:`report` holds the utility report, :attr:`run_id` the MLflow run.
+        """
+        import pytorch_lightning as pl
+
+        from callbacks import DownstreamUtility, FinalCheckpoint, SampleLogger
+        from datamodules import TabularDataModule
+        from lightning_gpate.tracking import GPATEMLFlowLogger
+
+        if not isinstance(data, pd.DataFrame):
+            raise TypeError(f"data must be a pandas DataFrame, got {type(data).__name__}")
+        pl.seed_everything(self.seed, verbose=False)
+        model_batch = self._model_batch_size()
+        if model_batch is not None:  # Lightning refuses a run whose model and data log different `batch_size`s
+            if data_options.setdefault("batch_size", model_batch) != model_batch:
+                raise ValueError(
+                    f"{self.model_cls.__name__} has its own batch_size={model_batch}; the data's batch_size="
+                    f"{data_options['batch_size']} must be the same (set it once, as a model option)")
+        self.datamodule = TabularDataModule(frame=data, label=label, schema=schema, class_ratio=class_ratio, **data_options)
+        privacy = {"epsilon": self.epsilon_budget, "delta": self.delta} if self.private else {}
+        self.model = self.model_cls(self.datamodule.spec, **privacy, **self.model_options)
+        utility = DownstreamUtility(enabled=self.evaluate, **self.utility_options)
+        logger = GPATEMLFlowLogger(experiment_name=self.experiment, run_name=self.run_name, tracking_uri=self.tracking_uri)
+        options = {
+            "max_steps": self.max_steps, "logger": logger, "enable_checkpointing": False,
+            "default_root_dir": "mlruns/lightning", "enable_progress_bar": self.progress_bar,
+            "enable_model_summary": False, "log_every_n_steps": 10, "devices": 1,
+            **self.trainer_options,
+        }
+        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), FinalCheckpoint(), *options.get("callbacks", [])]
+        self.trainer = pl.Trainer(**options)
+        self.run_id = logger.run_id
+        self._log_arguments(logger, label=label, schema=schema, class_ratio=class_ratio, data_options=data_options)
+        self.trainer.fit(self.model, datamodule=self.datamodule)
+        self.model.eval()
+        self.report = dict(utility.last_metrics)
+        return self
+
+    def _model_batch_size(self) -> int | None:
+        import inspect
+
+        parameter = inspect.signature(self.model_cls.__init__).parameters.get("batch_size")
+        if parameter is None:
+            return None
+        return int(self.model_options.get("batch_size", parameter.default))
+
+    def _log_arguments(self, logger, **data_arguments: Any) -> None:
+        """The call that made the run (``synthesizer.json``): the Python counterpart of ``config.yaml``."""
+        arguments = {
+            "model": f"{self.model_cls.__module__}.{self.model_cls.__qualname__}", "epsilon": self.epsilon_budget,
+            "delta": self.delta, "max_steps": self.max_steps, "seed": self.seed, "model_options": self.model_options,
+            "utility_options": self.utility_options, "trainer_options": {k: repr(v) for k, v in self.trainer_options.items()},
+            **data_arguments,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "synthesizer.json"
+            path.write_text(json.dumps(arguments, indent=2, default=str))
+            logger.experiment.log_artifact(logger.run_id, str(path))
+
+    # ----------------------------------------------------------------- using the result
+    def _require_model(self):
+        if self.model is None:
+            raise RuntimeError("fit the Synthesizer first (or load one with Synthesizer.load(ckpt_path))")
+        return self.model
+
+    def sample(self, num_rows: int, *, seed: int | None = None) -> pd.DataFrame:
+        """``num_rows`` synthetic rows with the original column names, order, dtypes, ranges and
+        categories (labels drawn from the model's public/uniform class ratio)."""
+        from lightning_gpate.evaluation.report import synthetic_table
+
+        if num_rows < 1:
+            raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        return synthetic_table(self._require_model(), num_rows, seed=seed)
+
+    @property
+    def epsilon(self) -> float | None:
+        """ε spent (the guarantee in force); ``None`` for a non-private model."""
+        model = self._require_model()
+        return model.accountant.epsilon() if hasattr(model, "accountant") else None
+
+    @property
+    def privacy(self) -> dict[str, Any]:
+        """The accountant's summary (ε, δ, analysis, best order …); empty for a non-private model."""
+        model = self._require_model()
+        return model.accountant.summary() if hasattr(model, "accountant") else {}
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The final checkpoint attached to the MLflow run (its ``final_checkpoint`` tag)."""
+        if self.run_id is None:
+            return None
+        return self.trainer.logger.experiment.get_run(self.run_id).data.tags.get("final_checkpoint")
+
+    def evaluate_against(self, train: pd.DataFrame, test: pd.DataFrame, *, num_rows: int | None = None, seed: int = 0, **options: Any) -> dict[str, float]:
+        """:func:`~lightning_gpate.evaluation.evaluate_tabular` of freshly sampled rows (as many as
+        ``train`` by default) against real ``train``/``test`` frames of your choice."""
+        from lightning_gpate.evaluation.tabular import evaluate_tabular
+
+        label = self._require_model().data_spec["label"]["name"]
+        return evaluate_tabular(train, test, self.sample(num_rows or len(train), seed=seed), label=label, seed=seed, **options)
+
+    @classmethod
+    def load(cls, ckpt_path: str) -> "Synthesizer":
+        """A Synthesizer for sampling from a saved checkpoint (e.g. a run's ``final_checkpoint``)."""
+        from lightning_gpate.models.base import load_generator
+        from lightning_gpate.models.private import PrivateGenerativeModel
+
+        model = load_generator(ckpt_path)
+        private = isinstance(model, PrivateGenerativeModel)
+        synth = cls(type(model), epsilon=model.epsilon_budget if private else None, delta=model.delta if private else None)
+        synth.model = model
+        return synth
