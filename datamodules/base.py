@@ -11,6 +11,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPartition
 
+#: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
+#: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
+TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher")
+
 
 class DataError(ValueError):
     """Bad input data or options; the message names the problem and what to do."""
@@ -28,9 +32,99 @@ class _TransformedTensors(torch.utils.data.Dataset):
         return (self.transform(x) if self.transform else x), self.y[i]
 
 
+class PoissonBatches(torch.utils.data.IterableDataset):
+    """Poisson-sampled batches (the sampling DP-SGD's subsampled Gaussian analysis assumes): each
+    batch holds every row independently with probability ``sample_rate`` (opacus'
+    ``UniformWithReplacementSampler``), so sizes vary and may be 0. Every item is a list of
+    ``batches`` such ``(x, y)`` batches; one pass yields about one expected epoch of rows.
+    The draws use torch's global random generator (``seed_everything``); the guarantee assumes that
+    randomness is not known to an adversary.
+
+    Args:
+        features: all training rows.
+        labels: ``[num_rows]`` class labels.
+        sample_rate: q, the inclusion probability of a row in a batch.
+        batches: batches per item.
+        transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+    """
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, *, sample_rate: float, batches: int = 1,
+                 transform: Callable | None = None) -> None:
+        if not 0 < sample_rate <= 1:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if batches < 1:
+            raise ValueError(f"batches must be >= 1, got {batches}")
+        self.features, self.labels, self.transform = features, labels, transform
+        self.sample_rate, self.batches = float(sample_rate), int(batches)
+
+    def __len__(self) -> int:
+        return max(1, int(round(1.0 / (self.sample_rate * self.batches))))
+
+    def __iter__(self):
+        from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+        for _ in range(len(self)):
+            sampler = UniformWithReplacementSampler(num_samples=len(self.labels), sample_rate=self.sample_rate, steps=self.batches)
+            items = []
+            for rows in sampler:
+                rows = torch.as_tensor(rows, dtype=torch.long)
+                x = self.features[rows]
+                items.append((self.transform(x) if self.transform is not None else x, self.labels[rows]))
+            yield items
+
+
+class OneTeacherBatches(torch.utils.data.IterableDataset):
+    """Per step, one teacher drawn uniformly at random and real batches from its own rows only.
+
+    GS-WGAN's generator step uses one of its N_D discriminators, chosen uniformly (the subsampling
+    its privacy analysis amplifies), and trains it on its own disjoint subset. Every item is
+    ``(teacher, x, y)`` with ``teacher`` a 0-d long tensor, ``x`` ``[batches, batch_size, ...]`` and
+    ``y`` ``[batches, batch_size]``: ``batches·batch_size`` rows of that teacher's partition drawn
+    without replacement (a partition smaller than that is cycled through in fresh permutations).
+    The draws use torch's global random generator (``seed_everything``): like any DP sampling, the
+    guarantee assumes that randomness is not known to an adversary.
+
+    Args:
+        features: all training rows.
+        labels: ``[num_rows]`` class labels.
+        partition: the fixed teacher partition.
+        batches: real batches per step (GS-WGAN: its critic steps per generator step).
+        batch_size: rows per batch.
+        transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+    """
+
+    def __init__(
+        self, features: torch.Tensor, labels: torch.Tensor, partition: TeacherPartition, *,
+        batches: int, batch_size: int, transform: Callable | None = None,
+    ) -> None:
+        if batches < 1 or batch_size < 1:
+            raise ValueError(f"batches and batch_size must be >= 1, got {batches} and {batch_size}")
+        self.features, self.labels, self.transform = features, labels, transform
+        self.rows, self.sizes = partition.padded(range(partition.num_teachers))
+        self.batches, self.batch_size = int(batches), int(batch_size)
+
+    def __len__(self) -> int:
+        return len(self.sizes)  # one "epoch": as many steps as teachers
+
+    def __iter__(self):
+        need = self.batches * self.batch_size
+        for _ in range(len(self)):
+            teacher = int(torch.randint(len(self.sizes), (1,)))
+            own = self.rows[teacher, : int(self.sizes[teacher])]
+            picks = torch.cat([own[torch.randperm(len(own))] for _ in range(-(-need // len(own)))])[:need]
+            x = self.features[picks]
+            if self.transform is not None:
+                x = self.transform(x)
+            yield (torch.tensor(teacher), x.reshape(self.batches, self.batch_size, *x.shape[1:]),
+                   self.labels[picks].reshape(self.batches, self.batch_size))
+
+
 class GenerativeDataModule(pl.LightningDataModule):
     """Base DataModule: loads once, splits with a seed, and serves either plain shuffled batches
-    (GAN, DP-GAN) or, when ``num_teachers > 0``, per-teacher batches from a fixed disjoint partition.
+    (GAN) or, when ``num_teachers > 0``, per-teacher batches from a fixed disjoint partition.
+    A model whose privacy analysis needs another sampling says so with a ``train_sampling``
+    attribute: ``{"kind": "poisson", "batches": k}`` (DP-SGD: :meth:`poisson_dataloader`) or
+    ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`).
 
     Subclasses implement :meth:`_load` (returning features, labels and the data spec) and may set
     ``self._transform`` to map stored features to the generator's space.
@@ -138,8 +232,55 @@ class GenerativeDataModule(pl.LightningDataModule):
             rank, world = self.trainer.global_rank, self.trainer.world_size
         return list(range(rank, self.num_teachers, world))
 
+    def requested_sampling(self) -> dict[str, Any]:
+        """The attached model's ``train_sampling`` (``{"kind": "default"}`` when it asks for none)."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        sampling = dict(getattr(module, "train_sampling", None) or {"kind": "default"})
+        if sampling.get("kind") not in TRAIN_SAMPLINGS:
+            raise DataError(f"train_sampling kind must be one of {TRAIN_SAMPLINGS}, got {sampling.get('kind')!r}")
+        return sampling
+
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    @property
+    def sampling_rate(self) -> float:
+        """Poisson sampling rate q = batch_size / training rows (the expected batch is ``batch_size``)."""
+        self._ensure_loaded()
+        return min(1.0, self.batch_size / len(self.splits["train"][1]))
+
+    def poisson_dataloader(self, batches: int = 1):
+        """Poisson-sampled batches for DP-SGD (see :class:`PoissonBatches`): every training row enters
+        each batch independently with probability :attr:`sampling_rate`; each step gets ``batches``
+        such batches (DP-GAN: one per critic step)."""
+        self.setup("fit")
+        if self.num_teachers > 0:
+            raise DataError("Poisson sampling draws from the whole training split: set num_teachers: 0")
+        if self._world_size() > 1:
+            raise DataError("Poisson sampling for DP-SGD is implemented for a single process only")
+        x, y = self.splits["train"]
+        dataset = PoissonBatches(x, y, sample_rate=self.sampling_rate, batches=batches, transform=self._transform)
+        return DataLoader(dataset, batch_size=None, num_workers=0)
+
+    def one_teacher_dataloader(self, batches: int = 1):
+        """One uniformly drawn teacher per step with ``batches`` batches of ``teacher_batch_size`` rows
+        from its own partition (see :class:`OneTeacherBatches`)."""
+        self.setup("fit")
+        if self.num_teachers < 1:
+            raise DataError("one-teacher sampling needs a teacher partition: set num_teachers > 0")
+        if self._world_size() > 1:
+            raise DataError("one-teacher sampling is implemented for a single process only")
+        x, y = self.splits["train"]
+        dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size, transform=self._transform)
+        return DataLoader(dataset, batch_size=None, num_workers=0)
+
     def train_dataloader(self):
         self.setup("fit")
+        sampling = self.requested_sampling()
+        if sampling["kind"] == "poisson":
+            return self.poisson_dataloader(int(sampling.get("batches", 1)))
+        if sampling["kind"] == "one_teacher":
+            return self.one_teacher_dataloader(int(sampling.get("batches", 1)))
         x, y = self.splits["train"]
         if self.num_teachers > 0:
             batches = TeacherBatches(

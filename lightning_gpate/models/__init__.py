@@ -1,7 +1,9 @@
 """One LightningModule per generator; importing this package registers them all with the CLI."""
 
 from lightning_gpate.models.base import CheckpointError, GenerativeModel, load_generator
+from lightning_gpate.models.dpgan import DPGAN
 from lightning_gpate.models.gan import GAN
 from lightning_gpate.models.gpate import GPATE
+from lightning_gpate.models.gswgan import GSWGAN
 
-__all__ = ["CheckpointError", "GAN", "GPATE", "GenerativeModel", "load_generator"]
+__all__ = ["CheckpointError", "DPGAN", "GAN", "GPATE", "GSWGAN", "GenerativeModel", "load_generator"]

@@ -1,0 +1,288 @@
+"""DP-GAN (Xie et al. 2018), as configured as a baseline in G-PATE (Long et al. 2021).
+
+A conditional WGAN whose critic (discriminator) is trained with DP-SGD; the generator only sees the
+critic, so it is post-processing of a DP critic. What makes the accounting a guarantee here:
+
+* **one clipped contribution per real record**: the critic's loss on a batch of n real records is
+  ``Σ_i ℓ_i`` with ``ℓ_i = D(fake_i) − D(real_i)``, one generated sample paired with each real one.
+  Per-sample gradients come from opacus' ``GradSampleModule`` on the concatenated batch; the two
+  halves are added into one gradient per pair, and *that* is clipped to C. Clipping the real and fake
+  losses in separate noisy passes would release two noisy gradients per step (double the cost);
+  clipping real and fake rows separately in one pass would make the sensitivity 2C (a record adds a
+  real row and, through the batch size, a fake one).
+* **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
+  model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
+  assumes it.
+* **noise and accounting**: opacus' ``DPOptimizer`` adds N(0, σ²C²) to the summed clipped gradients
+  and divides by the expected batch size qN. Every critic step is charged as
+  ``SubsampledGaussianEvent(σ, q, 1)`` *before* it is applied (budget stop), and opacus' own
+  ``RDPAccountant`` follows the same steps as a cross-check (logged as ``epsilon_opacus``).
+* **no BatchNorm in the critic** (per-sample gradients need per-sample normalisation): the FC
+  critic [784, 64, 64, 1] of the G-PATE baseline, or the DCGAN critic with GroupNorm/LayerNorm.
+* WGAN weight clipping to [−c, c] after every critic step (c = 0.1), 5 critic steps per generator
+  step, RMSprop (Arjovsky et al. 2017).
+
+One training step receives ``d_steps`` Poisson batches, takes one critic step on each, then one
+generator step, which is what Lightning counts (``max_steps`` = generator steps).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
+from lightning_gpate.nets.generators import ConditionalMLPGenerator
+from lightning_gpate.privacy import SubsampledGaussianEvent
+
+ARCHITECTURES = ("mlp", "dcgan")
+OPACUS_ACCOUNTANT_KEY = "opacus_rdp_accountant"
+
+
+class FlatImageGenerator(nn.Module):
+    """Conditional MLP generator whose flat tanh output is reshaped to an image ``(C, H, W)``
+    (the fully connected generator of the DP-GAN baseline, G FC [z, 256, 512, 784])."""
+
+    def __init__(self, *, z_dim: int, num_classes: int, out_shape: Sequence[int], hidden: Sequence[int] = (256, 512), norm: str = "batch") -> None:
+        super().__init__()
+        self.out_shape = tuple(int(s) for s in out_shape)
+        dim = math.prod(self.out_shape)
+        self.mlp = ConditionalMLPGenerator(z_dim=z_dim, num_classes=num_classes, spans=[(0, dim, "tanh")], hidden=hidden, norm=norm)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.mlp(z, y).view(-1, *self.out_shape)
+
+
+def build_mlp_generator(model, *, hidden: Sequence[int], norm: str = "batch") -> nn.Module:
+    """A conditional MLP generator for the model's data: tables as usual, images reshaped."""
+    if model.is_image:
+        return FlatImageGenerator(z_dim=model.z_dim, num_classes=model.num_classes, out_shape=model.data_spec["shape"], hidden=hidden, norm=norm)
+    return ConditionalMLPGenerator(z_dim=model.z_dim, num_classes=model.num_classes, spans=model.data_spec["spans"], hidden=hidden, norm=norm)
+
+
+@contextmanager
+def frozen(module: nn.Module):
+    """Parameters of ``module`` get no gradient inside the block (gradients still flow through it)."""
+    flags = [p.requires_grad for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield module
+    finally:
+        for p, flag in zip(module.parameters(), flags):
+            p.requires_grad_(flag)
+
+
+class DPGAN(PrivateGenerativeModel):
+    """Conditional WGAN with a DP-SGD critic (Xie et al. 2018, Algorithm 1; G-PATE's DP-GAN baseline).
+
+    Args:
+        data_spec: the DataModule's spec (the DataModule must serve Poisson batches: any
+            :class:`~datamodules.base.GenerativeDataModule` with ``num_teachers: 0`` does).
+        epsilon: privacy budget ε; training stops before a critic step would exceed it.
+        delta: δ.
+        noise_multiplier: σ of DP-SGD (noise std σ·C on the summed clipped gradients).
+        max_grad_norm: C, the L2 bound of each real record's (paired) critic gradient.
+        budget_accounting: ``"guarantee"`` (DP-SGD's accounting is a guarantee either way).
+        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
+        z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
+        latent_prior: ``"normal"`` or ``"uniform"``.
+        lr: RMSprop learning rate of both networks (WGAN: 5e-5).
+        d_steps: critic steps per generator step (5).
+        weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step.
+        architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables) or
+            ``"dcgan"`` (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only).
+        generator_hidden: hidden widths of the MLP generator.
+        discriminator_hidden: hidden widths of the MLP critic (no normalisation).
+        gf_dim: DCGAN generator width; df_dim: DCGAN critic width; fc_dim: their dense width.
+        secure_mode: opacus' noise robust to floating-point attacks (slower).
+    """
+
+    def __init__(
+        self,
+        data_spec: dict[str, Any],
+        *,
+        epsilon: float,
+        delta: float,
+        noise_multiplier: float = 1.1,
+        max_grad_norm: float = 1.0,
+        budget_accounting: str = "guarantee",
+        conversion: str = "improved",
+        z_dim: int = 128,
+        latent_prior: str = "normal",
+        lr: float = 5e-5,
+        d_steps: int = 5,
+        weight_clip: float = 0.1,
+        architecture: str = "mlp",
+        generator_hidden: Sequence[int] = (256, 512),
+        discriminator_hidden: Sequence[int] = (64, 64),
+        gf_dim: int = 64,
+        df_dim: int = 64,
+        fc_dim: int = 1024,
+        secure_mode: bool = False,
+    ) -> None:
+        super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+        from opacus import GradSampleModule
+        from opacus.accountants import RDPAccountant
+
+        if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
+        if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
+            raise ValueError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm}")
+        if d_steps < 1:
+            raise ValueError(f"d_steps must be >= 1, got {d_steps}")
+        if not weight_clip > 0:
+            raise ValueError(f"weight_clip must be > 0, got {weight_clip}")
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
+        if architecture == "dcgan" and not self.is_image:
+            raise ValueError("architecture 'dcgan' is for images; use 'mlp' for tables")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        in_features = math.prod(data_spec["shape"])
+        if architecture == "dcgan":
+            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim)
+            critic = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim, norm="group")
+        else:
+            self.generator = build_mlp_generator(self, hidden=generator_hidden)
+            critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
+        # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
+        self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
+        self.train_sampling = {"kind": "poisson", "batches": d_steps}  # one Poisson batch per critic step
+        self.opacus_accountant = RDPAccountant()
+        self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
+
+    # ----------------------------------------------------------------- sampling rate
+    @property
+    def sampling_rate(self) -> float:
+        """Poisson rate q of the attached DataModule (batch_size / training rows)."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        rate = getattr(dm, "sampling_rate", None)
+        if rate is None:
+            raise ValueError("DP-GAN needs a GenerativeDataModule (it serves the Poisson batches whose rate q the accountant uses)")
+        return float(rate)
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.sampling_rate * int(self.data_spec["num_train"])
+
+    def configure_optimizers(self):
+        from opacus.optimizers import DPOptimizer
+
+        lr = self.hparams.lr
+        opt_g = torch.optim.RMSprop(self.generator.parameters(), lr=lr)
+        opt_d = DPOptimizer(
+            torch.optim.RMSprop(self.discriminator.parameters(), lr=lr),
+            noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
+            expected_batch_size=self.expected_batch_size, loss_reduction="mean",
+            secure_mode=self.hparams.secure_mode,
+        )
+        opt_d.attach_step_hook(self.opacus_accountant.get_optimizer_hook_fn(sample_rate=self.sampling_rate))
+        return opt_g, opt_d
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.trainer.world_size > 1:
+            raise RuntimeError("DP-GAN is implemented for one process (noise must be added once, globally)")
+        dataset = getattr(self.trainer.train_dataloader, "dataset", None)
+        rate = getattr(dataset, "sample_rate", None)
+        if rate is None or not math.isclose(rate, self.sampling_rate, rel_tol=1e-12):
+            raise ValueError(
+                f"DP-GAN's accounting assumes Poisson sampling with rate q={self.sampling_rate:.6g}, but the "
+                f"training data is {type(dataset).__name__} (sample_rate={rate}); train it with a "
+                f"GenerativeDataModule, which serves Poisson batches to models that ask for them"
+            )
+
+    # ----------------------------------------------------------------- steps
+    def privacy_event(self) -> SubsampledGaussianEvent:
+        """The cost of one critic step: a Poisson-subsampled Gaussian (add/remove neighbours)."""
+        return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate, steps=1)
+
+    def _fakes(self, labels: torch.Tensor) -> torch.Tensor:
+        """Generated samples for ``labels`` without gradient; at least the expected batch size is
+        generated (BatchNorm in G needs > 1 sample, and a Poisson batch may hold 0 or 1 rows)."""
+        n = len(labels)
+        m = max(n, math.ceil(self.expected_batch_size), 2)
+        labels = torch.cat([labels, self.sample_labels(m - n)]) if m > n else labels
+        with torch.no_grad():
+            return self.generator(self.latent(m), labels)[:n]
+
+    def paired_per_sample_gradients(self, real_x: torch.Tensor, real_y: torch.Tensor, fake_x: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
+        """Set ``p.grad_sample`` of every critic parameter to the per-pair gradient of
+        ``ℓ_i = D(fake_i) − D(real_i)`` (``[n, *p.shape]``), ready for the DP optimizer to clip and
+        noise. Returns the critic's Wasserstein estimate ``mean D(real) − mean D(fake)``."""
+        n = len(real_y)
+        params = [p for p in self.discriminator.parameters() if p.requires_grad]
+        if n == 0:  # an empty Poisson batch: the step still adds noise (the analysis counts it)
+            for p in params:
+                p.grad_sample = p.new_zeros(0, *p.shape)
+            return real_x.new_zeros(())
+        scores = self.discriminator(torch.cat([real_x, fake_x]), torch.cat([real_y, fake_y]))
+        self.manual_backward((scores[n:] - scores[:n]).sum())
+        for p in params:
+            p.grad_sample = p.grad_sample[:n] + p.grad_sample[n:]
+        return (scores[:n].mean() - scores[n:].mean()).detach()
+
+    def discriminator_step(self, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
+        """One DP-SGD critic step on a Poisson batch (already paid for), then weight clipping."""
+        opt_d = self.optimizers()[1]
+        fake_y = self.sample_labels(len(real_y))
+        fake_x = self._fakes(fake_y)
+        opt_d.zero_grad()
+        wasserstein = self.paired_per_sample_gradients(real_x, real_y, fake_x, fake_y)
+        self.step_uncounted(opt_d)  # DPOptimizer: clip per pair, sum, add N(0, σ²C²), divide by qN
+        c = self.hparams.weight_clip
+        with torch.no_grad():
+            for p in self.discriminator.parameters():
+                p.clamp_(-c, c)
+        return wasserstein
+
+    def generator_step(self) -> torch.Tensor:
+        opt_g = self.optimizers()[0]
+        m = max(2, round(self.expected_batch_size))
+        labels = self.sample_labels(m)
+        fake = self.generator(self.latent(m), labels)
+        self.discriminator.disable_hooks()  # no per-sample gradients (nor their memory) here
+        try:
+            with frozen(self.discriminator):
+                g_loss = -self.discriminator(fake, labels).mean()
+                opt_g.zero_grad()
+                self.manual_backward(g_loss)
+        finally:
+            self.discriminator.enable_hooks()
+        opt_g.step()
+        return g_loss.detach()
+
+    def training_step(self, batch, batch_idx):
+        """``batch``: ``d_steps`` Poisson batches ``(x, y)``, one per critic step."""
+        estimates = []
+        for real_x, real_y in batch:
+            if not self.charge(self.privacy_event()):
+                return None  # budget reached: this critic step and what follows are not applied
+            estimates.append(self.discriminator_step(real_x, real_y))
+            self.critic_steps_taken += 1
+        g_loss = self.generator_step()
+        self.log_dict({"wasserstein_estimate": torch.stack(estimates).mean(), "g_loss": g_loss,
+                       "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
+
+    def on_train_epoch_end(self) -> None:
+        self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)
+
+    def opacus_epsilon(self) -> float:
+        """ε of the critic's DP-SGD steps by opacus' RDP accountant, on this model's order grid."""
+        return float(self.opacus_accountant.get_epsilon(self.delta, alphas=[float(a) for a in self.accountant.orders]))
+
+    # ----------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[OPACUS_ACCOUNTANT_KEY] = self.opacus_accountant.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if checkpoint.get(OPACUS_ACCOUNTANT_KEY, {}).get("history"):
+            self.opacus_accountant.load_state_dict(checkpoint[OPACUS_ACCOUNTANT_KEY])

@@ -1,0 +1,485 @@
+"""GS-WGAN (Chen, Orekondy & Fritz, NeurIPS 2020), for images and — as in the cardio thesis — tables.
+
+N_D discriminators, each trained only on its own disjoint subset of the data (the DataModule's fixed
+teacher partition, ``num_teachers = N_D``); one generator that learns only through a *sanitised*
+gradient. Two stages, each its own resumable, logged ``lightning-gpate fit``:
+
+1. ``stage: pretrain`` — every discriminator is pretrained without privacy on its subset against
+   its own throwaway generator (2000 iterations in the paper). A throwaway generator shared between
+   discriminators would carry one subset's information into another's discriminator, breaking the
+   disjointness the analysis relies on, so each has its own; all of them train at once as stacked
+   modules under ``torch.func.vmap``. The checkpoint of this stage holds non-private models: keep it
+   private (only the generator of stage 2 is a DP release).
+2. ``stage: train`` (``pretrained_checkpoint`` from stage 1) — each generator step draws one
+   discriminator uniformly (the DataModule's one-teacher sampling, with its real batches), runs
+   ``critic_steps`` WGAN-GP steps on it (λ_GP = 10 plus 0.001·mean D(real)², Adam lr 1e-4,
+   β = (0.5, 0.9), each discriminator with its own Adam state), then updates the generator through
+   it with the gradient from the discriminator into each generated sample clipped to C and noised
+   with N(0, (2Cσ)²) (:class:`~lightning_gpate.privacy.sanitizer.GradientSanitizer`); nothing else
+   is perturbed. Every generator step is charged as a
+   :class:`~lightning_gpate.privacy.GSWGANStepEvent` before it is applied.
+
+Accounting (see :mod:`lightning_gpate.privacy.gswgan`): ``budget_accounting: guarantee`` (default)
+is the sound analysis — one subsampled Gaussian of noise multiplier σ/√B and rate 1/N_D per step;
+``budget_accounting: paper`` is the official per-sample composition (T·B subsampled Gaussians of
+noise σ), which reproduces published numbers but is NOT a guarantee (the run is tagged so).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from lightning_gpate.models.dpgan import build_mlp_generator, frozen
+from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
+from lightning_gpate.privacy import GSWGANStepEvent
+from lightning_gpate.privacy.sanitizer import GradientSanitizer
+
+STAGES = ("pretrain", "train")
+GSWGAN_CHECKPOINT_KEY = "gswgan"
+
+
+# ============================================================================ stacked members
+def _key(name: str) -> str:
+    return name.replace(".", "__")
+
+
+class StackedModules(nn.Module):
+    """``N`` networks of one architecture with stacked parameters and buffers (leading member axis),
+    run together with ``torch.func.vmap`` over ``functional_call``.
+
+    Stacking keeps thousands of small networks as a few large tensors (one optimizer over them keeps
+    separate Adam moments per member, Adam being elementwise); :meth:`load_member` and
+    :meth:`store_member` move one member into and out of a plain module.
+
+    Args:
+        modules: the members (their current values are copied; all must share one architecture).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if not modules:
+            raise ValueError("StackedModules needs at least one module")
+        params, buffers = stack_module_state(list(modules))
+        self.param_names, self.buffer_names = list(params), list(buffers)
+        for name, value in params.items():
+            self.register_parameter(_key(name), nn.Parameter(value.detach().clone()))
+        for name, value in buffers.items():
+            self.register_buffer(_key(name), value.clone())
+        self._template = [copy.deepcopy(modules[0]).to("meta")]  # in a list: not a submodule
+        self.num_members = len(modules)
+
+    def __len__(self) -> int:
+        return self.num_members
+
+    def _stacked(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return ({n: getattr(self, _key(n)) for n in self.param_names},
+                {n: getattr(self, _key(n)) for n in self.buffer_names})
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """Member i runs on ``inputs[...][i]``: every input has the member axis first."""
+        template = self._template[0]
+        params, buffers = self._stacked()
+
+        def one(p, b, *args):
+            return functional_call(template, (p, b), args)
+
+        return vmap(one)(params, buffers, *inputs)
+
+    @torch.no_grad()
+    def load_member(self, k: int, module: nn.Module) -> None:
+        """Copy member ``k`` into ``module`` (same architecture)."""
+        state = module.state_dict(keep_vars=True)
+        for name in self.param_names + self.buffer_names:
+            state[name].copy_(getattr(self, _key(name))[k])
+
+    @torch.no_grad()
+    def store_member(self, k: int, module: nn.Module) -> None:
+        """Copy ``module`` into member ``k``."""
+        state = module.state_dict(keep_vars=True)
+        for name in self.param_names + self.buffer_names:
+            getattr(self, _key(name))[k].copy_(state[name])
+
+
+class StackedAdamState(nn.Module):
+    """Per-member Adam state (moments and step count) of a :class:`StackedModules`, so that the one
+    member trained at a time continues from its own optimizer state (official GS-WGAN: one Adam per
+    discriminator). The tensors are buffers: they live in checkpoints."""
+
+    def __init__(self, stacked: StackedModules) -> None:
+        super().__init__()
+        self.param_names = list(stacked.param_names)
+        for name in self.param_names:
+            p = getattr(stacked, _key(name))
+            self.register_buffer("exp_avg__" + _key(name), torch.zeros_like(p.detach()))
+            self.register_buffer("exp_avg_sq__" + _key(name), torch.zeros_like(p.detach()))
+        self.register_buffer("steps", torch.zeros(len(stacked), dtype=torch.long))
+
+    def _pairs(self, module: nn.Module):
+        params = dict(module.named_parameters())
+        return [(params[n], getattr(self, "exp_avg__" + _key(n)), getattr(self, "exp_avg_sq__" + _key(n))) for n in self.param_names]
+
+    @torch.no_grad()
+    def load_member(self, k: int, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Give ``optimizer`` (an Adam over ``module``) member ``k``'s state."""
+        step = int(self.steps[k])
+        for p, m, v in self._pairs(module):
+            optimizer.state[p] = {} if step == 0 else {
+                "step": torch.tensor(float(step)), "exp_avg": m[k].clone(), "exp_avg_sq": v[k].clone(),
+            }
+
+    @torch.no_grad()
+    def store_member(self, k: int, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Save ``optimizer``'s state as member ``k``'s."""
+        step = 0
+        for p, m, v in self._pairs(module):
+            state = optimizer.state.get(p)
+            if state:
+                m[k].copy_(state["exp_avg"])
+                v[k].copy_(state["exp_avg_sq"])
+                step = int(state["step"])
+        self.steps[k] = step
+
+
+@contextmanager
+def buffers_restored(module: nn.Module):
+    """The buffers of ``module`` (e.g. BatchNorm running statistics) are restored on exit."""
+    saved = [b.detach().clone() for b in module.buffers()]
+    try:
+        yield module
+    finally:
+        with torch.no_grad():
+            for b, value in zip(module.buffers(), saved):
+                b.copy_(value)
+
+
+# ============================================================================ WGAN-GP
+def wgan_gp_critic_loss(
+    critic: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    real_x: torch.Tensor,
+    real_y: torch.Tensor,
+    fake_x: torch.Tensor,
+    *,
+    gp_weight: float = 10.0,
+    drift_weight: float = 1e-3,
+) -> torch.Tensor:
+    """WGAN-GP critic loss (Gulrajani et al. 2017, Alg. 1) with GS-WGAN's drift term:
+    ``mean D(fake) − mean D(real) + λ·mean(‖∇D(x̂)‖ − 1)² + drift·mean D(real)²``, where x̂ lies on
+    the segment between a real and a fake sample (both labelled ``real_y``).
+
+    ``real_y`` may have leading member axes (``[N, b]`` for :class:`StackedModules`, ``[b]`` for one
+    critic); the loss is the *sum* over members of each member's own loss, so every member gets
+    exactly the gradient it would get alone.
+    """
+    lead = real_y.dim()
+    trailing = (1,) * (real_x.dim() - lead)
+    eps = torch.rand(*real_y.shape, *trailing, device=real_x.device, dtype=real_x.dtype)
+    mixed = (eps * real_x + (1 - eps) * fake_x).detach().requires_grad_(True)
+    d_real, d_fake, d_mixed = critic(real_x, real_y), critic(fake_x, real_y), critic(mixed, real_y)
+    (grad,) = torch.autograd.grad(d_mixed.sum(), mixed, create_graph=True)
+    penalty = (grad.flatten(lead).norm(dim=-1) - 1).pow(2)
+    loss = d_fake.mean(-1) - d_real.mean(-1) + gp_weight * penalty.mean(-1) + drift_weight * d_real.pow(2).mean(-1)
+    return loss.sum()
+
+
+# ============================================================================ model
+class GSWGAN(PrivateGenerativeModel):
+    """GS-WGAN: generator trained through N_D disjointly trained discriminators with a sanitised
+    gradient (Chen et al. 2020, Algorithm 1); conditional, images (DCGAN nets) or tables (MLP nets).
+
+    N_D is the DataModule's ``num_teachers`` (its fixed disjoint partition gives each discriminator
+    its subset). Run ``stage: pretrain`` first, then ``stage: train`` with its checkpoint.
+
+    Args:
+        data_spec: the DataModule's spec.
+        epsilon: privacy budget ε; training stops before a generator step would exceed it.
+        delta: δ.
+        noise_multiplier: σ of the sanitiser (noise std 2Cσ per sample).
+        clip_bound: C, per-sample L2 bound of the gradient from the discriminator into a sample.
+        generator_batch_size: B, generated samples per generator step (enters ε: σ/√B in the sound analysis).
+        stage: ``"pretrain"`` (non-private discriminator pretraining) or ``"train"``.
+        pretrained_checkpoint: checkpoint of a ``pretrain`` run on the same data and partition
+            (stage ``train``; without it the discriminators start untrained, with a warning).
+        pretrain_iterations: stage ``pretrain`` stops after this many iterations (each:
+            ``critic_steps`` steps of every discriminator, one step of every throwaway generator;
+            2000 in the paper). ``trainer.max_steps`` may stop it earlier; resume with ``ckpt_path``.
+        budget_accounting: ``"guarantee"`` (sound GS-WGAN analysis) or ``"paper"`` (per-sample
+            composition of the official code: not a guarantee).
+        conversion: RDP → (ε, δ) conversion.
+        z_dim: latent size; latent_prior: ``"normal"`` or ``"uniform"``.
+        lr: Adam learning rate of every network (1e-4); betas: Adam betas ((0.5, 0.9)).
+        critic_steps: critic steps per generator step (5).
+        gp_weight: λ of the gradient penalty (10); drift_weight: weight of mean D(real)² (0.001).
+        ema_decay: if set, an exponential moving average of the generator (this decay) is kept and
+            used for sampling (post-processing: free).
+        generator_hidden: hidden widths of the tabular MLP generator (ReLU, BatchNorm, tanh/softmax
+            outputs); gf_dim, fc_dim: widths of the DCGAN generator for images.
+        discriminator_hidden: hidden widths of the tabular MLP discriminators (LeakyReLU 0.2, no
+            normalisation: the gradient penalty is per sample); df_dim, fc_dim: widths of the DCGAN
+            discriminators for images (no normalisation).
+        pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
+            ``None`` uses the main generator's architecture (N_D copies of it are held at once).
+    """
+
+    def __init__(
+        self,
+        data_spec: dict[str, Any],
+        *,
+        epsilon: float,
+        delta: float,
+        noise_multiplier: float = 1.07,
+        clip_bound: float = 1.0,
+        generator_batch_size: int = 32,
+        stage: str = "train",
+        pretrained_checkpoint: str | None = None,
+        pretrain_iterations: int = 2000,
+        budget_accounting: str = "guarantee",
+        conversion: str = "improved",
+        z_dim: int = 100,
+        latent_prior: str = "normal",
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.5, 0.9),
+        critic_steps: int = 5,
+        gp_weight: float = 10.0,
+        drift_weight: float = 1e-3,
+        ema_decay: float | None = None,
+        generator_hidden: Sequence[int] = (256, 256),
+        discriminator_hidden: Sequence[int] = (128,),
+        gf_dim: int = 64,
+        df_dim: int = 32,
+        fc_dim: int = 256,
+        pretrain_generator_hidden: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        num_discriminators = int(data_spec.get("num_teachers", 0))
+        if num_discriminators < 1:
+            raise ValueError("GS-WGAN needs data.num_teachers = N_D >= 1: each discriminator trains on its own teacher partition")
+        if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
+        if not (clip_bound > 0 and math.isfinite(clip_bound)):
+            raise ValueError(f"clip_bound must be a finite number > 0, got {clip_bound}")
+        if generator_batch_size < 2:
+            raise ValueError(f"generator_batch_size must be >= 2 (BatchNorm in the generator), got {generator_batch_size}")
+        if pretrain_iterations < 1:
+            raise ValueError(f"pretrain_iterations must be >= 1, got {pretrain_iterations}")
+        if critic_steps < 1:
+            raise ValueError(f"critic_steps must be >= 1, got {critic_steps}")
+        if ema_decay is not None and not 0 < ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1) or unset, got {ema_decay}")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.num_discriminators = num_discriminators
+        self.stage = stage
+        self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier)
+
+        self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim)
+        self.discriminators = StackedModules([self._new_discriminator() for _ in range(num_discriminators)])
+        if stage == "pretrain":
+            self.pretrain_generators = StackedModules([self._new_pretrain_generator() for _ in range(num_discriminators)])
+            self.train_sampling = None  # every discriminator's own batch each step (TeacherBatches)
+        else:
+            self.discriminator = self._new_discriminator()  # the member being trained, one at a time
+            self.discriminator_adam = StackedAdamState(self.discriminators)
+            self.train_sampling = {"kind": "one_teacher", "batches": critic_steps}
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
+            self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
+        self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
+
+    # ----------------------------------------------------------------- networks
+    def _new_discriminator(self) -> nn.Module:
+        hp = self.hparams
+        if self.is_image:
+            return ConditionalDCGANDiscriminator(in_shape=self.data_spec["shape"], num_classes=self.num_classes, df_dim=hp.df_dim, fc_dim=hp.fc_dim, norm="none")
+        return ConditionalMLPDiscriminator(in_features=self.data_spec["shape"][0], num_classes=self.num_classes, hidden=hp.discriminator_hidden, norm="none")
+
+    def _new_pretrain_generator(self) -> nn.Module:
+        hp = self.hparams
+        if hp.pretrain_generator_hidden is None:
+            return self.build_generator(hidden=hp.generator_hidden, gf_dim=hp.gf_dim, fc_dim=hp.fc_dim)
+        return build_mlp_generator(self, hidden=hp.pretrain_generator_hidden)
+
+    @property
+    def generator_module(self) -> nn.Module:
+        ema = getattr(self, "generator_ema", None)
+        return ema if ema is not None else self.generator
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        adam = lambda params: torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas))  # noqa: E731
+        if self.stage == "pretrain":
+            # Adam is elementwise: one optimizer over the stacked tensors = one Adam per member.
+            return adam(self.pretrain_generators.parameters()), adam(self.discriminators.parameters())
+        return adam(self.generator.parameters()), adam(self.discriminator.parameters())
+
+    # ----------------------------------------------------------------- fit start: checks, pretrained
+    def _partition_fingerprint(self) -> str | None:
+        dm = getattr(self.trainer, "datamodule", None)
+        partition = getattr(dm, "partition", None)
+        return partition.fingerprint() if partition is not None else None
+
+    def on_fit_start(self) -> None:
+        if self.trainer.world_size > 1:
+            raise RuntimeError("GS-WGAN is implemented for one process (discriminators are not sharded yet)")
+        dm = getattr(self.trainer, "datamodule", None)
+        if getattr(dm, "partition", None) is None or dm.partition.num_teachers != self.num_discriminators:
+            raise ValueError(
+                f"GS-WGAN needs a GenerativeDataModule with num_teachers = {self.num_discriminators} "
+                f"(its fixed disjoint partition gives each discriminator its own subset)"
+            )
+        if self.stage == "train" and not bool(self.pretrained_loaded):  # not when resuming a train run
+            if self.hparams.pretrained_checkpoint:
+                self.load_pretrained(self.hparams.pretrained_checkpoint)
+            else:
+                warnings.warn("GS-WGAN trains without pretrained discriminators (set pretrained_checkpoint "
+                              "to a stage: pretrain checkpoint)", stacklevel=2)
+
+    def load_pretrained(self, path: str) -> None:
+        """Load the discriminators of a ``stage: pretrain`` checkpoint made on this partition."""
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"pretrained_checkpoint not found: {path}") from err
+        meta = checkpoint.get(GSWGAN_CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+        if not meta or meta.get("stage") != "pretrain":
+            raise ValueError(f"{path} is not a GS-WGAN stage: pretrain checkpoint")
+        if meta["num_discriminators"] != self.num_discriminators:
+            raise ValueError(f"{path} holds {meta['num_discriminators']} discriminators, this model {self.num_discriminators}")
+        if meta["partition_fingerprint"] != self._partition_fingerprint():
+            raise ValueError(
+                f"{path} was pretrained on a different data partition: each discriminator must keep the "
+                f"subset it was pretrained on (same data, num_teachers and partition_seed)"
+            )
+        prefix = "discriminators."
+        state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+        try:
+            self.discriminators.load_state_dict(state)
+        except RuntimeError as err:
+            raise ValueError(f"the discriminators of {path} do not match this model's architecture: {err}") from err
+        self.pretrained_loaded.fill_(True)
+
+    # ----------------------------------------------------------------- steps
+    def privacy_event(self) -> GSWGANStepEvent:
+        hp = self.hparams
+        return GSWGANStepEvent(noise_multiplier=hp.noise_multiplier, num_discriminators=self.num_discriminators, batch_size=hp.generator_batch_size, steps=1)
+
+    def _critic_loss(self, critic, real_x, real_y, fake_x) -> torch.Tensor:
+        hp = self.hparams
+        return wgan_gp_critic_loss(critic, real_x, real_y, fake_x, gp_weight=hp.gp_weight, drift_weight=hp.drift_weight)
+
+    def training_step(self, batch, batch_idx):
+        if self.stage == "pretrain":
+            return self._pretrain_step(*batch)
+        return self._train_step(*batch)
+
+    def _pretrain_step(self, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
+        """One critic step of every discriminator on its own batch; every ``critic_steps``-th call
+        also one step of every throwaway generator (the step Lightning counts)."""
+        if self.trainer.global_step >= self.hparams.pretrain_iterations:  # resumed after the end
+            self.trainer.should_stop = True
+            return
+        n_d, b = real_y.shape[:2]
+        if n_d != self.num_discriminators:
+            raise ValueError(f"expected batches for {self.num_discriminators} discriminators, got {n_d}")
+        opt_g, opt_d = self.optimizers()
+        with torch.no_grad():
+            fake = self.pretrain_generators(self.latent(n_d * b).view(n_d, b, -1), real_y)
+        d_loss = self._critic_loss(self.discriminators, real_x, real_y, fake)
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        self.step_uncounted(opt_d)
+        self.critic_steps_taken += 1
+        logs = {"pretrain/d_loss": d_loss.detach() / n_d}
+        if int(self.critic_steps_taken) % self.hparams.critic_steps == 0:
+            labels = self.sample_labels(n_d * b).view(n_d, b)
+            fake = self.pretrain_generators(self.latent(n_d * b).view(n_d, b, -1), labels)
+            with frozen(self.discriminators):
+                g_loss = -self.discriminators(fake, labels).mean(-1).sum()
+            opt_g.zero_grad()
+            self.manual_backward(g_loss)
+            opt_g.step()
+            logs["pretrain/g_loss"] = g_loss.detach() / n_d
+            if self.trainer.global_step >= self.hparams.pretrain_iterations:
+                self.stop_reason = f"pretraining done ({self.hparams.pretrain_iterations} iterations)"
+                self.trainer.should_stop = True
+        self.log_dict(logs)
+
+    def _train_step(self, teacher: torch.Tensor, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
+        if not self.charge(self.privacy_event()):
+            return None  # budget reached: nothing of this step is applied
+        k = int(teacher)
+        d_loss = self.train_critic(k, real_x, real_y)
+        g_loss = self.generator_step(self.discriminator)
+        self.log_dict({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
+
+    def train_critic(self, k: int, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
+        """Plain (non-private) WGAN-GP steps of discriminator ``k`` on its own batches
+        ``real_x`` ``[critic_steps, b, ...]``, with its own Adam state; it is left loaded in
+        ``self.discriminator``. Returns the last critic loss."""
+        opt_d = self.optimizers()[1]
+        critic = self.discriminator
+        self.discriminators.load_member(k, critic)
+        self.discriminator_adam.load_member(k, critic, opt_d.optimizer)
+        for real_xc, real_yc in zip(real_x, real_y):
+            # Fakes with the real batch's labels (as the official code); the generator's BatchNorm
+            # statistics must not record those private labels: they are restored afterwards.
+            with torch.no_grad(), buffers_restored(self.generator):
+                fake = self.generator(self.latent(len(real_yc)), real_yc)
+            d_loss = self._critic_loss(critic, real_xc, real_yc, fake)
+            opt_d.zero_grad()
+            self.manual_backward(d_loss)
+            self.step_uncounted(opt_d)
+            self.critic_steps_taken += 1
+        self.discriminators.store_member(k, critic)
+        self.discriminator_adam.store_member(k, critic, opt_d.optimizer)
+        return d_loss.detach()
+
+    def generator_step(self, critic: nn.Module) -> torch.Tensor:
+        """Update G through ``critic`` with the sanitised gradient (the step's only release)."""
+        g_loss = self.sanitized_generator_gradient(critic)
+        self.optimizers()[0].step()
+        self._update_ema()
+        return g_loss
+
+    def sanitized_generator_gradient(self, critic: nn.Module) -> torch.Tensor:
+        """Set the generator's ``.grad`` to ``Σ_j J_j^T ĝ_j`` for B fresh samples, where ĝ_j is the
+        sanitised gradient of the WGAN loss ``−mean_j D(x_j)`` w.r.t. sample x_j. The critic gets no
+        gradient: only the detached samples are differentiated. Returns the (detached) loss."""
+        opt_g = self.optimizers()[0]
+        b = self.hparams.generator_batch_size
+        labels = self.sample_labels(b)
+        fake = self.generator(self.latent(b), labels)
+        with frozen(critic):
+            grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake)
+        opt_g.zero_grad()
+        self.manual_backward(fake, grad)
+        return loss
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        if getattr(self, "generator_ema", None) is None:
+            return
+        decay = self.hparams.ema_decay
+        for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
+            avg.lerp_(p, 1.0 - decay)
+        for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
+            avg.copy_(b)
+
+    # ----------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[GSWGAN_CHECKPOINT_KEY] = {
+            "stage": self.stage,
+            "num_discriminators": self.num_discriminators,
+            "partition_fingerprint": self._partition_fingerprint() if self._trainer is not None else None,
+        }
