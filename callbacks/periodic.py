@@ -34,7 +34,7 @@ class PeriodicEvaluation(pl.Callback):
 
     def _run(self, trainer, pl_module, tag: str, final: bool) -> None:
         logger = mlflow_logger_of(trainer)
-        if not self.enabled or logger is None or not trainer.is_global_zero:
+        if not self.enabled or logger is None or not trainer.is_global_zero or not pl_module.has_release:
             return
         self._last_step = trainer.global_step
         try:

@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 from conftest import SHARED_DATA, query_run
-from datamodules import TabularDataModule
+from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.models import GSWGAN, load_generator
 from lightning_gpate.models.gswgan import wgan_gp_critic_loss
 from lightning_gpate.nets import ConditionalMLPDiscriminator
@@ -328,3 +328,27 @@ def test_digits_config_runs_both_stages_from_the_command_line():
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 2
     assert math.isclose(run.data.metrics["epsilon_final"], gswgan_epsilon(
         noise_multiplier=SIGMA, num_discriminators=N_D, batch_size=B, steps=2, delta=1e-5), rel_tol=1e-9)
+
+
+def test_pretraining_stage_is_not_evaluated_as_a_release():
+    """Stage 1 only prepares discriminators: evaluation callbacks skip it instead of scoring its
+    throwaway generator (which on large data would cost minutes)."""
+    from callbacks.periodic import PeriodicEvaluation
+
+    calls = []
+
+    class Probe(PeriodicEvaluation):
+        name = "probe"
+
+        def evaluate(self, trainer, pl_module, *, tag, final):
+            calls.append(tag)
+
+    class FakeTrainer:
+        is_global_zero, global_step = True, 3
+        loggers = [GPATEMLFlowLogger(experiment_name="probe")]
+
+    for stage, expected in (("pretrain", []), ("train", ["x"])):
+        calls.clear()
+        model = GSWGAN(ImageDataModule("digits", num_teachers=4).spec, stage=stage, epsilon=10.0, delta=1e-5)
+        Probe()._run(FakeTrainer(), model, "x", final=True)
+        assert calls == expected

@@ -90,6 +90,13 @@ class GenerativeModel(pl.LightningModule):
 
     # ----------------------------------------------------------------- generation
     @property
+    def has_release(self) -> bool:
+        """Whether this run produces a generator worth evaluating (``False`` for a stage that only
+        prepares other networks, e.g. GS-WGAN's discriminator pretraining); evaluation callbacks
+        skip runs without one."""
+        return True
+
+    @property
     def generator_module(self) -> nn.Module:
         """The network that produces samples (subclasses may return an EMA copy)."""
         return self.generator

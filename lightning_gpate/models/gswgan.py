@@ -310,6 +310,10 @@ class GSWGAN(PrivateGenerativeModel):
         return build_mlp_generator(self, hidden=hp.pretrain_generator_hidden)
 
     @property
+    def has_release(self) -> bool:
+        return self.stage != "pretrain"  # stage 1's throwaway generators are not a release
+
+    @property
     def generator_module(self) -> nn.Module:
         ema = getattr(self, "generator_ema", None)
         return ema if ema is not None else self.generator
