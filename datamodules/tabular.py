@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from datamodules.base import DataError, GenerativeDataModule
+from lightning_gpate.privacy.dp_stats import dp_bounds, dp_histogram_ratio
 
 COLUMN_TYPES = ("numeric", "binary", "categorical")
 BUILTIN_TABLES = ("breast_cancer",)
@@ -129,6 +130,78 @@ def infer_schema(
     if len(label_spec.categories) < 2:
         raise DataError(f"label column {label!r} has fewer than two classes")
     return list(specs.values()), label_spec
+
+
+def split_guesses(schema: dict[str, dict[str, Any]] | None) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[float, float]]]:
+    """Separate the public guess ranges (``guess: [lo, hi]``, used only by :func:`dp_metadata`) from
+    the rest of the schema declarations."""
+    rest, guesses = {}, {}
+    for name, decl in (schema or {}).items():
+        decl = dict(decl or {})
+        if "guess" in decl:
+            guess = decl.pop("guess")
+            try:
+                lo, hi = (float(v) for v in guess)
+            except (TypeError, ValueError):
+                raise DataError(f"column {name!r}: guess must be [lo, hi], got {guess!r}") from None
+            if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+                raise DataError(f"column {name!r}: guess must be two finite numbers lo < hi, got {guess!r}")
+            guesses[name] = (lo, hi)
+        rest[name] = decl
+    return rest, guesses
+
+
+def dp_metadata(
+    frame: pd.DataFrame,
+    columns: Sequence[ColumnSpec],
+    guesses: dict[str, tuple[float, float]],
+    *,
+    epsilon: float | None,
+    rng: np.random.Generator,
+) -> list[dict[str, Any]]:
+    """Replace the data-read bounds of undeclared numeric columns by ε-DP bounds, in place.
+
+    ε is split equally among those columns (sequential composition); each column's bounds come from
+    :func:`~lightning_gpate.privacy.dp_stats.dp_bounds` (two exponential-mechanism quantiles, Smith
+    2011) over its public guess range, rounded outwards for integer columns (post-processing). The
+    empirical min/max are overwritten and never reach the spec. Undeclared categories cannot be
+    estimated this way: they must be declared.
+
+    Returns:
+        The metadata cost, ``[{"what", "epsilon", "columns"}]`` per paid column (empty when ``epsilon``
+        is None), for the model to charge at init (``PrivateGenerativeModel``).
+    """
+    unknown = sorted(set(guesses) - {c.name for c in columns if c.type == "numeric"})
+    if unknown:
+        raise DataError(f"guess ranges are given for {unknown}, which are not numeric feature columns")
+    if epsilon is None:
+        return []
+    numeric = [c for c in columns if c.type == "numeric" and not c.public]
+    undeclared = [c.name for c in columns if c.type != "numeric" and not c.public]
+    if undeclared:
+        raise DataError(
+            f"metadata_epsilon estimates numeric bounds only; declare the categories of {undeclared} "
+            f"in data.schema (e.g. categories: [0, 1])"
+        )
+    no_guess = [c.name for c in numeric if c.name not in guesses]
+    if no_guess:
+        raise DataError(
+            f"columns {no_guess} need a public guess range for their DP bounds (schema: {{col: {{guess: [lo, hi]}}}}) "
+            f"or declared min/max"
+        )
+    if not numeric:
+        return []
+    per_column = float(epsilon) / len(numeric)
+    costs = []
+    for c in numeric:
+        values = _numeric_values(frame[c.name], c.name).to_numpy(dtype=np.float64)
+        lo_guess, hi_guess = guesses[c.name]
+        (lo, hi), eps = dp_bounds(values, epsilon=per_column, rng=rng, lower_guess=lo_guess, upper_guess=hi_guess)
+        if c.is_integer:
+            lo, hi = float(np.floor(lo)), float(np.ceil(hi))
+        c.min, c.max = float(lo), float(hi)
+        costs.append({"what": f"bounds of {c.name!r} (dp_bounds)", "epsilon": float(eps), "columns": [c.name]})
+    return costs
 
 
 class TabularTransformer:
@@ -250,6 +323,13 @@ class TabularDataModule(GenerativeDataModule):
             bounds/categories are public, the rest is inferred and listed as private metadata.
         class_ratio: class ratio of the label declared public (else the empirical ratio is recorded
             as private metadata that private models must not use for free).
+        metadata_epsilon: ε spent (pure DP, from the model's budget) on the bounds of the numeric
+            columns whose ``min``/``max`` are not declared, split equally among them; each column needs
+            a public guess range ``schema: {col: {guess: [lo, hi]}}`` (see :func:`dp_metadata`).
+        label_ratio_epsilon: ε spent (pure DP) on the label's class ratio (Laplace counts,
+            ``dp_histogram_ratio``; G-PATE spends 0.01 on credit), instead of declaring ``class_ratio``.
+        metadata_seed: seed of the DP metadata noise. ``None`` (default) draws fresh OS entropy: a
+            seed anyone can read (e.g. in a logged config) lets them remove the noise.
         **kwargs: see :class:`GenerativeDataModule` (batch size, teachers, splits).
     """
 
@@ -266,6 +346,9 @@ class TabularDataModule(GenerativeDataModule):
         drop_columns: list[str] | None = None,
         schema: dict[str, dict[str, Any]] | None = None,
         class_ratio: list[float] | None = None,
+        metadata_epsilon: float | None = None,
+        label_ratio_epsilon: float | None = None,
+        metadata_seed: int | None = None,
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
@@ -289,6 +372,13 @@ class TabularDataModule(GenerativeDataModule):
         self.sep, self.na_values, self.missing = sep, na_values, missing
         self.drop_columns = list(drop_columns or [])
         self.schema, self.class_ratio = schema, class_ratio
+        for name, eps in (("metadata_epsilon", metadata_epsilon), ("label_ratio_epsilon", label_ratio_epsilon)):
+            if eps is not None and not (0 < float(eps) < float("inf")):
+                raise DataError(f"{name} must be a finite number > 0 (or unset), got {eps}")
+        if label_ratio_epsilon is not None and class_ratio is not None:
+            raise DataError("give either class_ratio (declared public) or label_ratio_epsilon (paid with DP), not both")
+        self.metadata_epsilon, self.label_ratio_epsilon = metadata_epsilon, label_ratio_epsilon
+        self.metadata_seed = metadata_seed
         self.save_hyperparameters(ignore=["frame"])
         self._ensure_loaded()  # fail at construction on a bad file, column or value
 
@@ -340,7 +430,10 @@ class TabularDataModule(GenerativeDataModule):
     def _load(self) -> dict[str, Any]:
         frame = self.read_frame()
         self._frame = frame
-        columns, label_spec = infer_schema(frame, self.label, self.schema)
+        schema, guesses = split_guesses(self.schema)
+        columns, label_spec = infer_schema(frame, self.label, schema)
+        rng = np.random.default_rng(self.metadata_seed)  # None: OS entropy
+        paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
         features, labels = self.transformer.transform(frame)
         num_classes = len(label_spec.categories)
@@ -348,12 +441,18 @@ class TabularDataModule(GenerativeDataModule):
             if len(self.class_ratio) != num_classes or min(self.class_ratio) < 0 or sum(self.class_ratio) <= 0:
                 raise DataError(f"class_ratio must give {num_classes} non-negative weights, got {self.class_ratio}")
             ratio, source = list(np.asarray(self.class_ratio) / sum(self.class_ratio)), "public"
+        elif self.label_ratio_epsilon is not None:
+            ratio, eps = dp_histogram_ratio(labels, num_classes=num_classes, epsilon=self.label_ratio_epsilon, rng=rng)
+            ratio, source = list(ratio), "dp"
+            paid.append({"what": f"class ratio of {label_spec.name!r} (Laplace counts)", "epsilon": float(eps)})
         else:
             ratio, source = list(np.bincount(labels, minlength=num_classes) / len(labels)), "data"
-        private = [c.name for c in columns if not c.public]
+        paid_columns = {name for cost in paid for name in cost.get("columns", [])}
+        private = [c.name for c in columns if not c.public and c.name not in paid_columns]
         if not label_spec.public:
             private.append(label_spec.name)
         spec = {
+            "metadata_cost": paid,
             "kind": "tabular",
             "shape": [self.transformer.output_dim],
             "num_classes": num_classes,

@@ -7,6 +7,7 @@ folder beside it. ``MLFLOW_TRACKING_URI`` (or the logger's ``tracking_uri``) ove
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from pytorch_lightning.loggers import MLFlowLogger
 
 DEFAULT_STORE_DIR = Path("mlruns")
 DEFAULT_EXPERIMENT = "lightning-gpate"
+_MLFLOW_UNSAFE = re.compile(r"[^\w\-. :/]")  # MLflow: alphanumerics, _ - . space : / only
 
 
 def default_tracking_uri() -> str:
@@ -57,6 +59,14 @@ class GPATEMLFlowLogger(MLFlowLogger):
             run_id=run_id,
             log_model=False,
         )
+
+    def log_hyperparams(self, params) -> None:
+        """Lightning's flattening, with characters MLflow refuses in a parameter name (e.g. the
+        parentheses of a column called ``Smokes (years)`` in a data schema) replaced by ``_``."""
+        from lightning_fabric.utilities.logger import _convert_params, _flatten_dict
+
+        flat = _flatten_dict(_convert_params(params))
+        super().log_hyperparams({_MLFLOW_UNSAFE.sub("_", str(k)): v for k, v in flat.items()})
 
 
 def mlflow_logger_of(trainer) -> MLFlowLogger | None:

@@ -5,5 +5,6 @@ from lightning_gpate.models.dpgan import DPGAN
 from lightning_gpate.models.gan import GAN
 from lightning_gpate.models.gpate import GPATE
 from lightning_gpate.models.gswgan import GSWGAN
+from lightning_gpate.models.pategan import PATEGAN
 
-__all__ = ["CheckpointError", "DPGAN", "GAN", "GPATE", "GSWGAN", "GenerativeModel", "load_generator"]
+__all__ = ["CheckpointError", "DPGAN", "GAN", "GPATE", "GSWGAN", "GenerativeModel", "PATEGAN", "load_generator"]

@@ -1,0 +1,412 @@
+"""PATE-GAN (Yoon, Jordon & van der Schaar, ICLR 2019) without the known privacy violations.
+
+Per generator step (Yoon et al. 2019, Algorithm 1):
+
+1. ``teacher_steps`` (n_T) steps of the k teachers, each a conditional real-vs-fake classifier
+   trained on its own partition of the training data. The partition is the DataModule's fixed,
+   disjoint :class:`~datamodules.partition.TeacherPartition` (a record reaches one teacher, for the
+   whole run); the teachers are one stacked-parameter ensemble
+   (:mod:`lightning_gpate.nets.ensemble`) under one Adam, so every teacher has its own moments.
+2. ``student_steps`` (n_S) steps of the student on **generated samples only**, each labelled by the
+   noisy teacher vote ``argmax_j(n_j + Lap(1/λ))`` (n_j: teachers voting class j ∈ {fake, real}).
+   Every query batch is charged to the accountant as a
+   :class:`~lightning_gpate.privacy.LaplaceVoteEvent` *before* the student sees its labels; when the
+   budget refuses it, training stops without that update.
+3. One generator step against the student.
+
+Options beyond the paper, all free post-processing of the paid-for votes: ``query_labels: uniform``
+(a rare class gets its share of the queries) and ``replay_capacity`` (the student re-fits every
+labelled sample kept so far rather than only the newest batch).
+
+What the public implementations got wrong, and what this one does instead (see REFERENCE.md and the
+replication study): teacher partitions are fixed and disjoint; the student never sees real rows;
+the vote noise really is Lap(1/λ) per class count; ε comes from the project's accountant with the
+user's δ, as a data-independent guarantee by default (``budget_accounting: paper`` gives the paper's
+data-dependent moments accountant, tagged as not a guarantee); bounds, categories and the class ratio
+are declared public or paid for (``data.metadata_epsilon`` / ``data.label_ratio_epsilon``); the same
+latent prior is used in training and sampling (:meth:`GenerativeModel.latent`); the number of rows
+sampled is whatever the user asks for, never the training size; and only privatised quantities are
+logged (teacher losses and vote margins are functions of the private data: opt-in only).
+
+Note on budgets. Under the guarantee every labelled sample is a 2λ-DP release (one record moves one
+teacher's vote, i.e. two counts by one), so the number of affordable queries scales as (ε/λ)²;
+``lam: null`` picks the largest λ for which ``planned_queries`` labelled samples fit the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
+from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
+from lightning_gpate.privacy import LaplaceVoteEvent
+
+QUERY_LABELS = ("ratio", "uniform")
+NOISE_STATE_KEY = "pategan_vote_noise"
+FAKE, REAL = 0, 1  # vote classes
+
+
+def release_spec(data_spec: dict[str, Any]) -> dict[str, Any]:
+    """The data spec as a private model may keep it (it is saved in checkpoints and logged).
+
+    Drops the exact training-set size (``num_train``: a count of private records) and replaces a class
+    ratio read from the private data by the uniform ratio, so that neither reaches the checkpoint or
+    MLflow. Bounds and categories read from the data are refused later by
+    :func:`~lightning_gpate.models.private.check_metadata_is_public`.
+    """
+    spec = dict(data_spec)
+    spec.pop("num_train", None)
+    if spec.get("class_ratio_source") == "data":
+        warnings.warn(
+            "the class ratio was read from the private data: PATE-GAN samples labels uniformly instead. "
+            "Declare it public (data.class_ratio) or pay for it with DP (data.label_ratio_epsilon).",
+            stacklevel=3,
+        )
+        k = int(spec["num_classes"])
+        spec["class_ratio"] = [1.0 / k] * k
+        spec["class_ratio_source"] = "uniform"
+    return spec
+
+
+def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Generator, device, dtype=torch.float64) -> torch.Tensor:
+    """Lap(scale) noise drawn from ``generator``: the difference of two Exp(1) draws times ``scale``
+    (exact, and without the log(0) edge case of the inverse-CDF method)."""
+    e = torch.empty((2, *shape), device=device, dtype=dtype).exponential_(generator=generator)
+    return (e[0] - e[1]) * scale
+
+
+class PATEGAN(PrivateGenerativeModel):
+    """PATE-GAN: k teachers on disjoint partitions, a student on noisily labelled generated samples,
+    a generator trained against the student (Yoon et al. 2019, Algorithm 1).
+
+    Tables use MLP networks with the paper's shapes (generator and student of depth 3 with widths
+    d, d/2, d, teachers with one hidden layer of width d; d = the data's dimension, at least 8);
+    images use the conditional DCGAN generator/student and :class:`ConvTeacherEnsemble` teachers.
+    The number of teachers and the per-teacher batch come from the DataModule
+    (``data.num_teachers``, ``data.teacher_batch_size``).
+
+    Args:
+        data_spec: the DataModule's spec (needs ``num_teachers > 0``).
+        epsilon: privacy budget ε (pure-DP metadata costs in ``data_spec["metadata_cost"]`` included).
+        delta: δ of the guarantee (used in every ε reported).
+        budget_accounting: ``"guarantee"`` (data-independent: each query is 2λ-DP) or ``"paper"``
+            (the data-dependent moments accountant of Papernot et al. 2017, Theorem 3, as PATE-GAN
+            uses it: NOT a guarantee, the run is tagged so).
+        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"`` (``classic`` on the
+            integer orders is exactly the moments accountant's ε̂ = min_l (α(l) + ln(1/δ))/l).
+        lam: λ, the inverse scale of the Laplace vote noise; ``None`` picks the largest λ for which
+            ``planned_queries`` labelled samples fit the budget under the guarantee.
+        planned_queries: labelled samples to plan the budget for when ``lam`` is ``None``.
+        teacher_steps: n_T teacher steps per generator step (paper: 5).
+        student_steps: n_S student steps per generator step (paper: 5).
+        query_batch_size: generated samples per student step (= vote queries) and per generator step (paper: 64).
+        lr: Adam learning rate of generator, student and teachers (paper: 1e-4).
+        teacher_lr: Adam learning rate of the teachers, if different (``None``: ``lr``). Teachers that
+            separate real from fake perfectly vote "fake" unanimously and teach the student nothing.
+        betas: Adam betas.
+        z_dim: latent size (``None``: the data dimension for tables, 100 for images).
+        latent_prior: ``"normal"`` or ``"uniform"``; the same prior in training and sampling.
+        generator_hidden: hidden widths of the tabular generator (``None``: ``[d, d/2]``).
+        student_hidden: hidden widths of the tabular student (``None``: ``[d, d/2]``).
+        teacher_hidden: hidden widths of the tabular teachers (``None``: ``[d]``).
+        teacher_fake_batch_size: generated samples per teacher step, one batch shared by all teachers
+            with labels from the sampling class ratio (``None``: the per-teacher real batch size).
+        replay_capacity: 0 (the paper): each student step trains on the samples just labelled. ``> 0``:
+            keep the last ``replay_capacity`` labelled samples and train each student step on a draw
+            of ``student_batch_size`` of them (free post-processing: the student fits the few labels a
+            small budget can buy better, and queries can be fewer per generator step).
+        student_batch_size: samples per student step when replaying (``None``: ``query_batch_size``).
+        query_labels: labels of the generated samples the teachers vote on and the generator trains
+            on: ``"ratio"`` (the sampling class ratio) or ``"uniform"`` (every class equally often, so
+            that a rare class gets its share of the queries; sampling still uses the class ratio).
+        gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
+        teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
+        teacher_seed: seed of the teachers' initialisation.
+        noise_seed: seed of the vote noise. ``None`` (default) draws it from OS entropy: anyone who
+            knows the seed can subtract the noise, so a fixed seed is for tests only.
+        vote_chunk_size: generated samples per teacher forward when voting (bounds memory).
+        teacher_chunk_size: teachers per backward chunk of a teacher step (``None``: all at once).
+        log_private_diagnostics: also log teacher losses and mean vote margins. These are computed
+            from the private data WITHOUT noise: for debugging only, never for a released run.
+    """
+
+    def __init__(
+        self,
+        data_spec: dict[str, Any],
+        *,
+        epsilon: float = 1.0,
+        delta: float = 1e-5,
+        budget_accounting: str = "guarantee",
+        conversion: str = "improved",
+        lam: float | None = None,
+        planned_queries: int = 10_000,
+        teacher_steps: int = 5,
+        student_steps: int = 5,
+        query_batch_size: int = 64,
+        lr: float = 1e-4,
+        teacher_lr: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+        z_dim: int | None = None,
+        latent_prior: str = "normal",
+        generator_hidden: list[int] | None = None,
+        student_hidden: list[int] | None = None,
+        teacher_hidden: list[int] | None = None,
+        teacher_fake_batch_size: int | None = None,
+        replay_capacity: int = 0,
+        student_batch_size: int | None = None,
+        query_labels: str = "ratio",
+        gf_dim: int = 64,
+        df_dim: int = 64,
+        fc_dim: int = 1024,
+        teacher_channels: list[int] | None = None,
+        teacher_fc: int = 256,
+        teacher_seed: int = 0,
+        noise_seed: int | None = None,
+        vote_chunk_size: int = 1024,
+        teacher_chunk_size: int | None = None,
+        log_private_diagnostics: bool = False,
+    ) -> None:
+        data_spec = release_spec(data_spec)
+        num_teachers = int(data_spec.get("num_teachers", 0))
+        if num_teachers < 1:
+            raise ValueError("PATE-GAN needs teachers: set data.num_teachers (e.g. about N/1000 ... N/10 of the training rows)")
+        if query_labels not in QUERY_LABELS:
+            raise ValueError(f"query_labels must be one of {QUERY_LABELS}, got {query_labels!r}")
+        counts = {"teacher_steps": teacher_steps, "student_steps": student_steps, "query_batch_size": query_batch_size,
+                  "planned_queries": planned_queries, "vote_chunk_size": vote_chunk_size}
+        for name, value in counts.items():
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value}")
+        if replay_capacity < 0 or int(replay_capacity) != replay_capacity:
+            raise ValueError(f"replay_capacity must be an integer >= 0, got {replay_capacity}")
+        if student_batch_size is not None and (int(student_batch_size) != student_batch_size or student_batch_size < 1):
+            raise ValueError(f"student_batch_size must be an integer >= 1 (or null), got {student_batch_size}")
+        if teacher_fake_batch_size is not None and (int(teacher_fake_batch_size) != teacher_fake_batch_size or teacher_fake_batch_size < 1):
+            raise ValueError(f"teacher_fake_batch_size must be an integer >= 1 (or null), got {teacher_fake_batch_size}")
+        if lam is not None and not (0 < lam < math.inf):
+            raise ValueError(f"lam must be a finite number > 0 (or null to plan it from the budget), got {lam}")
+        image = data_spec["kind"] == "image"
+        d = int(np.prod(data_spec["shape"]))
+        width = max(d, 8)
+        if z_dim is None:
+            z_dim = 100 if image else width
+        super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.num_teachers = num_teachers
+        self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
+        if image:
+            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim)
+            self.student = ConditionalDCGANDiscriminator(
+                in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim)
+            self.teachers = ConvTeacherEnsemble(
+                num_teachers, in_shape=data_spec["shape"], num_classes=self.num_classes,
+                channels=teacher_channels, fc=teacher_fc, seed=teacher_seed)
+        else:
+            half = max(width // 2, 4)
+            self.generator = self.build_generator(hidden=tuple((width, half) if generator_hidden is None else generator_hidden))
+            self.student = ConditionalMLPDiscriminator(
+                in_features=d, num_classes=self.num_classes, hidden=tuple((width, half) if student_hidden is None else student_hidden))
+            self.teachers = MLPTeacherEnsemble(
+                num_teachers, in_features=d, num_classes=self.num_classes,
+                hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
+        self._noise_generator: torch.Generator | None = None
+        self._noise_state: torch.Tensor | None = None
+        self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
+
+    # ----------------------------------------------------------------- budget planning
+    def plan_lambda(self, planned_queries: int) -> float:
+        """Largest λ (to 1e-9 relative) such that ``planned_queries`` Laplace votes, on top of what is
+        already recorded (the metadata), keep the data-independent guarantee within the budget.
+
+        The guarantee of a query does not depend on its vote gap, so the plan reveals nothing; under
+        ``budget_accounting: paper`` the same plan is conservative (the data-dependent ε is smaller).
+        """
+        gaps = np.zeros(int(planned_queries))
+
+        def fits(lam: float) -> bool:
+            return self.accountant.epsilon_if(LaplaceVoteEvent(gaps, lam)) <= self.epsilon_budget
+
+        lo, hi = 1e-12, 1.0
+        if not fits(lo):
+            raise ValueError(f"the budget ε={self.epsilon_budget:g} leaves no room for {planned_queries} queries")
+        while fits(hi):
+            lo, hi = hi, hi * 2.0
+        while hi / lo > 1.0 + 1e-9:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    # ----------------------------------------------------------------- networks
+    def configure_optimizers(self):
+        hp = self.hparams
+        betas = tuple(hp.betas)
+        opt_g = torch.optim.Adam(self.generator.parameters(), lr=hp.lr, betas=betas)
+        opt_s = torch.optim.Adam(self.student.parameters(), lr=hp.lr, betas=betas)
+        # One Adam over stacked [T, ...] tensors: elementwise, so every teacher has its own moments.
+        opt_t = torch.optim.Adam(self.teachers.parameters(), lr=hp.lr if hp.teacher_lr is None else hp.teacher_lr, betas=betas)
+        return opt_g, opt_s, opt_t
+
+    def setup(self, stage: str) -> None:
+        if self._trainer is not None and self.trainer.world_size > 1:
+            raise RuntimeError("PATEGAN trains on one process (teacher sharding across ranks is not implemented for it)")
+
+    # ----------------------------------------------------------------- the vote
+    def noise_generator(self) -> torch.Generator:
+        """The torch.Generator of the vote noise (seeded from OS entropy unless ``noise_seed`` is set;
+        its state is saved in checkpoints so a resumed run never replays noise)."""
+        if self._noise_generator is None or self._noise_generator.device != self.device:
+            gen = torch.Generator(device=self.device)
+            seed = self.hparams.noise_seed
+            gen.manual_seed(secrets.randbits(63) if seed is None else int(seed))
+            if self._noise_state is not None:
+                gen.set_state(self._noise_state)
+                self._noise_state = None
+            self._noise_generator = gen
+        return self._noise_generator
+
+    def vote_noise(self, shape: Sequence[int]) -> torch.Tensor:
+        """Lap(1/λ) noise for vote counts, float64 where the device supports it."""
+        dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        return laplace_noise(shape, scale=1.0 / self.lam, generator=self.noise_generator(), device=self.device, dtype=dtype)
+
+    @torch.no_grad()
+    def teacher_votes(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Vote histograms ``[m, 2]`` (counts of teachers voting fake, real) for generated samples.
+
+        Each teacher votes real when its logit is positive; the histogram is built with
+        ``scatter_add`` over the ``[T, m]`` vote matrix (no loop over teachers).
+        """
+        counts = torch.zeros(x.shape[0], 2, device=x.device, dtype=torch.float64 if x.device.type != "mps" else torch.float32)
+        chunk = int(self.hparams.vote_chunk_size)
+        for s in range(0, x.shape[0], chunk):
+            votes = (self.teachers.forward_shared(x[s:s + chunk], y[s:s + chunk]) > 0).long()  # [T, c]
+            counts[s:s + chunk].scatter_add_(1, votes.t(), torch.ones_like(votes.t(), dtype=counts.dtype))
+        return counts
+
+    def noisy_labels(self, counts: torch.Tensor) -> torch.Tensor:
+        """``argmax_j(n_j + Lap(1/λ))`` per sample: 1 = real, 0 = fake (Yoon et al. 2019, Algorithm 1)."""
+        return (counts + self.vote_noise(counts.shape)).argmax(dim=1)
+
+    # ----------------------------------------------------------------- training
+    def query_labels(self, n: int) -> torch.Tensor:
+        """Labels of the generated samples that are voted on and that train the generator."""
+        if self.hparams.query_labels == "uniform":
+            return torch.randint(self.num_classes, (n,), device=self.device)
+        return self.sample_labels(n)
+
+    def _fakes(self, labels: torch.Tensor, *, grad: bool = False) -> torch.Tensor:
+        with torch.set_grad_enabled(grad):
+            return self.generator(self.latent(labels.shape[0]), labels)
+
+    def _student_batch(self, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor):
+        """The student's training batch: the newly labelled samples, or (``replay_capacity > 0``) a
+        uniform draw from every labelled sample kept so far, the new ones included. Replaying paid-for
+        labels is post-processing of the noisy votes: it costs no privacy."""
+        cap = self.hparams.replay_capacity
+        if cap == 0:
+            return x, y, labels
+        new = (x.detach(), y, labels)
+        if self._replay is None:
+            self._replay = new
+        else:
+            self._replay = tuple(torch.cat([old, n])[-cap:] for old, n in zip(self._replay, new))
+        size = self.hparams.student_batch_size or x.shape[0]
+        idx = torch.randint(len(self._replay[2]), (size,), device=x.device)
+        return tuple(t[idx] for t in self._replay)
+
+    def _teacher_step(self, real_x: torch.Tensor, real_y: torch.Tensor, opt_t) -> torch.Tensor:
+        """One Adam step of every teacher on BCE(its real batch → 1) + BCE(shared fakes → 0)."""
+        fake_y = self.sample_labels(self.hparams.teacher_fake_batch_size or real_y.shape[1])
+        fake_x = self._fakes(fake_y)
+        opt_t.zero_grad()
+        loss = self.teachers.accumulate_teacher_grads(
+            real_x, real_y, fake_x, fake_y, chunk_size=self.hparams.teacher_chunk_size)
+        self.step_uncounted(opt_t)
+        return loss / real_y.shape[0]
+
+    def training_step(self, batch, batch_idx):
+        if self.budget_exhausted:
+            return None
+        real_x, real_y = batch  # [T, b, ...], [T, b]: teacher t's rows come only from its own partition
+        if real_y.shape[0] != self.num_teachers:
+            raise RuntimeError(f"expected batches for {self.num_teachers} teachers, got {real_y.shape[0]}")
+        opt_g, opt_s, opt_t = self.optimizers()
+        hp = self.hparams
+        m = hp.query_batch_size
+
+        for _ in range(hp.teacher_steps):
+            t_loss = self._teacher_step(real_x, real_y, opt_t)
+
+        real_fraction, margins = [], []
+        for _ in range(hp.student_steps):
+            y = self.query_labels(m)
+            x = self._fakes(y)  # generator outputs only: the student never sees a real row
+            counts = self.teacher_votes(x, y)
+            gaps = (counts[:, REAL] - counts[:, FAKE]).abs()
+            if not self.charge(LaplaceVoteEvent(gaps, self.lam)):  # before the labels are used
+                return None
+            labels = self.noisy_labels(counts)
+            xs, ys, ls = self._student_batch(x, y, labels)
+            s_loss = F.binary_cross_entropy_with_logits(self.student(xs, ys), ls.float())
+            opt_s.zero_grad()
+            self.manual_backward(s_loss)
+            self.step_uncounted(opt_s)
+            real_fraction.append(labels.float().mean())
+            margins.append(gaps.mean() / self.num_teachers)
+
+        y = self.query_labels(m)
+        g_loss = F.binary_cross_entropy_with_logits(self.student(self._fakes(y, grad=True), y), torch.ones(m, device=self.device))
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        opt_g.step()
+
+        # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
+        self.log_dict({"s_loss": s_loss.detach(), "g_loss": g_loss.detach(),
+                       "noisy_real_fraction": torch.stack(real_fraction).mean()}, prog_bar=True)
+        if hp.log_private_diagnostics:
+            self.log_dict({"private/t_loss": t_loss, "private/vote_margin": torch.stack(margins).mean().float()})
+        return None
+
+    # ----------------------------------------------------------------- reporting
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        split = self.budget_split()
+        self.print("PATE-GAN privacy budget split: " + ", ".join(f"{k}={v:.4g}" for k, v in split.items()))
+        if self.logger is not None:
+            self.logger.log_hyperparams({f"privacy_split/{k}": v for k, v in split.items()})
+
+    def budget_split(self) -> dict[str, float]:
+        """How the budget ε is shared: each paid metadata item, what is left for training, and λ."""
+        split = {}
+        for cost in self.data_spec.get("metadata_cost", []):
+            key = re.sub(r"[^\w.\- ]", "", str(cost["what"])).strip()  # MLflow-safe parameter name
+            split[f"metadata/{key}"] = float(cost["epsilon"])
+        split["metadata_total"] = float(sum(c["epsilon"] for c in self.data_spec.get("metadata_cost", [])))
+        split["epsilon_budget"] = self.epsilon_budget
+        split["epsilon_spent_before_training"] = self.spent_epsilon()
+        split["lam"] = self.lam
+        return split
+
+    # ----------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self._noise_generator is not None:
+            checkpoint[NOISE_STATE_KEY] = self._noise_generator.get_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        state = checkpoint.get(NOISE_STATE_KEY)
+        if state is not None:
+            self._noise_state = state
+            self._noise_generator = None

@@ -1,0 +1,450 @@
+"""PATE-GAN: each privacy violation found in the public implementations is shown absent.
+
+Known violations (replication study, REFERENCE.md): teachers whose data overlap or change between
+iterations; a student that sees real rows; vote noise of the wrong scale; an accountant that differs
+from the moments accountant (log, l-indexing, precondition); ε above the target or computed with
+another δ; bounds read from the data for free; a different latent prior in sampling than in training;
+a number of synthetic rows equal to the training size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import pytorch_lightning as pl
+import torch
+import yaml
+
+from conftest import SHARED_DATA, query_run
+from datamodules import ImageDataModule, TabularDataModule
+from lightning_gpate.cli import main
+from lightning_gpate.models import PATEGAN
+from lightning_gpate.models.private import PrivateMetadataError
+from lightning_gpate.privacy import LaplaceVoteEvent, moments_to_epsilon, pate_laplace_moments, rdp_to_epsilon
+from lightning_gpate.privacy.rdp import pure_dp_rdp
+from lightning_gpate.sampling import write_samples
+from lightning_gpate.tracking import GPATEMLFlowLogger
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = dict(generator_hidden=[8], student_hidden=[8], teacher_hidden=[8], z_dim=4, teacher_steps=1,
+             student_steps=1, query_batch_size=8, noise_seed=0)
+
+
+def id_table(n: int = 64, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """A table whose rows are identifiable by ``rid``, with every bound and category declared."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({
+        "rid": np.arange(n),
+        "x": rng.normal(0, 1, n).round(3),
+        "c": rng.choice([0, 1], n),
+        "y": rng.choice([0, 1], n),
+    })
+    schema = {"rid": {"min": 0, "max": n - 1}, "x": {"min": -4, "max": 4},
+              "c": {"type": "binary", "categories": [0, 1]}, "y": {"type": "binary", "categories": [0, 1]}}
+    return frame, schema
+
+
+def id_datamodule(n: int = 64, teachers: int = 4, **kw) -> TabularDataModule:
+    frame, schema = id_table(n)
+    kw = {"class_ratio": [0.5, 0.5], "teacher_batch_size": 4, "test_fraction": 0.0, **kw}
+    return TabularDataModule(frame=frame, label="y", schema=schema, num_teachers=teachers, **kw)
+
+
+def near_any(x: torch.Tensor, rows: torch.Tensor, tol: float = 1e-6) -> bool:
+    """Whether any row of ``x`` equals (to ``tol``) any row of ``rows``."""
+    return bool(((x[:, None, :] - rows[None]).abs().amax(-1) < tol).any())
+
+
+def fit(model, dm, steps: int, **trainer_kw):
+    kw = dict(max_steps=steps, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+              enable_model_summary=False)
+    kw.update(trainer_kw)
+    trainer = pl.Trainer(**kw)
+    trainer.fit(model, dm)
+    return trainer
+
+
+# ----------------------------------------------------------------------------- teachers
+
+
+def test_teacher_rows_are_disjoint_and_constant_over_iterations():
+    n = 64
+    dm = id_datamodule(n, teachers=4)
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    seen = {t: set() for t in range(4)}
+    original = model.teachers.accumulate_teacher_grads
+
+    def spy(real_x, real_y, fake_x, fake_y, **kw):
+        rid = torch.round((real_x[..., 0] + 1) / 2 * (n - 1)).long()  # column 0 is rid in [-1, 1]
+        for t in range(real_x.shape[0]):
+            seen[t] |= set(rid[t].tolist())
+        return original(real_x, real_y, fake_x, fake_y, **kw)
+
+    model.teachers.accumulate_teacher_grads = spy
+    dm.setup("fit")
+    before = dm.partition.fingerprint()
+    fit(model, dm, steps=12)  # 12 steps x 4 rows: every teacher cycles through its 12 rows 4 times
+    assert dm.partition.fingerprint() == before
+    train_rid = dm.split_frame("train")["rid"].to_numpy()
+    for t in range(4):
+        own = set(train_rid[dm.partition.rows_of(t)].tolist())
+        assert seen[t] == own  # exactly its own partition, every iteration
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert not seen[a] & seen[b]
+    assert len(set().union(*seen.values())) == len(train_rid)
+
+
+def test_each_teacher_has_its_own_adam_state():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    fit(model, dm, steps=2)
+    opt_t = model.trainer.optimizers[2]
+    params = list(model.teachers.parameters())
+    assert {id(p) for g in opt_t.param_groups for p in g["params"]} == {id(p) for p in params}
+    moment = opt_t.state[params[0]]["exp_avg"]
+    assert moment.shape[0] == 4 and not torch.equal(moment[0], moment[1])  # one moment per teacher
+
+
+# ----------------------------------------------------------------------------- the student
+
+
+def test_student_sees_only_generator_outputs():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **{**SMALL, "student_steps": 3})
+    generated, student_inputs = [], []
+    g_forward, s_forward = model.generator.forward, model.student.forward
+
+    def gen_spy(z, y):
+        out = g_forward(z, y)
+        generated.append(out)
+        return out
+
+    def student_spy(x, y):
+        student_inputs.append(x)
+        return s_forward(x, y)
+
+    model.generator.forward, model.student.forward = gen_spy, student_spy
+    fit(model, dm, steps=3)
+    assert len(student_inputs) == 3 * (3 + 1)  # 3 student steps + 1 generator step per iteration
+    generated_ids = {id(t) for t in generated}
+    assert all(id(x) in generated_ids for x in student_inputs)
+    real = dm.model_space("train")[0]
+    for x in student_inputs:
+        assert not near_any(x.detach(), real)
+
+
+def test_replayed_student_batches_are_generated_rows_with_paid_labels():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, replay_capacity=20, student_batch_size=32,
+                    **{**SMALL, "query_batch_size": 4})
+    generated, student_inputs = [], []
+    g_forward, s_forward = model.generator.forward, model.student.forward
+    model.generator.forward = lambda z, y: generated.append(g_forward(z, y).detach()) or generated[-1]
+    model.student.forward = lambda x, y: student_inputs.append(x.detach()) or s_forward(x, y)
+    fit(model, dm, steps=8)
+    assert model.accountant.counts["laplace_vote_queries"] == 32  # replay buys no extra queries
+    rows = torch.cat(generated)
+    replayed = student_inputs[0::2]  # student step, generator step, ...
+    assert all(x.shape[0] == 32 for x in replayed) and len(model._replay[0]) == 20
+    for x in replayed:
+        assert (x[:, None, :] == rows[None]).all(-1).any(1).all()  # every row is one the generator produced
+    real = dm.model_space("train")[0]
+    assert not near_any(torch.cat(replayed), real)
+
+
+# ----------------------------------------------------------------------------- the vote
+
+
+def test_vote_noise_is_laplace_with_scale_one_over_lambda():
+    dm = id_datamodule()
+    lam = 0.5
+    model = PATEGAN(dm.spec, epsilon=10.0, lam=lam, **SMALL)
+    noise = model.vote_noise((400_000,))
+    assert noise.var().item() == pytest.approx(2 / lam**2, rel=0.03)  # Laplace variance 2b², b = 1/λ
+    assert noise.abs().mean().item() == pytest.approx(1 / lam, rel=0.01)
+    assert noise.mean().item() == pytest.approx(0.0, abs=0.03)
+
+
+def test_noisy_argmax_adds_independent_noise_to_each_count():
+    dm = id_datamodule()
+    lam, n0, n1 = 0.5, 3.0, 5.0
+    model = PATEGAN(dm.spec, epsilon=10.0, lam=lam, **SMALL)
+    counts = torch.tensor([[n0, n1]], dtype=torch.float64).expand(200_000, 2)
+    p_real = model.noisy_labels(counts).float().mean().item()
+    # P(n1 + L1 > n0 + L0) with L0, L1 iid Lap(b): 1 - exp(-d/b)(1 + d/(2b))/2, d = n1 - n0.
+    b, d = 1 / lam, n1 - n0
+    assert p_real == pytest.approx(1 - math.exp(-d / b) * (1 + d / (2 * b)) / 2, abs=0.006)
+
+
+def test_vote_histograms_count_teachers():
+    dm = id_datamodule(teachers=4)
+    model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, **SMALL)
+    x, y = model.generate(10, seed=0)
+    counts = model.teacher_votes(x, y)
+    logits = model.teachers.forward_shared(x, y)
+    assert torch.equal(counts[:, 1], (logits > 0).sum(0).double())
+    assert torch.equal(counts.sum(1), torch.full((10,), 4.0, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def test_paper_accountant_equals_reference_moments():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=50.0, delta=1e-5, lam=1.0, budget_accounting="paper", conversion="classic",
+                    **{**SMALL, "student_steps": 5, "query_batch_size": 200})
+    model.teacher_votes = lambda x, y: torch.tensor([[0.0, 10.0]], dtype=torch.float64).expand(len(y), 2)
+    fit(model, dm, steps=1)  # 5 x 200 = 1000 queries with |n0 - n1| = 10
+    acc = model.accountant
+    assert acc.counts["laplace_vote_queries"] == 1000
+    assert acc.epsilon_paper() == pytest.approx(10.2575, rel=1e-4)  # REFERENCE.md, λ=1
+    alpha = pate_laplace_moments(np.full(1000, 10.0), lam=1.0)
+    integer = np.isin(acc.orders, np.arange(2, 102))
+    l = acc.orders[integer] - 1
+    np.testing.assert_allclose(acc.rdp_paper[integer], alpha[l.astype(int) - 1] / l, rtol=1e-9)
+    assert acc.epsilon_paper() == pytest.approx(moments_to_epsilon(alpha, 1e-5)[0], rel=1e-6)
+    # the guarantee: every query 2λ-DP, whatever the votes
+    np.testing.assert_allclose(acc.rdp, 1000 * pure_dp_rdp(2.0, acc.orders), rtol=1e-12)
+
+
+def test_accountant_records_the_real_vote_gaps():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.3, budget_accounting="paper", **{**SMALL, "student_steps": 2})
+    events = []
+    charge = model.charge
+    model.charge = lambda event: events.append(event) or charge(event)
+    votes = model.teacher_votes
+    returned = []
+    model.teacher_votes = lambda x, y: returned.append(votes(x, y)) or returned[-1]
+    fit(model, dm, steps=3)
+    gaps = np.concatenate([e.vote_gaps for e in events])
+    np.testing.assert_array_equal(gaps, torch.cat([(c[:, 1] - c[:, 0]).abs() for c in returned]).numpy())
+    acc = model.accountant
+    integer = np.isin(acc.orders, np.arange(2, 102))
+    l = acc.orders[integer] - 1
+    # per query: the moments accountant's α(l)/l at order l + 1, capped by the 2λ-DP bound (RDP ≤ ε)
+    expected = sum(np.minimum(pate_laplace_moments([g], lam=0.3)[l.astype(int) - 1] / l, 0.6) for g in gaps)
+    np.testing.assert_allclose(acc.rdp_paper[integer], expected, rtol=1e-9)
+    assert len(np.unique(gaps)) > 1  # the teachers' votes really varied
+
+
+def test_final_epsilon_never_exceeds_the_target_and_the_refused_step_updates_nothing():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=40, **SMALL)  # 5 steps of 8 queries
+    generator_before = {}
+
+    class Watch(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            generator_before.clear()  # parameters of the released networks (BatchNorm buffers only see fakes)
+            generator_before.update({k: v.detach().clone() for k, v in pl_module.named_parameters()
+                                     if not k.startswith("teachers.")})
+
+    logger = GPATEMLFlowLogger(experiment_name="pategan-budget")
+    trainer = fit(model, dm, steps=100, logger=logger, log_every_n_steps=1, callbacks=[Watch()])
+    acc = model.accountant
+    assert model.budget_exhausted and trainer.global_step == 5
+    assert acc.epsilon() <= 1.0
+    assert acc.epsilon_if(LaplaceVoteEvent(np.zeros(8), model.lam)) > 1.0
+    assert acc.counts["laplace_vote_queries"] == 40
+    after = dict(model.named_parameters())
+    assert generator_before and all(torch.equal(v, after[k]) for k, v in generator_before.items())  # refused: no update
+    run, client = query_run("pategan-budget")
+    history = client.get_metric_history(run.info.run_id, "epsilon")
+    assert max(m.value for m in history) <= 1.0
+    assert run.data.metrics["epsilon_final"] <= 1.0
+    assert run.data.tags["stop_reason"].startswith("privacy budget reached")
+    assert run.data.tags["privacy_guarantee"] == "true"
+    assert float(run.data.params["privacy/delta"]) == 1e-5
+    assert not any(k.startswith("private/") for k in run.data.metrics)  # nothing unnoised from teachers
+
+
+def test_users_delta_is_the_one_in_epsilon_and_in_the_plan():
+    dm = id_datamodule()
+    strict = PATEGAN(dm.spec, epsilon=5.0, delta=1e-7, lam=0.02, **SMALL)
+    loose = PATEGAN(dm.spec, epsilon=5.0, delta=1e-3, lam=0.02, **SMALL)
+    event = LaplaceVoteEvent(np.arange(50) % 7, 0.02)
+    for model, delta in ((strict, 1e-7), (loose, 1e-3)):
+        assert model.accountant.delta == delta
+        assert model.charge(event)
+        acc = model.accountant
+        assert acc.epsilon() == pytest.approx(rdp_to_epsilon(acc.rdp, acc.orders, delta)[0], rel=1e-12)
+    assert strict.accountant.epsilon() > loose.accountant.epsilon()
+    planned = [PATEGAN(dm.spec, epsilon=1.0, delta=d, planned_queries=500, **SMALL).lam for d in (1e-7, 1e-3)]
+    assert planned[0] < planned[1]
+
+
+def test_planned_lambda_is_the_largest_that_fits():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=1000, **SMALL)
+    fits = model.accountant.epsilon_if(LaplaceVoteEvent(np.zeros(1000), model.lam))
+    assert fits <= 1.0
+    assert model.accountant.epsilon_if(LaplaceVoteEvent(np.zeros(1000), model.lam * 1.001)) > 1.0
+    with pytest.raises(ValueError, match="num_teachers"):
+        PATEGAN({**dm.spec, "num_teachers": 0}, epsilon=1.0, **SMALL)
+
+
+# ----------------------------------------------------------------------------- metadata
+
+
+def test_construction_refuses_bounds_read_from_the_data(mixed_frame):
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", num_teachers=4)
+    with pytest.raises(PrivateMetadataError, match="income"):
+        PATEGAN(dm.spec, epsilon=1.0, **SMALL)
+
+
+def test_paid_metadata_is_charged_and_split_logged(mixed_frame):
+    schema = {"age": {"guess": [0, 120]}, "income": {"guess": [0, 200_000]}, "visits": {"min": 0, "max": 10},
+              "smoker": {"categories": ["no", "yes"]}, "region": {"categories": ["east", "north", "south", "west"]},
+              "flag": {"categories": [False, True]}, "outcome": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", schema=schema, metadata_epsilon=0.2,
+                           label_ratio_epsilon=0.05, num_teachers=4, metadata_seed=1)
+    model = PATEGAN(dm.spec, epsilon=1.0, **SMALL)
+    counts = model.accountant.counts
+    assert counts["pure_dp_events"] == 3 and counts["pure_dp_epsilon"] == pytest.approx(0.25)
+    split = model.budget_split()
+    assert split["metadata_total"] == pytest.approx(0.25)
+    assert split["metadata/bounds of age dp_bounds"] == pytest.approx(0.1)
+    assert split["epsilon_spent_before_training"] == pytest.approx(model.accountant.epsilon())
+
+
+def test_private_model_keeps_no_empirical_class_ratio_or_training_size(mixed_frame):
+    frame, schema = id_table(80)
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, num_teachers=4)
+    assert dm.spec["class_ratio_source"] == "data"
+    with pytest.warns(UserWarning, match="class ratio"):
+        model = PATEGAN(dm.spec, epsilon=1.0, lam=0.1, **SMALL)
+    saved = model.hparams["data_spec"]
+    assert saved["class_ratio"] == [0.5, 0.5] and saved["class_ratio_source"] == "uniform"
+    assert "num_train" not in saved
+    text = json.dumps(saved)
+    assert all(f"{r:.6f}"[:6] not in text for r in dm.spec["class_ratio"])
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def test_same_latent_prior_in_fit_and_sample():
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, latent_prior="uniform", **SMALL)
+    drawn, used = [], {"fit": [], "sample": []}
+    latent, g_forward = model.latent, model.generator.forward
+    phase = ["fit"]
+
+    def latent_spy(n, generator=None):
+        z = latent(n, generator=generator)
+        drawn.append(z)
+        return z
+
+    def gen_spy(z, y):
+        used[phase[0]].append(z)
+        return g_forward(z, y)
+
+    model.latent, model.generator.forward = latent_spy, gen_spy
+    fit(model, dm, steps=3)
+    phase[0] = "sample"
+    model.generate(500, seed=3)
+    drawn_ids = {id(z) for z in drawn}
+    for kind in ("fit", "sample"):
+        assert used[kind] and all(id(z) in drawn_ids for z in used[kind])  # every z from model.latent
+    z_fit, z_sample = torch.cat(used["fit"]), torch.cat(used["sample"])
+    for z in (z_fit, z_sample):
+        assert z.min() >= -1 and z.max() <= 1
+        assert z.var().item() == pytest.approx(1 / 3, rel=0.15)  # U(-1, 1) in both
+
+
+def test_number_of_rows_sampled_does_not_depend_on_training_size(tmp_path):
+    written = []
+    for n in (48, 160):
+        dm = id_datamodule(n, teachers=4)
+        model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+        fit(model, dm, steps=1)
+        (path,) = write_samples(model, 37, tmp_path / f"s{n}.csv", seed=0)
+        written.append(len(pd.read_csv(path)))
+        assert "num_train" not in model.hparams["data_spec"]
+    assert written == [37, 37]
+
+
+def test_resume_continues_the_vote_noise_instead_of_replaying_it(tmp_path):
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    trainer = fit(model, dm, steps=2)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    continued = model.vote_noise((6,))
+    reloaded = PATEGAN.load_from_checkpoint(tmp_path / "a.ckpt")
+    assert torch.equal(reloaded.vote_noise((6,)), continued)
+    assert reloaded.accountant.epsilon() == pytest.approx(model.accountant.epsilon())
+    fresh = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    assert not torch.equal(fresh.vote_noise((6,)), continued)
+
+
+def test_images_with_conv_teachers():
+    dm = ImageDataModule("digits", num_teachers=5, teacher_batch_size=4, val_fraction=0.0)
+    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, gf_dim=8, df_dim=8, fc_dim=16, teacher_channels=[4, 8],
+                    teacher_fc=16, z_dim=8, teacher_steps=1, student_steps=1, query_batch_size=8, noise_seed=0)
+    fit(model, dm, steps=2)
+    x, y = model.generate(10, seed=0)
+    assert x.shape == (10, 1, 8, 8) and model.accountant.counts["laplace_vote_queries"] == 16
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
+    mixed_frame.to_csv("table.csv", index=False)
+    config = {
+        "trainer": {"max_steps": 200, "enable_progress_bar": False, "log_every_n_steps": 1,
+                    "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger",
+                               "init_args": {"experiment_name": "pategan-cli"}}},
+        "model": {"class_path": "lightning_gpate.models.PATEGAN",
+                  "init_args": {"epsilon": 1.0, "delta": 1e-5, "planned_queries": 24, "noise_seed": 0,
+                                **{k: v for k, v in SMALL.items() if k != "noise_seed"}}},
+        "data": {"class_path": "datamodules.TabularDataModule",
+                 "init_args": {"path": "table.csv", "label": "outcome", "num_teachers": 4, "teacher_batch_size": 8,
+                               "label_ratio_epsilon": 0.05, "metadata_seed": 0,
+                               "schema": {"age": {"min": 18, "max": 90}, "income": {"min": 0, "max": 150000},
+                                          "visits": {"min": 0, "max": 5},
+                                          "smoker": {"categories": ["no", "yes"]},
+                                          "region": {"categories": ["east", "north", "south", "west"]},
+                                          "flag": {"categories": [False, True]},
+                                          "outcome": {"categories": [0, 1]}}}},
+    }
+    Path("pategan.yaml").write_text(yaml.safe_dump(config))
+    main(["fit", "--config", "pategan.yaml"])
+    run, client = query_run("pategan-cli")
+    assert 0 < run.data.metrics["epsilon_final"] <= 1.0
+    assert run.data.metrics["epsilon"] <= 1.0
+    assert float(run.data.params["privacy/delta"]) == 1e-5
+    assert run.data.tags["privacy_guarantee"] == "true"
+    assert float(run.data.params["privacy_split/metadata_total"]) == pytest.approx(0.05)
+    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "30",
+                 "--output", "s.csv", "--seed", "0"]) == 0
+    out = pd.read_csv("s.csv")
+    assert list(out.columns) == list(mixed_frame.columns) and len(out) == 30
+    assert out["age"].between(18, 90).all() and set(out["region"]) <= {"east", "north", "south", "west"}
+
+
+@pytest.mark.parametrize("name", ["pategan_cervical.yaml", "pategan_credit.yaml", "pategan_mnist.yaml"])
+def test_configs_parse(name, capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(ROOT / "configs" / name), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["class_path"] == "lightning_gpate.models.PATEGAN"
+    assert printed["model"]["init_args"]["epsilon"] == 1.0 and printed["model"]["init_args"]["delta"] == 1e-5
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "risk_factors_cervical_cancer.csv").is_file(), reason="needs ../shared/data")
+def test_cervical_config_declares_every_bound():
+    config = yaml.safe_load((ROOT / "configs" / "pategan_cervical.yaml").read_text())
+    data = dict(config["data"]["init_args"], path=str(SHARED_DATA / "risk_factors_cervical_cancer.csv"))
+    dm = TabularDataModule(**data)
+    spec = dm.spec
+    assert spec["private_metadata"] == [] and spec["class_ratio_source"] == "dp"
+    assert len(spec["columns"]) == 33 and spec["num_train"] == 534  # 668 complete rows, 80/20
+    model = PATEGAN(spec, **config["model"]["init_args"])
+    assert model.accountant.counts["pure_dp_epsilon"] == pytest.approx(data["label_ratio_epsilon"])
