@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPartition
 

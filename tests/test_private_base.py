@@ -97,3 +97,19 @@ def test_bad_budgets_and_free_metadata_are_refused(mixed_frame):
     table = TabularDataModule(frame=mixed_frame, label="outcome")
     with pytest.raises(PrivateMetadataError, match="read from the private data"):
         ToyPrivate(table.spec)
+
+
+def test_private_hyperparameters_keep_no_private_count_or_ratio(tmp_path, mixed_frame):
+    """The exact number of private rows and an empirical class ratio never reach a private model's
+    hyperparameters (checkpoints, MLflow params)."""
+    schema = {"age": {"min": 0, "max": 100}, "income": {"min": 0, "max": 200000}, "smoker": {"categories": ["no", "yes"]},
+              "region": {"categories": ["east", "north", "south", "west"]}, "visits": {"min": 0, "max": 5},
+              "flag": {"categories": [False, True]}, "outcome": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=mixed_frame, label="outcome", schema=schema)
+    assert dm.spec["class_ratio_source"] == "data" and "num_train" in dm.spec
+    with pytest.warns(UserWarning, match="sampling labels uniformly"):
+        model = ToyPrivate(dm.spec)
+    for spec in (model.hparams["data_spec"], model.hparams_initial["data_spec"], model.data_spec):
+        assert "num_train" not in spec and spec["class_ratio"] == [0.5, 0.5]
+    assert torch.allclose(model.class_ratio, torch.tensor([0.5, 0.5]))
+    assert "num_train" in dm.spec  # the DataModule's own spec is untouched

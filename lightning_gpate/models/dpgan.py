@@ -169,7 +169,8 @@ class DPGAN(PrivateGenerativeModel):
 
     @property
     def expected_batch_size(self) -> float:
-        return self.sampling_rate * int(self.data_spec["num_train"])
+        """q · N, read from the attached DataModule (the model's own spec keeps no private row count)."""
+        return self.sampling_rate * int(self._trainer.datamodule.spec["num_train"])
 
     def configure_optimizers(self):
         from opacus.optimizers import DPOptimizer

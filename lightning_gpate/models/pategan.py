@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import re
 import secrets
-import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -53,28 +52,6 @@ from lightning_gpate.privacy import LaplaceVoteEvent
 QUERY_LABELS = ("ratio", "uniform")
 NOISE_STATE_KEY = "pategan_vote_noise"
 FAKE, REAL = 0, 1  # vote classes
-
-
-def release_spec(data_spec: dict[str, Any]) -> dict[str, Any]:
-    """The data spec as a private model may keep it (it is saved in checkpoints and logged).
-
-    Drops the exact training-set size (``num_train``: a count of private records) and replaces a class
-    ratio read from the private data by the uniform ratio, so that neither reaches the checkpoint or
-    MLflow. Bounds and categories read from the data are refused later by
-    :func:`~lightning_gpate.models.private.check_metadata_is_public`.
-    """
-    spec = dict(data_spec)
-    spec.pop("num_train", None)
-    if spec.get("class_ratio_source") == "data":
-        warnings.warn(
-            "the class ratio was read from the private data: PATE-GAN samples labels uniformly instead. "
-            "Declare it public (data.class_ratio) or pay for it with DP (data.label_ratio_epsilon).",
-            stacklevel=3,
-        )
-        k = int(spec["num_classes"])
-        spec["class_ratio"] = [1.0 / k] * k
-        spec["class_ratio_source"] = "uniform"
-    return spec
 
 
 def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Generator, device, dtype=torch.float64) -> torch.Tensor:
@@ -175,7 +152,6 @@ class PATEGAN(PrivateGenerativeModel):
         teacher_chunk_size: int | None = None,
         log_private_diagnostics: bool = False,
     ) -> None:
-        data_spec = release_spec(data_spec)
         num_teachers = int(data_spec.get("num_teachers", 0))
         if num_teachers < 1:
             raise ValueError("PATE-GAN needs teachers: set data.num_teachers (e.g. about N/1000 ... N/10 of the training rows)")

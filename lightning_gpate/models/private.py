@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -65,7 +66,7 @@ class PrivateGenerativeModel(GenerativeModel):
         if budget_accounting not in BUDGET_ACCOUNTING:
             raise ValueError(f"budget_accounting must be one of {BUDGET_ACCOUNTING}, got {budget_accounting!r}")
         check_metadata_is_public(data_spec)
-        super().__init__(data_spec, z_dim=z_dim, latent_prior=latent_prior)
+        super().__init__(release_spec(data_spec), z_dim=z_dim, latent_prior=latent_prior)
         self.epsilon_budget = float(epsilon)
         self.delta = float(delta)
         self.budget_accounting = budget_accounting
@@ -80,17 +81,14 @@ class PrivateGenerativeModel(GenerativeModel):
                 f"more than the budget ε={self.epsilon_budget:g}"
             )
 
-    # ----------------------------------------------------------------- labels
-    def sampling_class_ratio(self) -> list[float]:
-        """Declared-public, DP-estimated or uniform class ratio; never the raw empirical one."""
-        if self.data_spec.get("class_ratio_source") == "data":
-            warnings.warn(
-                "the class ratio was read from the private data: sampling labels uniformly instead. "
-                "Declare it public (data.class_ratio) or pay for it with DP (data.label_ratio_epsilon).",
-                stacklevel=3,
-            )
-            return [1.0 / self.num_classes] * self.num_classes
-        return list(self.data_spec["class_ratio"])
+    def save_hyperparameters(self, *args, ignore=None, frame=None, logger: bool = True) -> None:
+        """Lightning's ``save_hyperparameters`` with the data spec reduced to :func:`release_spec`:
+        hyperparameters go into every checkpoint and into MLflow, so no private count or ratio may
+        ride along, whatever a subclass passes."""
+        super().save_hyperparameters(*args, ignore=ignore, frame=frame or inspect.currentframe().f_back, logger=logger)
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            if "data_spec" in hparams:
+                hparams["data_spec"] = release_spec(hparams["data_spec"], warn=False)
 
     # ----------------------------------------------------------------- budget
     def spent_epsilon(self) -> float:
@@ -161,6 +159,29 @@ class PrivateGenerativeModel(GenerativeModel):
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
         self.stop_reason = state["stop_reason"]
+
+
+def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """The data spec as a private model may keep it (it is saved in checkpoints and logged).
+
+    Drops the exact training-set size (``num_train``: a count of private records) and replaces a class
+    ratio read from the private data by the uniform ratio, so that neither reaches the checkpoint or
+    MLflow. Bounds and categories read from the data are refused later by
+    :func:`~lightning_gpate.models.private.check_metadata_is_public`.
+    """
+    spec = dict(data_spec)
+    spec.pop("num_train", None)
+    if spec.get("class_ratio_source") == "data":
+        if warn:
+            warnings.warn(
+                "the class ratio was read from the private data: sampling labels uniformly instead. "
+                "Declare it public (data.class_ratio) or pay for it with DP (data.label_ratio_epsilon).",
+                stacklevel=3,
+            )
+        k = int(spec["num_classes"])
+        spec["class_ratio"] = [1.0 / k] * k
+        spec["class_ratio_source"] = "uniform"
+    return spec
 
 
 def check_metadata_is_public(spec: dict[str, Any]) -> None:
