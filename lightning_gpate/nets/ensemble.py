@@ -9,8 +9,22 @@ is the **sum** over teachers of each teacher's mean BCE, so each teacher's gradi
 it would get if trained alone.
 
 Do not put anything that couples teachers into the optimizer: global-norm gradient clipping or
-weight-decay schemes that look at the whole tensor would leak between teachers. Under DDP the
-ensemble must not be wrapped in ``DistributedDataParallel`` (ranks own different teachers).
+weight-decay schemes that look at the whole tensor would leak between teachers. Under DDP, ranks own
+different teachers: DDP must neither broadcast the ensemble's parameters/buffers from rank 0 nor
+all-reduce their gradients — see :meth:`TeacherEnsemble.ddp_ignore_names`.
+
+Typical G-PATE iteration (``x = G(z, y_fake)``)::
+
+    opt_t.zero_grad(set_to_none=True)
+    ens.accumulate_teacher_grads(real_x, real_y, x.detach(), y_fake, chunk_size=50)    # or
+    # ens.teacher_step_loss(real_x, real_y, x, y_fake).backward()
+    opt_t.step()                                                  # Adam over stacked tensors
+    votes = sum(vote_histograms(project(g, P), clip=c, num_bins=B)      # stream teacher chunks
+                for _, _, g in ens.iter_input_grads(x, y_fake, chunk_size=50))
+    # (DDP: all_reduce(votes)), then dpgradagg.aggregate(votes, P, ...)
+
+Memory: parameters + gradient + 2 Adam moments = 16 bytes per parameter and teacher (fp32), plus
+activations of one chunk of teachers (``chunk_size`` bounds them).
 
 Reference (loop) implementations :class:`MLPTeacher`, :class:`ConvTeacher` and
 :class:`LoopTeacherEnsemble` are included for tests and benchmarks only.
@@ -150,6 +164,12 @@ class TeacherEnsemble(nn.Module):
             vals = self._init_teacher(gen)
             for n in names:
                 getattr(self, n)[i].copy_(vals[n])
+
+    def ddp_ignore_names(self, prefix: str = "") -> list[str]:
+        """Fully-qualified names DDP must ignore (rank-local teachers): set them as
+        ``root_module._ddp_params_and_buffers_to_ignore`` before the module is wrapped (Lightning: in
+        ``setup``), with ``prefix`` the ensemble's attribute path, e.g. ``"teachers."``."""
+        return [prefix + n for n, _ in self.named_parameters()] + [prefix + n for n, _ in self.named_buffers()]
 
     @property
     def num_teachers(self) -> int:
@@ -291,7 +311,9 @@ class TeacherEnsemble(nn.Module):
             grads = torch.autograd.grad(loss, [p[n] for n in names])
             for prm, g, f in zip(full, grads, fresh):
                 if f and len(chunks) == 1:
-                    prm.grad = g
+                    # keep autograd's layout contract (grad strides = param strides): e.g. fused Adam
+                    # reads grads as dense memory
+                    prm.grad = g.contiguous()
                 elif f:
                     prm.grad[t0:t1].copy_(g)
                 else:
@@ -306,9 +328,11 @@ class TeacherEnsemble(nn.Module):
 
         ``delta[t, j] = −∂L_G,t/∂x_j`` with ``L_G,t = mean_j BCE(D_t(x_j, y_j), 1)`` (the descent
         direction Δx_t of G-PATE, as in the official ``img_grads = −tf.gradients(g_loss, G)``; note the
-        1/m from the mean). One backward per chunk: teachers are independent, so the gradient of
-        Σ_t L_G,t w.r.t. the t-th (expanded, uncopied) view of ``x`` is ∂L_G,t/∂x. Teacher parameters
-        receive no gradient. Use this to stream chunks into DPGradAgg's vote histograms (which add).
+        1/m from the mean). One backward per chunk: teachers are independent, so backpropagating
+        Σ_t L_G,t to the output of the (shared, linear) first layer gives every teacher's own gradient
+        there; the first layer's per-teacher VJP maps it to ``x``. ``x`` is never copied ``T`` times
+        and teacher parameters receive no gradient. Stream the chunks into DPGradAgg's vote
+        histograms (which add) to bound memory.
         """
         xs = self._as_input(x.detach(), 1)
         for t0, t1 in self._chunks(chunk_size):
@@ -463,9 +487,16 @@ class ConvTeacherEnsemble(TeacherEnsemble):
     map convolved with the zero-padded kernel gives a per-(teacher, class) map (one tiny conv over a
     ones image), gathered by label. This is mathematically identical to concatenating the label
     maps (border effects of the zero padding included) and cuts the conv FLOPs roughly in half
-    (first conv: 1 instead of 11 input channels). Benchmarked on CPU against ``torch.func.vmap``
-    over the per-teacher functional model (which lowers to the same grouped convolutions with the
-    labels concatenated): grouped + label trick was faster.
+    (first conv: 1 instead of 11 input channels). Per-teacher input gradients run the first conv
+    once (dense, shared fakes) and map the gradient at its output back with the first conv's
+    per-teacher transpose. On CPU (``conv_impl='auto'``/``'cpu'``) the first conv of per-teacher
+    batches and that transpose are im2col + ``bmm`` (oneDNN's grouped conv with one input channel per
+    group ran at <1 GMAC/s) and the second conv is a grouped conv in channels-last (NHWC) layout,
+    1.3-1.6x faster than NCHW for these shapes; on GPU (``'gpu'``) all are NCHW grouped convs. On
+    CPU, ``chunk_size`` 25-50 was ~1.5x faster than 250 (a chunk's activations stay in cache).
+    ``torch.func.vmap`` over the per-teacher functional model was benchmarked too: it lowers to the
+    same grouped convolutions (with the label maps concatenated) and was never faster (2 CPU
+    cores), so it is not used.
 
     Args:
         num_teachers: Build teachers with global ids ``0..num_teachers-1`` (if ``teacher_ids`` is None).
@@ -475,11 +506,12 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         fc: Width of the dense layer (official ``dfc_dim`` 256).
         negative_slope: LeakyReLU slope.
         init_std: Std of the N(0, σ²) weight initialisation.
+        conv_impl: ``'auto'`` (by device), ``'cpu'`` or ``'gpu'`` kernel choice; identical maths.
         teacher_ids: Global ids of the teachers to hold.
         seed: Run seed for the per-teacher initialisation.
     """
 
-    _hidden_batch_dim = 0  # hidden layout [n, Tc, c, h, w] (batch-major, as grouped convs want it)
+    _hidden_batch_dim = 0  # hidden layout [n, Tc, c*h*w] (batch-major, as grouped convs want it)
 
     def __init__(
         self,
@@ -491,6 +523,7 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         *,
         negative_slope: float = 0.2,
         init_std: float = 0.02,
+        conv_impl: str = "auto",
         teacher_ids: Sequence[int] | None = None,
         seed: int = 0,
     ) -> None:
@@ -511,6 +544,9 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         self.fc = int(fc)
         self.negative_slope = float(negative_slope)
         self.init_std = float(init_std)
+        if conv_impl not in ("auto", "cpu", "gpu"):
+            raise ValueError("conv_impl must be 'auto', 'cpu' or 'gpu'")
+        self.conv_impl = conv_impl
         self._h1, self._w1 = _conv_out(H), _conv_out(W)
         self._h2, self._w2 = _conv_out(self._h1), _conv_out(self._w1)
         self._flat = self.channels[1] * self._h2 * self._w2
@@ -518,7 +554,8 @@ class ConvTeacherEnsemble(TeacherEnsemble):
 
     def _config(self) -> dict:
         return dict(in_shape=self.in_shape, num_classes=self.num_classes, channels=self.channels, fc=self.fc,
-                    negative_slope=self.negative_slope, init_std=self.init_std, seed=self.seed)
+                    negative_slope=self.negative_slope, init_std=self.init_std, conv_impl=self.conv_impl,
+                    seed=self.seed)
 
     def _teacher_param_shapes(self) -> dict[str, tuple[int, ...]]:
         C = self.in_shape[0]
@@ -550,13 +587,17 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         idx = (torch.arange(Tc, device=y.device).unsqueeze(1) * Y + y.long()).t()  # [n, Tc]
         return F.embedding(idx, table)  # [n, Tc, co*L]
 
-    def _channels_last(self, t: torch.Tensor) -> bool:
-        # oneDNN's grouped convolutions are markedly faster in NHWC on CPU (measured); on GPU keep NCHW.
-        return t.device.type == "cpu"
+    def _cpu_kernels(self, t: torch.Tensor) -> bool:
+        """Kernel choice (same maths): 'cpu' = first conv of per-teacher inputs as unfold + bmm and
+        channels-last grouped convs (oneDNN is slow for grouped convs with 1-11 channels per group in
+        NCHW); 'gpu' = NCHW grouped convs throughout. 'auto' picks by the tensor's device."""
+        if self.conv_impl == "auto":
+            return t.device.type == "cpu"
+        return self.conv_impl == "cpu"
 
     def _conv(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, groups: int) -> torch.Tensor:
         """5x5/2 conv, returned NCHW-contiguous."""
-        if self._channels_last(x) and groups > 1:
+        if self._cpu_kernels(x) and groups > 1:
             x = x.contiguous(memory_format=torch.channels_last)
             w = w.contiguous(memory_format=torch.channels_last)
             return F.conv2d(x, w, b, stride=2, padding=2, groups=groups).contiguous()
@@ -565,29 +606,39 @@ class ConvTeacherEnsemble(TeacherEnsemble):
     def _first(self, p, x, y, shared):
         C, H, W = self.in_shape
         c0 = self.channels[0]
+        L1 = self._h1 * self._w1
         w = p["conv0_w"]
         Tc = w.shape[0]
         wx = w[:, :, :C].reshape(Tc * c0, C, 5, 5)
         if shared:  # x [n, C, H, W]: one dense conv with Tc*c0 output channels
             n = x.shape[0]
-            h = self._conv(x, wx, p["conv0_b"].reshape(-1), groups=1)
+            h = self._conv(x, wx, p["conv0_b"].reshape(-1), groups=1).view(n, Tc, c0 * L1)
+        elif self._cpu_kernels(x):  # x [Tc, n, C, H, W]: im2col + one bmm per chunk
+            n = x.shape[1]
+            cols = F.unfold(x.reshape(Tc * n, C, H, W), 5, padding=2, stride=2)  # [Tc*n, C*25, L1]
+            cols = cols.view(Tc, n, C * 25, L1).transpose(1, 2).reshape(Tc, C * 25, n * L1)
+            h = torch.baddbmm(p["conv0_b"].unsqueeze(-1), wx.view(Tc, c0, C * 25), cols)  # [Tc, c0, n*L1]
+            h = h.view(Tc, c0, n, L1).permute(2, 0, 1, 3).reshape(n, Tc, c0 * L1)
         else:  # x [Tc, n, C, H, W] → [n, Tc*C, H, W], grouped
             n = x.shape[1]
-            if self._channels_last(x):  # build the NHWC layout with a single copy
-                xb = x.permute(1, 3, 4, 0, 2).reshape(n, H, W, Tc * C).permute(0, 3, 1, 2)
-            else:
-                xb = x.transpose(0, 1).reshape(n, Tc * C, H, W)
-            h = self._conv(xb, wx, p["conv0_b"].reshape(-1), groups=Tc)
-        h = h.view(n, Tc, c0 * self._h1 * self._w1) + self._label_term(w[:, :, C:], (H, W), y)
-        return h  # [n, Tc, c0*L1]
+            xb = x.transpose(0, 1).reshape(n, Tc * C, H, W)
+            h = self._conv(xb, wx, p["conv0_b"].reshape(-1), groups=Tc).view(n, Tc, c0 * L1)
+        return h + self._label_term(w[:, :, C:], (H, W), y)  # [n, Tc, c0*L1]
 
     def _first_vjp(self, p, g, x_shape):
         C, H, W = self.in_shape
         c0 = self.channels[0]
+        L1 = self._h1 * self._w1
         w = p["conv0_w"]
         Tc = w.shape[0]
         m = x_shape[0]
         wx = w[:, :, :C].reshape(Tc * c0, C, 5, 5)
+        if self._cpu_kernels(g):  # bmm with the transposed kernels, then col2im
+            g2 = g.view(m, Tc, c0, L1).permute(1, 2, 0, 3).reshape(Tc, c0, m * L1)
+            cols = torch.bmm(wx.view(Tc, c0, C * 25).transpose(1, 2), g2)  # [Tc, C*25, m*L1]
+            cols = cols.view(Tc, C * 25, m, L1).transpose(1, 2).reshape(Tc * m, C * 25, L1)
+            gx = F.fold(cols, (H, W), 5, padding=2, stride=2)  # [Tc*m, C, H, W]
+            return gx.view(Tc, m, C * H * W)
         gx = torch.nn.grad.conv2d_input((m, Tc * C, H, W), wx, g.reshape(m, Tc * c0, self._h1, self._w1),
                                         stride=2, padding=2, groups=Tc)  # [m, Tc*C, H, W]
         return gx.reshape(m, Tc, C * H * W).transpose(0, 1).contiguous()
