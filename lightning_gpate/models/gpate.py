@@ -211,15 +211,13 @@ class GPATE(PrivateGenerativeModel):
 
         # 4. budget check on the worst case (all answered) before the mechanism runs
         flat_votes = votes.reshape(-1, hp.num_bins).cpu().numpy()
-        worst = self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))
-        if self.epsilon_if(worst) > self.epsilon_budget:
-            self.charge(worst)  # refused: records nothing, sets the stop reason
+        if not self.reserve(self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))):
             return None
         delta, answered = aggregate(
             votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
             sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
         )
-        self.charge(self._event(flat_votes, answered.reshape(-1).cpu().numpy()), worst_case=worst)
+        self.accountant.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
 
         # 5. generator step(s) towards x̂ = x + Δx (x̂ a constant)
         target = (fakes.flatten(1) + hp.target_scale * delta).view_as(fakes)

@@ -34,7 +34,8 @@ class PrivateGenerativeModel(GenerativeModel):
     """Base of the private generators (G-PATE, PATE-GAN, DP-GAN, GS-WGAN).
 
     Subclasses call :meth:`charge` with each step's privacy event *before* applying the step's
-    update, and skip the update when it returns ``False``.
+    update, and skip the update when it returns ``False`` (or :meth:`reserve` a worst case before
+    the mechanism runs, then record the actual event).
 
     Args:
         data_spec: the DataModule's spec.
@@ -105,28 +106,31 @@ class PrivateGenerativeModel(GenerativeModel):
             return rdp_to_epsilon(acc.rdp_paper + paper, acc.orders, acc.delta, conversion=acc.conversion)[0]
         return self.accountant.epsilon_if(event)
 
-    def charge(self, event, *, worst_case=None) -> bool:
-        """Record ``event`` if the budget allows it and return ``True``; otherwise record nothing,
-        mark the budget exhausted, ask the trainer to stop, and return ``False`` — the caller must
-        then not apply (or use) the outputs that the event pays for.
+    def reserve(self, event) -> bool:
+        """Whether the budget can pay for ``event``; if not, mark the budget exhausted, record why,
+        ask the trainer to stop, and return ``False``. Nothing is recorded either way.
 
-        Args:
-            event: what the step's mechanism released.
-            worst_case: an event whose cost bounds ``event``'s and that does not depend on the
-                mechanism's noisy outputs (e.g. Confident-GNMax with every query answered). When
-                given, the decision to stop is made on it alone, so the decision never depends on
-                an output that was not paid for.
+        Call it with a worst-case event *before* a mechanism whose cost depends on its own noisy
+        outputs (e.g. Confident-GNMax with every query answered), so the decision to stop never
+        depends on an output that was not paid for; then record the actual event.
         """
-        probe = event if worst_case is None else worst_case
-        after = self.epsilon_if(probe)
-        if after > self.epsilon_budget:
-            self.budget_exhausted = True
-            self.stop_reason = (
-                f"privacy budget reached: the next step could take epsilon from {self.spent_epsilon():.4f} "
-                f"to {after:.4f} > {self.epsilon_budget:g} (delta={self.delta:g}, {self.budget_accounting})"
-            )
-            if self._trainer is not None:
-                self.trainer.should_stop = True
+        after = self.epsilon_if(event)
+        if after <= self.epsilon_budget:
+            return True
+        self.budget_exhausted = True
+        self.stop_reason = (
+            f"privacy budget reached: the next step could take epsilon from {self.spent_epsilon():.4f} "
+            f"to {after:.4f} > {self.epsilon_budget:g} (delta={self.delta:g}, {self.budget_accounting})"
+        )
+        if self._trainer is not None:
+            self.trainer.should_stop = True
+        return False
+
+    def charge(self, event) -> bool:
+        """Record ``event`` if the budget allows it (:meth:`reserve`) and return ``True``; otherwise
+        record nothing and return ``False`` — the caller must then not apply (or use) the outputs
+        that the event pays for."""
+        if not self.reserve(event):
             return False
         self.accountant.record(event)
         return True
