@@ -3,7 +3,6 @@ discriminators through private gradient aggregation (DPGradAgg with Confident-GN
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Sequence
 
 import numpy as np
@@ -14,6 +13,7 @@ from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.privacy import ConfidentGNMaxEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
+from lightning_gpate.privacy.randomness import mechanism_generator, secret_seed
 
 TEACHERS_KEY = "gpate_teachers"
 
@@ -174,10 +174,10 @@ class GPATE(PrivateGenerativeModel):
     def setup(self, stage: str) -> None:
         seed = self.hparams.noise_seed
         if seed is None:
-            seed = secrets.randbits(63)
+            seed = secret_seed()
             if _distributed():
                 seed = self.trainer.strategy.broadcast(seed, src=0)
-        self._shared_gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        self._shared_gen = mechanism_generator(self.device, seed)
 
     # ----------------------------------------------------------------- the iteration
     def training_step(self, batch, batch_idx):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import re
-import secrets
 from typing import Any, Sequence
 
 import numpy as np
@@ -48,6 +47,7 @@ from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
 from lightning_gpate.privacy import LaplaceVoteEvent
+from lightning_gpate.privacy.randomness import mechanism_generator
 
 QUERY_LABELS = ("ratio", "uniform")
 NOISE_STATE_KEY = "pategan_vote_noise"
@@ -242,9 +242,7 @@ class PATEGAN(PrivateGenerativeModel):
         """The torch.Generator of the vote noise (seeded from OS entropy unless ``noise_seed`` is set;
         its state is saved in checkpoints so a resumed run never replays noise)."""
         if self._noise_generator is None or self._noise_generator.device != self.device:
-            gen = torch.Generator(device=self.device)
-            seed = self.hparams.noise_seed
-            gen.manual_seed(secrets.randbits(63) if seed is None else int(seed))
+            gen = mechanism_generator(self.device, self.hparams.noise_seed)
             if self._noise_state is not None:
                 gen.set_state(self._noise_state)
                 self._noise_state = None
