@@ -1,10 +1,79 @@
-"""PrivacyBudget: ε on the progress bar and in MLflow every step, and why training stopped."""
+"""PrivacyBudget: ε on the progress bar and in MLflow every step, and why training stopped; and the
+one place that decides which privacy quantities may leave a run (logs, release artifact)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytorch_lightning as pl
 
+from lightning_gpate.privacy.accountant import DATA_DEPENDENT, GUARANTEE
 from lightning_gpate.tracking import mlflow_logger_of
+
+
+# ----------------------------------------------------------------------------- what may be released
+def paper_analysis_released(pl_module) -> bool:
+    """Whether the accountant's paper-style ε may leave the run (be logged or released).
+
+    A data-dependent analysis (PATE's ε from the vote histograms, without smooth sensitivity) is a
+    function of the private votes without noise: it is released only when the user asked for
+    paper-style accounting (``budget_accounting: paper``, whose run is tagged as not a guarantee).
+    A data-independent paper analysis (GS-WGAN's per-sample composition) depends on public settings
+    only and is always released.
+    """
+    label = pl_module.accountant.paper_label
+    if label == GUARANTEE:
+        return False  # no separate analysis
+    if pl_module.budget_accounting == "paper":
+        return True
+    return DATA_DEPENDENT not in label.split("+")
+
+
+def released_epsilons(pl_module) -> dict[str, float]:
+    """The ε values that may be logged now: ``epsilon`` (the guarantee) and, where
+    :func:`paper_analysis_released`, ``epsilon_<analysis>``."""
+    acc = pl_module.accountant
+    out = {"epsilon": acc.epsilon()}
+    if paper_analysis_released(pl_module):
+        out[f"epsilon_{acc.paper_label}"] = acc.epsilon_paper()
+    return out
+
+
+def released_accountant_state(pl_module) -> dict[str, Any]:
+    """The accountant's state as it may be released: a paper-style curve that may not be
+    (:func:`paper_analysis_released`) is replaced by the guarantee's, and its name is kept under
+    ``withheld_analysis``. The full state stays in the private training checkpoint."""
+    acc = pl_module.accountant
+    state = acc.state_dict()
+    if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
+        state["rdp_paper"] = list(state["rdp"])
+        state["labels"] = []
+        state["withheld_analysis"] = acc.paper_label
+    return state
+
+
+def released_summary(pl_module) -> dict[str, Any]:
+    """The accountant's summary (ε, δ, analysis, best order, counts) as it may be released."""
+    acc = pl_module.accountant
+    summary = acc.summary()
+    if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
+        summary.update(epsilon_paper=summary["epsilon"], best_order_paper=summary["best_order"],
+                       analysis=GUARANTEE, withheld_analysis=acc.paper_label)
+    return summary
+
+
+def released_privacy(pl_module) -> dict[str, Any]:
+    """Everything about a private model's privacy that its release artifact holds."""
+    return {
+        "epsilon_budget": float(pl_module.epsilon_budget),
+        "delta": float(pl_module.delta),
+        "budget_accounting": pl_module.budget_accounting,
+        "privacy_guarantee": pl_module.budget_accounting == "guarantee",
+        "budget_exhausted": bool(pl_module.budget_exhausted),
+        "stop_reason": pl_module.stop_reason,
+        "summary": released_summary(pl_module),
+        "accountant": released_accountant_state(pl_module),
+    }
 
 
 class PrivacyBudget(pl.Callback):

@@ -133,7 +133,7 @@ def test_cli_quickstart_fit_then_sample():
     run, client = query_run("quick")
     assert float(run.data.params["privacy/epsilon_budget"]) == 1.0
     assert run.data.metrics["epsilon"] <= 1.0
-    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "20", "--output", "q.npz"]) == 0
+    assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "20", "--output", "q.npz"]) == 0
     assert np.load("q.npz")["images"].shape == (20, 1, 8, 8)
 
 

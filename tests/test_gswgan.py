@@ -322,7 +322,7 @@ def test_digits_config_runs_both_stages_from_the_command_line():
     main(["fit", *small, "--model.stage=pretrain", "--model.pretrain_iterations=1"])
     pre, _ = query_run("digits")
     assert pre.data.params["stage"] == "pretrain" and "pretrain/d_loss" in pre.data.metrics
-    main(["fit", *small, f"--model.pretrained_checkpoint={pre.data.tags['final_checkpoint']}", "--trainer.max_steps=2"])
+    main(["fit", *small, f"--model.pretrained_checkpoint={pre.data.tags['training_checkpoint']}", "--trainer.max_steps=2"])
     run, client = query_run("digits")
     assert run.info.run_id != pre.info.run_id and run.data.params["stage"] == "train"
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 2

@@ -422,7 +422,7 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
     assert float(run.data.params["privacy/delta"]) == 1e-5
     assert run.data.tags["privacy_guarantee"] == "true"
     assert float(run.data.params["privacy_split/metadata_total"]) == pytest.approx(0.05)
-    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "30",
+    assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "30",
                  "--output", "s.csv", "--seed", "0"]) == 0
     out = pd.read_csv("s.csv")
     assert list(out.columns) == list(mixed_frame.columns) and len(out) == 30

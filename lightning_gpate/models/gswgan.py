@@ -8,8 +8,9 @@ gradient. Two stages, each its own resumable, logged ``lightning-gpate fit``:
    its own throwaway generator (2000 iterations in the paper). A throwaway generator shared between
    discriminators would carry one subset's information into another's discriminator, breaking the
    disjointness the analysis relies on, so each has its own; all of them train at once as stacked
-   modules under ``torch.func.vmap``. The checkpoint of this stage holds non-private models: keep it
-   private (only the generator of stage 2 is a DP release).
+   modules under ``torch.func.vmap``. This stage has no release: its output is its private training
+   checkpoint (``private/<experiment>/<run>/last.ckpt``, never logged to MLflow), which holds
+   non-private models (only the generator of stage 2 is a DP release).
 2. ``stage: train`` (``pretrained_checkpoint`` from stage 1) — each generator step draws one
    discriminator uniformly (the DataModule's one-teacher sampling, with its real batches), runs
    ``critic_steps`` WGAN-GP steps on it (λ_GP = 10 plus 0.001·mean D(real)², Adam lr 1e-4,
@@ -42,6 +43,7 @@ from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.privacy import GSWGANStepEvent
 from lightning_gpate.privacy.sanitizer import GradientSanitizer
+from lightning_gpate.release import RELEASE_KEY
 
 STAGES = ("pretrain", "train")
 GSWGAN_CHECKPOINT_KEY = "gswgan"
@@ -206,7 +208,7 @@ class GSWGAN(PrivateGenerativeModel):
         clip_bound: C, per-sample L2 bound of the gradient from the discriminator into a sample.
         generator_batch_size: B, generated samples per generator step (enters ε: σ/√B in the sound analysis).
         stage: ``"pretrain"`` (non-private discriminator pretraining) or ``"train"``.
-        pretrained_checkpoint: checkpoint of a ``pretrain`` run on the same data and partition
+        pretrained_checkpoint: private training checkpoint of a ``pretrain`` run on the same data and partition
             (stage ``train``; without it the discriminators start untrained, with a warning).
         pretrain_iterations: stage ``pretrain`` stops after this many iterations (each:
             ``critic_steps`` steps of every discriminator, one step of every throwaway generator;
@@ -355,6 +357,11 @@ class GSWGAN(PrivateGenerativeModel):
         except FileNotFoundError as err:
             raise FileNotFoundError(f"pretrained_checkpoint not found: {path}") from err
         meta = checkpoint.get(GSWGAN_CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+        if isinstance(checkpoint, dict) and RELEASE_KEY in checkpoint:
+            raise ValueError(
+                f"{path} is a release artifact: it holds a generator, not the pretrained discriminators. Pass the "
+                f"private training checkpoint of the stage: pretrain run (printed at its end; MLflow tag training_checkpoint)"
+            )
         if not meta or meta.get("stage") != "pretrain":
             raise ValueError(f"{path} is not a GS-WGAN stage: pretrain checkpoint")
         if meta["num_discriminators"] != self.num_discriminators:

@@ -136,6 +136,13 @@ class PrivateGenerativeModel(GenerativeModel):
         return True
 
     def on_train_start(self) -> None:
+        super().on_train_start()
+        for logger in self.trainer.loggers:
+            if getattr(logger, "_log_model", False):  # MLFlowLogger(log_model=...) uploads every checkpoint
+                raise RuntimeError(
+                    f"{type(logger).__name__} has log_model enabled: it would upload training checkpoints (private "
+                    f"state) to the tracking server. Use log_model=False: the release artifact is what gets logged."
+                )
         if self.budget_exhausted:
             raise BudgetExhaustedError(
                 f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
@@ -163,6 +170,12 @@ class PrivateGenerativeModel(GenerativeModel):
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
         self.stop_reason = state["stop_reason"]
+
+    def load_released_privacy(self, privacy: dict[str, Any]) -> None:
+        """Restore the privacy state of a release artifact (``callbacks.privacy.released_privacy``)."""
+        self.accountant.load_state_dict(privacy["accountant"])
+        self.budget_exhausted = bool(privacy.get("budget_exhausted", False))
+        self.stop_reason = privacy.get("stop_reason")
 
 
 def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
