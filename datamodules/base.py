@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPartition
+from lightning_gpate.privacy.randomness import mechanism_generator
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
@@ -37,8 +38,9 @@ class PoissonBatches(torch.utils.data.IterableDataset):
     batch holds every row independently with probability ``sample_rate`` (opacus'
     ``UniformWithReplacementSampler``), so sizes vary and may be 0. Every item is a list of
     ``batches`` such ``(x, y)`` batches; one pass yields about one expected epoch of rows.
-    The draws use torch's global random generator (``seed_everything``); the guarantee assumes that
-    randomness is not known to an adversary.
+    The draws come from a mechanism generator (:mod:`lightning_gpate.privacy.randomness`: seeded
+    from the OS, never from ``seed_everything``): the subsampled Gaussian's amplification assumes
+    nobody knows which rows were drawn.
 
     Args:
         features: all training rows.
@@ -46,16 +48,18 @@ class PoissonBatches(torch.utils.data.IterableDataset):
         sample_rate: q, the inclusion probability of a row in a batch.
         batches: batches per item.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+        generator: the CPU ``torch.Generator`` of the draws (default: a fresh OS-seeded one).
     """
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, *, sample_rate: float, batches: int = 1,
-                 transform: Callable | None = None) -> None:
+                 transform: Callable | None = None, generator: torch.Generator | None = None) -> None:
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         if batches < 1:
             raise ValueError(f"batches must be >= 1, got {batches}")
         self.features, self.labels, self.transform = features, labels, transform
         self.sample_rate, self.batches = float(sample_rate), int(batches)
+        self.generator = generator if generator is not None else mechanism_generator("cpu")
 
     def __len__(self) -> int:
         return max(1, int(round(1.0 / (self.sample_rate * self.batches))))
@@ -64,7 +68,8 @@ class PoissonBatches(torch.utils.data.IterableDataset):
         from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
         for _ in range(len(self)):
-            sampler = UniformWithReplacementSampler(num_samples=len(self.labels), sample_rate=self.sample_rate, steps=self.batches)
+            sampler = UniformWithReplacementSampler(num_samples=len(self.labels), sample_rate=self.sample_rate,
+                                                    steps=self.batches, generator=self.generator)
             items = []
             for rows in sampler:
                 rows = torch.as_tensor(rows, dtype=torch.long)
@@ -81,8 +86,8 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
     ``(teacher, x, y)`` with ``teacher`` a 0-d long tensor, ``x`` ``[batches, batch_size, ...]`` and
     ``y`` ``[batches, batch_size]``: ``batches·batch_size`` rows of that teacher's partition drawn
     without replacement (a partition smaller than that is cycled through in fresh permutations).
-    The draws use torch's global random generator (``seed_everything``): like any DP sampling, the
-    guarantee assumes that randomness is not known to an adversary.
+    The draws come from a mechanism generator (OS-seeded, never ``seed_everything``): GS-WGAN's
+    amplification by subsampling assumes nobody knows which discriminator was drawn.
 
     Args:
         features: all training rows.
@@ -91,17 +96,19 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
         batches: real batches per step (GS-WGAN: its critic steps per generator step).
         batch_size: rows per batch.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+        generator: the CPU ``torch.Generator`` of the draws (default: a fresh OS-seeded one).
     """
 
     def __init__(
         self, features: torch.Tensor, labels: torch.Tensor, partition: TeacherPartition, *,
-        batches: int, batch_size: int, transform: Callable | None = None,
+        batches: int, batch_size: int, transform: Callable | None = None, generator: torch.Generator | None = None,
     ) -> None:
         if batches < 1 or batch_size < 1:
             raise ValueError(f"batches and batch_size must be >= 1, got {batches} and {batch_size}")
         self.features, self.labels, self.transform = features, labels, transform
         self.rows, self.sizes = partition.padded(range(partition.num_teachers))
         self.batches, self.batch_size = int(batches), int(batch_size)
+        self.generator = generator if generator is not None else mechanism_generator("cpu")
 
     def __len__(self) -> int:
         return len(self.sizes)  # one "epoch": as many steps as teachers
@@ -109,9 +116,9 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
     def __iter__(self):
         need = self.batches * self.batch_size
         for _ in range(len(self)):
-            teacher = int(torch.randint(len(self.sizes), (1,)))
+            teacher = int(torch.randint(len(self.sizes), (1,), generator=self.generator))
             own = self.rows[teacher, : int(self.sizes[teacher])]
-            picks = torch.cat([own[torch.randperm(len(own))] for _ in range(-(-need // len(own)))])[:need]
+            picks = torch.cat([own[torch.randperm(len(own), generator=self.generator)] for _ in range(-(-need // len(own)))])[:need]
             x = self.features[picks]
             if self.transform is not None:
                 x = self.transform(x)
@@ -124,7 +131,8 @@ class GenerativeDataModule(pl.LightningDataModule):
     (GAN) or, when ``num_teachers > 0``, per-teacher batches from a fixed disjoint partition.
     A model whose privacy analysis needs another sampling says so with a ``train_sampling``
     attribute: ``{"kind": "poisson", "batches": k}`` (DP-SGD: :meth:`poisson_dataloader`) or
-    ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`).
+    ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`), optionally
+    with ``"mechanism_seed"`` (a fixed seed of the sampling, for tests only; default: OS-seeded).
 
     Subclasses implement :meth:`_load` (returning features, labels and the data spec) and may set
     ``self._transform`` to map stored features to the generator's space.
@@ -249,38 +257,42 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._ensure_loaded()
         return min(1.0, self.batch_size / len(self.splits["train"][1]))
 
-    def poisson_dataloader(self, batches: int = 1):
+    def poisson_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):
         """Poisson-sampled batches for DP-SGD (see :class:`PoissonBatches`): every training row enters
         each batch independently with probability :attr:`sampling_rate`; each step gets ``batches``
-        such batches (DP-GAN: one per critic step)."""
+        such batches (DP-GAN: one per critic step). The sampling is drawn from an OS-seeded generator
+        (``mechanism_seed``: a fixed seed, for tests only)."""
         self.setup("fit")
         if self.num_teachers > 0:
             raise DataError("Poisson sampling draws from the whole training split: set num_teachers: 0")
         if self._world_size() > 1:
             raise DataError("Poisson sampling for DP-SGD is implemented for a single process only")
         x, y = self.splits["train"]
-        dataset = PoissonBatches(x, y, sample_rate=self.sampling_rate, batches=batches, transform=self._transform)
+        dataset = PoissonBatches(x, y, sample_rate=self.sampling_rate, batches=batches, transform=self._transform,
+                                 generator=mechanism_generator("cpu", mechanism_seed))
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
-    def one_teacher_dataloader(self, batches: int = 1):
+    def one_teacher_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):
         """One uniformly drawn teacher per step with ``batches`` batches of ``teacher_batch_size`` rows
-        from its own partition (see :class:`OneTeacherBatches`)."""
+        from its own partition (see :class:`OneTeacherBatches`), drawn from an OS-seeded generator
+        (``mechanism_seed``: a fixed seed, for tests only)."""
         self.setup("fit")
         if self.num_teachers < 1:
             raise DataError("one-teacher sampling needs a teacher partition: set num_teachers > 0")
         if self._world_size() > 1:
             raise DataError("one-teacher sampling is implemented for a single process only")
         x, y = self.splits["train"]
-        dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size, transform=self._transform)
+        dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size,
+                                    transform=self._transform, generator=mechanism_generator("cpu", mechanism_seed))
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
     def train_dataloader(self):
         self.setup("fit")
         sampling = self.requested_sampling()
         if sampling["kind"] == "poisson":
-            return self.poisson_dataloader(int(sampling.get("batches", 1)))
+            return self.poisson_dataloader(int(sampling.get("batches", 1)), mechanism_seed=sampling.get("mechanism_seed"))
         if sampling["kind"] == "one_teacher":
-            return self.one_teacher_dataloader(int(sampling.get("batches", 1)))
+            return self.one_teacher_dataloader(int(sampling.get("batches", 1)), mechanism_seed=sampling.get("mechanism_seed"))
         x, y = self.splits["train"]
         if self.num_teachers > 0:
             batches = TeacherBatches(

@@ -19,6 +19,7 @@ import torch
 
 from datamodules.base import DataError, GenerativeDataModule
 from lightning_gpate.privacy.dp_stats import dp_bounds, dp_histogram_ratio
+from lightning_gpate.privacy.randomness import secret_seed
 
 COLUMN_TYPES = ("numeric", "binary", "categorical")
 BUILTIN_TABLES = ("breast_cancer",)
@@ -432,7 +433,7 @@ class TabularDataModule(GenerativeDataModule):
         self._frame = frame
         schema, guesses = split_guesses(self.schema)
         columns, label_spec = infer_schema(frame, self.label, schema)
-        rng = np.random.default_rng(self.metadata_seed)  # None: OS entropy
+        rng = np.random.default_rng(secret_seed() if self.metadata_seed is None else self.metadata_seed)
         paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
         features, labels = self.transformer.transform(frame)

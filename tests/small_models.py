@@ -39,7 +39,7 @@ def build(kind: str, **options):
         return GPATE(dm.spec, **{**kw, **options}), dm
     if kind == "pategan":
         dm = public_table(num_teachers=6)
-        kw = dict(epsilon=10.0, lam=0.5, teacher_steps=1, student_steps=1, query_batch_size=16, z_dim=8,
+        kw = dict(epsilon=10.0, lam=0.05, teacher_steps=1, student_steps=1, query_batch_size=16, z_dim=8,
                   generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8])
         return PATEGAN(dm.spec, **{**kw, **options}), dm
     if kind == "dpgan":

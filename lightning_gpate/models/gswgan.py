@@ -42,6 +42,7 @@ from lightning_gpate.models.dpgan import build_mlp_generator, frozen
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.privacy import GSWGANStepEvent
+from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 from lightning_gpate.privacy.sanitizer import GradientSanitizer
 from lightning_gpate.release import RELEASE_KEY
 
@@ -229,6 +230,11 @@ class GSWGAN(PrivateGenerativeModel):
             discriminators for images (no normalisation).
         pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
             ``None`` uses the main generator's architecture (N_D copies of it are held at once).
+        secure_mode: draw the sanitiser's noise as opacus' ``secure_mode`` does (robust to
+            floating-point attacks, 4× the draws).
+        noise_seed: seed of the sanitiser's noise and of the choice of discriminator (and its real
+            batches). ``None`` (default) seeds both from the OS at every start, never from
+            ``seed_everything``; a fixed seed lets anyone who knows it replay them: for tests only.
     """
 
     def __init__(
@@ -259,6 +265,8 @@ class GSWGAN(PrivateGenerativeModel):
         df_dim: int = 32,
         fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
+        secure_mode: bool = False,
+        noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
                          conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
@@ -283,7 +291,8 @@ class GSWGAN(PrivateGenerativeModel):
         self.automatic_optimization = False
         self.num_discriminators = num_discriminators
         self.stage = stage
-        self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier)
+        self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier, secure_mode=secure_mode)
+        self._noise_generator: torch.Generator | None = None  # OS-seeded at each start, never checkpointed
 
         self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim)
         self.discriminators = StackedModules([self._new_discriminator() for _ in range(num_discriminators)])
@@ -293,7 +302,10 @@ class GSWGAN(PrivateGenerativeModel):
         else:
             self.discriminator = self._new_discriminator()  # the member being trained, one at a time
             self.discriminator_adam = StackedAdamState(self.discriminators)
-            self.train_sampling = {"kind": "one_teacher", "batches": critic_steps}
+            # the discriminator drawn per step (the subsampling GS-WGAN's amplification rests on) comes
+            # from an OS-seeded generator in the DataModule, as does the sanitiser's noise here
+            self.train_sampling = {"kind": "one_teacher", "batches": critic_steps,
+                                   "mechanism_seed": derived_seed(noise_seed, "discriminator choice")}
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
@@ -471,10 +483,17 @@ class GSWGAN(PrivateGenerativeModel):
         labels = self.sample_labels(b)
         fake = self.generator(self.latent(b), labels)
         with frozen(critic):
-            grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake)
+            grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake, generator=self.noise_generator())
         opt_g.zero_grad()
         self.manual_backward(fake, grad)
         return loss
+
+    def noise_generator(self) -> torch.Generator:
+        """The sanitiser's noise generator: seeded from the OS (unless ``noise_seed``) when first
+        used in a process, on the module's device; never saved, so a resumed run draws fresh noise."""
+        if self._noise_generator is None or self._noise_generator.device != self.device:
+            self._noise_generator = mechanism_generator(self.device, self.hparams.noise_seed)
+        return self._noise_generator
 
     @torch.no_grad()
     def _update_ema(self) -> None:
