@@ -102,6 +102,8 @@ class DPGAN(PrivateGenerativeModel):
         discriminator_hidden: hidden widths of the MLP critic (no normalisation).
         gf_dim: DCGAN generator width; df_dim: DCGAN critic width; fc_dim: their dense width.
         secure_mode: opacus' noise robust to floating-point attacks (slower).
+        log_private_diagnostics: also log the critic's Wasserstein estimate on the real batch and the
+            Poisson batch size (functions of the private data without noise) under ``private/*``.
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
@@ -129,10 +131,12 @@ class DPGAN(PrivateGenerativeModel):
         df_dim: int = 64,
         fc_dim: int = 1024,
         secure_mode: bool = False,
+        log_private_diagnostics: bool = False,
         noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         log_private_diagnostics=log_private_diagnostics)
         from opacus import GradSampleModule
         from opacus.accountants import RDPAccountant
 
@@ -275,8 +279,9 @@ class DPGAN(PrivateGenerativeModel):
             estimates.append(self.discriminator_step(real_x, real_y))
             self.critic_steps_taken += 1
         g_loss = self.generator_step()
-        self.log_dict({"wasserstein_estimate": torch.stack(estimates).mean(), "g_loss": g_loss,
-                       "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
+        self.log_dict({"g_loss": g_loss})  # through the DP critic: post-processing
+        self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(),
+                          "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
 
     def on_train_epoch_end(self) -> None:
         self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)

@@ -230,6 +230,9 @@ class GSWGAN(PrivateGenerativeModel):
             discriminators for images (no normalisation).
         pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
             ``None`` uses the main generator's architecture (N_D copies of it are held at once).
+        log_private_diagnostics: also log what is computed from the private data without noise: the
+            discriminator drawn (the secret GS-WGAN's subsampling rests on), the critic and generator
+            losses through non-private discriminators, pretraining losses; under ``private/*``.
         secure_mode: draw the sanitiser's noise as opacus' ``secure_mode`` does (robust to
             floating-point attacks, 4× the draws).
         noise_seed: seed of the sanitiser's noise and of the choice of discriminator (and its real
@@ -265,11 +268,13 @@ class GSWGAN(PrivateGenerativeModel):
         df_dim: int = 32,
         fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
+        log_private_diagnostics: bool = False,
         secure_mode: bool = False,
         noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         log_private_diagnostics=log_private_diagnostics)
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         num_discriminators = int(data_spec.get("num_teachers", 0))
@@ -422,7 +427,7 @@ class GSWGAN(PrivateGenerativeModel):
         self.manual_backward(d_loss)
         self.step_uncounted(opt_d)
         self.critic_steps_taken += 1
-        logs = {"pretrain/d_loss": d_loss.detach() / n_d}
+        logs = {"pretrain/d_loss": d_loss.detach() / n_d}  # non-private networks on private data: opt-in only
         if int(self.critic_steps_taken) % self.hparams.critic_steps == 0:
             labels = self.sample_labels(n_d * b).view(n_d, b)
             fake = self.pretrain_generators(self.latent(n_d * b).view(n_d, b, -1), labels)
@@ -435,7 +440,7 @@ class GSWGAN(PrivateGenerativeModel):
             if self.trainer.global_step >= self.hparams.pretrain_iterations:
                 self.stop_reason = f"pretraining done ({self.hparams.pretrain_iterations} iterations)"
                 self.trainer.should_stop = True
-        self.log_dict(logs)
+        self.log_private(logs)
 
     def _train_step(self, teacher: torch.Tensor, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
         if not self.charge(self.privacy_event()):
@@ -443,7 +448,8 @@ class GSWGAN(PrivateGenerativeModel):
         k = int(teacher)
         d_loss = self.train_critic(k, real_x, real_y)
         g_loss = self.generator_step(self.discriminator)
-        self.log_dict({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
+        # the sanitised gradient is the step's only release: these are not (opt-in diagnostics)
+        self.log_private({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
 
     def train_critic(self, k: int, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
         """Plain (non-private) WGAN-GP steps of discriminator ``k`` on its own batches

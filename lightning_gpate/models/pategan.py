@@ -175,7 +175,8 @@ class PATEGAN(PrivateGenerativeModel):
         if z_dim is None:
             z_dim = 100 if image else width
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         log_private_diagnostics=log_private_diagnostics)
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.num_teachers = num_teachers
@@ -343,8 +344,7 @@ class PATEGAN(PrivateGenerativeModel):
         # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
         self.log_dict({"s_loss": s_loss.detach(), "g_loss": g_loss.detach(),
                        "noisy_real_fraction": torch.stack(real_fraction).mean()}, prog_bar=True)
-        if hp.log_private_diagnostics:
-            self.log_dict({"private/t_loss": t_loss, "private/vote_margin": torch.stack(margins).mean().float()})
+        self.log_private({"t_loss": t_loss, "vote_margin": torch.stack(margins).mean().float()})
         return None
 
     # ----------------------------------------------------------------- reporting

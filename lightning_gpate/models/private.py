@@ -47,6 +47,10 @@ class PrivateGenerativeModel(GenerativeModel):
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size.
         latent_prior: ``"normal"`` or ``"uniform"``.
+        log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
+            (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
+            ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
+            released or noised quantities reach the logger (:meth:`log_private`).
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class PrivateGenerativeModel(GenerativeModel):
         conversion: str = "improved",
         z_dim: int = 100,
         latent_prior: str = "normal",
+        log_private_diagnostics: bool = False,
     ) -> None:
         if not epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {epsilon}")
@@ -76,6 +81,7 @@ class PrivateGenerativeModel(GenerativeModel):
             self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata"))))
         self.budget_exhausted = False
         self.stop_reason: str | None = None
+        self.log_private_diagnostics = bool(log_private_diagnostics)
         if self.spent_epsilon() > self.epsilon_budget:
             raise ValueError(
                 f"the metadata estimated with DP already costs ε={self.spent_epsilon():.4g}, "
@@ -90,6 +96,15 @@ class PrivateGenerativeModel(GenerativeModel):
         for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
             if "data_spec" in hparams:
                 hparams["data_spec"] = release_spec(hparams["data_spec"], warn=False)
+
+    # ----------------------------------------------------------------- logging
+    def log_private(self, metrics: dict[str, Any], **kwargs) -> None:
+        """Log ``metrics`` computed from the private data without noise (losses of non-private
+        networks, secret sampling choices, batch sizes) as ``private/<name>``, only when
+        ``log_private_diagnostics`` is on. Everything else a private model logs must be a released
+        (noised, paid-for) quantity or post-processing of one."""
+        if self.log_private_diagnostics:
+            self.log_dict({f"private/{k}": v for k, v in metrics.items()}, **kwargs)
 
     # ----------------------------------------------------------------- budget
     def spent_epsilon(self) -> float:
