@@ -81,18 +81,19 @@ class PrivacyBudget(pl.Callback):
 
     Every private model adds this callback itself (``configure_callbacks``); the budget and the stop
     *before* an over-budget update are enforced by the model (``charge``), so a run without this
-    callback is just as private. Logged per step: ``epsilon`` (the guarantee in force, also on the
-    progress bar) and ``epsilon_<analysis>`` (the paper-style analysis, e.g.
-    ``epsilon_data_dependent``, which is NOT itself a guarantee). At the end: the accountant's
-    summary as ``privacy/*`` params, the final ε as metrics, and tags ``stop_reason`` and
-    ``privacy_guarantee`` (``false`` when the budget used paper-style accounting).
+    callback is just as private. What it logs is decided in one place, :func:`released_epsilons` /
+    :func:`released_summary` / :func:`released_accountant_state`: per step ``epsilon`` (the guarantee
+    in force, also on the progress bar) and, where it may be released, ``epsilon_<analysis>`` (a
+    paper-style analysis: GS-WGAN's data-independent per-sample composition always; PATE's
+    data-dependent ε only under ``budget_accounting: paper``, since it is a function of the private
+    votes without noise). At the end: the released summary as ``privacy/*`` params, the final ε as
+    metrics, the released accountant state (``privacy/accountant.json``), and tags ``stop_reason``
+    and ``privacy_guarantee`` (``false`` when the budget used paper-style accounting).
     """
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        acc = pl_module.accountant
-        pl_module.log("epsilon", acc.epsilon(), prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True)
-        if acc.paper_label != "guarantee":  # a separate paper-style analysis exists: log it beside
-            pl_module.log(f"epsilon_{acc.paper_label}", acc.epsilon_paper(), on_step=True, on_epoch=False, rank_zero_only=True)
+        for name, value in released_epsilons(pl_module).items():
+            pl_module.log(name, value, prog_bar=name == "epsilon", on_step=True, on_epoch=False, rank_zero_only=True)
         if pl_module.budget_exhausted:
             trainer.should_stop = True
 
@@ -104,13 +105,13 @@ class PrivacyBudget(pl.Callback):
         if logger is None or trainer.global_rank != 0:
             return
         client, run_id = logger.experiment, logger.run_id
-        summary = pl_module.accountant.summary()
-        client.log_metric(run_id, "epsilon_final", summary["epsilon"])
-        client.log_metric(run_id, f"epsilon_final_{summary['analysis']}", summary["epsilon_paper"])
+        for name, value in released_epsilons(pl_module).items():
+            client.log_metric(run_id, name.replace("epsilon", "epsilon_final", 1), value)
+        summary = released_summary(pl_module)
         for key in ("delta", "analysis", "conversion", "best_order", "orders"):
             client.log_param(run_id, f"privacy/{key}", str(summary[key])[:500])
         client.log_param(run_id, "privacy/epsilon_budget", pl_module.epsilon_budget)
         client.log_param(run_id, "privacy/budget_accounting", pl_module.budget_accounting)
         client.set_tag(run_id, "stop_reason", reason)
         client.set_tag(run_id, "privacy_guarantee", str(pl_module.budget_accounting == "guarantee").lower())
-        client.log_dict(run_id, pl_module.accountant.state_dict(), "privacy/accountant.json")
+        client.log_dict(run_id, released_accountant_state(pl_module), "privacy/accountant.json")

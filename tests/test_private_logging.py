@@ -2,6 +2,9 @@
 computed from them); what is computed from the private data without noise is opt-in
 (``log_private_diagnostics: true``) and then logged under ``private/*``."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 import small_models
@@ -18,7 +21,9 @@ RELEASED = {
     "dpgan": {"g_loss", "epsilon_opacus"},
     "gswgan": set(),
 }
+#: ε a default run may log: the guarantee, and a paper-style analysis only when it is data-independent.
 RELEASED_EPSILONS = {"epsilon", "epsilon_final"}
+DATA_INDEPENDENT_PAPER = {"gswgan": {"epsilon_per_sample_composition", "epsilon_final_per_sample_composition"}}
 PRIVATE_DIAGNOSTICS = {
     "gpate": {"private/teacher_loss"},
     "pategan": {"private/t_loss", "private/vote_margin"},
@@ -43,9 +48,9 @@ def _metrics(kind: str, experiment: str, **options) -> set[str]:
 @pytest.mark.parametrize("kind", small_models.PRIVATE)
 def test_a_default_run_logs_only_released_or_noised_quantities(kind):
     logged = _metrics(kind, f"default-{kind}")
-    epsilons = {m for m in logged if m.startswith("epsilon")}  # which ε may be logged: tests of callbacks.privacy
-    assert logged - epsilons <= RELEASED[kind] | {"epoch"}, sorted(logged - epsilons - RELEASED[kind])
-    assert RELEASED_EPSILONS <= logged
+    assert logged <= RELEASED[kind] | RELEASED_EPSILONS | DATA_INDEPENDENT_PAPER.get(kind, set()) | {"epoch"}, \
+        sorted(logged - RELEASED[kind] - RELEASED_EPSILONS)
+    assert RELEASED_EPSILONS | DATA_INDEPENDENT_PAPER.get(kind, set()) <= logged
 
 
 @pytest.mark.parametrize("kind", small_models.PRIVATE)
@@ -60,3 +65,20 @@ def test_gswgan_pretraining_losses_are_private_diagnostics():
     run, _ = query_run("pre")
     assert not any("loss" in m for m in run.data.metrics)
 
+
+@pytest.mark.parametrize("kind", ["gpate", "pategan"])
+def test_data_dependent_epsilon_leaves_the_run_only_under_paper_accounting(kind):
+    """PATE's data-dependent ε is a function of the private vote histograms without noise: a default
+    (guarantee) run neither logs it nor releases its curve; budget_accounting: paper does, labelled."""
+    run, client = _run(kind, f"dd-{kind}")
+    assert not any("data_dependent" in m for m in run.data.metrics)
+    assert run.data.params["privacy/analysis"] == "guarantee" and run.data.tags["privacy_guarantee"] == "true"
+    state = json.loads(Path(client.download_artifacts(run.info.run_id, "privacy/accountant.json")).read_text())
+    assert state["rdp_paper"] == state["rdp"] and state["withheld_analysis"] == "data_dependent"
+    release = __import__("torch").load(run.data.tags["release_artifact"], weights_only=True)
+    assert release["privacy"]["accountant"]["rdp_paper"] == state["rdp"]
+    assert release["privacy"]["summary"]["epsilon_paper"] == release["privacy"]["summary"]["epsilon"]
+
+    run, client = _run(kind, f"dd-paper-{kind}", budget_accounting="paper")
+    assert {"epsilon_data_dependent", "epsilon_final_data_dependent"} <= set(run.data.metrics)
+    assert run.data.params["privacy/analysis"] == "data_dependent" and run.data.tags["privacy_guarantee"] == "false"
