@@ -69,6 +69,7 @@ def released_privacy(pl_module) -> dict[str, Any]:
         "delta": float(pl_module.delta),
         "budget_accounting": pl_module.budget_accounting,
         "privacy_guarantee": pl_module.budget_accounting == "guarantee",
+        "neighbouring_relation": pl_module.accountant.neighbouring,
         "budget_exhausted": bool(pl_module.budget_exhausted),
         "stop_reason": pl_module.stop_reason,
         "summary": released_summary(pl_module),
@@ -108,7 +109,7 @@ class PrivacyBudget(pl.Callback):
         for name, value in released_epsilons(pl_module).items():
             client.log_metric(run_id, name.replace("epsilon", "epsilon_final", 1), value)
         summary = released_summary(pl_module)
-        for key in ("delta", "analysis", "conversion", "best_order", "orders"):
+        for key in ("delta", "analysis", "neighbouring_relation", "conversion", "best_order", "orders"):
             client.log_param(run_id, f"privacy/{key}", str(summary[key])[:500])
         client.log_param(run_id, "privacy/epsilon_budget", pl_module.epsilon_budget)
         client.log_param(run_id, "privacy/budget_accounting", pl_module.budget_accounting)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPartition
+from datamodules.partition import TeacherBatches, TeacherPartition, keyed_uniform, record_keys
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
@@ -118,12 +117,16 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
         for _ in range(len(self)):
             teacher = int(torch.randint(len(self.sizes), (1,), generator=self.generator))
             own = self.rows[teacher, : int(self.sizes[teacher])]
-            picks = torch.cat([own[torch.randperm(len(own), generator=self.generator)] for _ in range(-(-need // len(own)))])[:need]
-            x = self.features[picks]
+            if len(own) == 0:  # a teacher without records: a constant, data-independent batch
+                picks = torch.zeros(need, dtype=torch.long)
+                x, y = torch.zeros_like(self.features[picks]), torch.zeros_like(self.labels[picks])
+            else:
+                picks = torch.cat([own[torch.randperm(len(own), generator=self.generator)] for _ in range(-(-need // len(own)))])[:need]
+                x, y = self.features[picks], self.labels[picks]
             if self.transform is not None:
                 x = self.transform(x)
             yield (torch.tensor(teacher), x.reshape(self.batches, self.batch_size, *x.shape[1:]),
-                   self.labels[picks].reshape(self.batches, self.batch_size))
+                   y.reshape(self.batches, self.batch_size))
 
 
 class GenerativeDataModule(pl.LightningDataModule):
@@ -142,10 +145,14 @@ class GenerativeDataModule(pl.LightningDataModule):
         num_teachers: teachers to partition the training split among (0: no partition).
         teacher_batch_size: rows per teacher per step.
         partition_seed: seed of the teacher partition (fixed for the whole run).
-        remainder: ``"spread"`` or ``"drop"`` the rows left over after equal shares.
         val_fraction: share of the training data held out for validation (model selection).
         test_fraction: share held out as the real test split (ignored where the dataset has one).
         split_seed: seed of the train/val/test split.
+
+    The split and the teacher partition are decided per record by a keyed hash of its content
+    (:mod:`datamodules.partition`): adding or removing a record changes neither any other record's
+    split nor its teacher, which is what the add/remove-one guarantees of the private models need.
+    Split sizes are therefore binomial around the fractions, and teachers' shares unequal.
         num_workers: DataLoader workers.
     """
 
@@ -156,7 +163,6 @@ class GenerativeDataModule(pl.LightningDataModule):
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
         partition_seed: int = 0,
-        remainder: str = "spread",
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -167,8 +173,6 @@ class GenerativeDataModule(pl.LightningDataModule):
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         if num_teachers < 0:
             raise DataError(f"num_teachers must be >= 0, got {num_teachers}")
-        if remainder not in REMAINDER_POLICIES:
-            raise DataError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
         for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0.0 <= frac < 1.0:
                 raise DataError(f"{name} must be in [0, 1), got {frac}")
@@ -176,7 +180,6 @@ class GenerativeDataModule(pl.LightningDataModule):
         self.num_teachers = num_teachers
         self.teacher_batch_size = teacher_batch_size
         self.partition_seed = partition_seed
-        self.remainder = remainder
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.split_seed = split_seed
@@ -198,13 +201,18 @@ class GenerativeDataModule(pl.LightningDataModule):
         splits = dict(loaded["splits"])
         x, y = splits.pop("train")
         n = len(y)
-        perm = torch.from_numpy(np.random.default_rng(self.split_seed).permutation(n))
-        n_test = 0 if "test" in splits else int(round(self.test_fraction * n))
-        n_val = int(round(self.val_fraction * n))
-        if n - n_test - n_val < 1:
+        # Per record, from its content: one record more or less moves no other record between splits.
+        keys = record_keys(x, y)
+        u = torch.from_numpy(keyed_uniform(keys, self.split_seed, "split"))
+        test_fraction = 0.0 if "test" in splits else self.test_fraction
+        is_test = u < test_fraction
+        is_val = ~is_test & (u < test_fraction + self.val_fraction)
+        is_train = ~(is_test | is_val)
+        if not is_train.any():
             raise DataError(f"no training rows left after the val/test split of {n} rows")
-        test_idx, val_idx, train_idx = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+        test_idx, val_idx, train_idx = (m.nonzero().flatten() for m in (is_test, is_val, is_train))
         self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
+        self.train_keys = keys[train_idx.numpy()]
         self.splits = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx])}
         self.splits["test"] = splits["test"] if "test" in splits else (x[test_idx], y[test_idx])
         self._spec = loaded["spec"]
@@ -228,10 +236,7 @@ class GenerativeDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self._ensure_loaded()
         if self.num_teachers > 0 and self.partition is None:
-            self.partition = TeacherPartition.create(
-                len(self.splits["train"][1]), self.num_teachers,
-                seed=self.partition_seed, remainder=self.remainder,
-            )
+            self.partition = TeacherPartition.create(self.train_keys, self.num_teachers, seed=self.partition_seed)
 
     def owned_teachers(self) -> list[int]:
         """Teachers this process trains: r, r+W, … under DDP, all of them on one process."""
@@ -298,6 +303,7 @@ class GenerativeDataModule(pl.LightningDataModule):
             batches = TeacherBatches(
                 x, y, self.partition, self.owned_teachers(),
                 batch_size=self.teacher_batch_size, seed=self.partition_seed, transform=self._transform,
+                start_step=self.trainer.global_step if self.trainer is not None else 0,  # resume: continue the streams
             )
             return DataLoader(batches, batch_size=None, num_workers=0)
         if len(y) < self.batch_size:
@@ -320,15 +326,16 @@ class GenerativeDataModule(pl.LightningDataModule):
         return {"partition": self.partition.state_dict()} if self.partition is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check on resume that this data gives the checkpoint's partition (it is recomputed from the
+        data and ``partition_seed``, never read from the checkpoint)."""
         if "partition" not in state:
             return
-        restored = TeacherPartition.from_state_dict(state["partition"])
-        self._ensure_loaded()
-        n_train = len(self.splits["train"][1])
-        if restored.assignment.size != n_train or restored.num_teachers != self.num_teachers:
+        saved = state["partition"]
+        self.setup("fit")
+        if self.partition is None or saved.get("num_teachers") != self.num_teachers or \
+                saved.get("fingerprint") != self.partition.fingerprint():
             raise DataError(
-                f"the checkpoint's teacher partition ({restored.num_teachers} teachers over "
-                f"{restored.assignment.size} rows) does not fit this data ({self.num_teachers} teachers, "
-                f"{n_train} rows): resume with the same data and num_teachers"
+                f"the checkpoint's teacher partition ({saved.get('num_teachers')} teachers, "
+                f"{saved.get('scheme', 'row-permutation')}) does not fit this data ({self.num_teachers} teachers): "
+                f"resume with the same data, num_teachers and partition_seed"
             )
-        self.partition = restored

@@ -6,7 +6,11 @@
 * The accountant's state is saved in and restored from every checkpoint, so resuming never resets ε.
 * Metadata read from the private data (bounds, categories, the class ratio) is refused unless it was
   declared public or paid for; what was paid (``data_spec["metadata_cost"]``) is recorded as pure-DP
-  events in the same accountant.
+  events in the same accountant, under the model's neighbouring relation.
+* One neighbouring relation for every model: **add/remove one record** (``neighbouring_relation``).
+  The DataModules make it hold (splits and teacher partitions decided per record by a keyed hash of
+  its content, :mod:`datamodules.partition`); the accountant records it and refuses events analysed
+  under another relation unless they convert soundly.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from lightning_gpate.models.base import GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
+from lightning_gpate.privacy.accountant import ADD_REMOVE
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper")
@@ -37,6 +42,9 @@ class PrivateGenerativeModel(GenerativeModel):
     update, and skip the update when it returns ``False`` (or :meth:`reserve` a worst case before
     the mechanism runs, then record the actual event).
 
+    Every ε it reports refers to datasets that differ by adding or removing one record
+    (:attr:`neighbouring_relation`).
+
     Args:
         data_spec: the DataModule's spec.
         epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
@@ -52,6 +60,9 @@ class PrivateGenerativeModel(GenerativeModel):
             ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
             released or noised quantities reach the logger (:meth:`log_private`).
     """
+
+    #: The neighbouring relation of every ε a private model reports: D and D' differ by one record.
+    neighbouring_relation = ADD_REMOVE
 
     def __init__(
         self,
@@ -76,9 +87,10 @@ class PrivateGenerativeModel(GenerativeModel):
         self.epsilon_budget = float(epsilon)
         self.delta = float(delta)
         self.budget_accounting = budget_accounting
-        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion)
-        for cost in data_spec.get("metadata_cost", []):
-            self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata"))))
+        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=self.neighbouring_relation)
+        for cost in data_spec.get("metadata_cost", []):  # converted to the model's relation by the accountant
+            self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
+                                               neighbouring=cost.get("neighbouring", ADD_REMOVE)))
         self.budget_exhausted = False
         self.stop_reason: str | None = None
         self.log_private_diagnostics = bool(log_private_diagnostics)
