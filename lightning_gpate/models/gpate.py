@@ -256,11 +256,14 @@ class GPATE(PrivateGenerativeModel):
             if self._pending_teacher_state is not None:
                 checkpoint[TEACHERS_KEY] = self._pending_teacher_state
             return
+        # Only Lightning (training) checkpoints come here: they are private, local, and written only
+        # when checkpoints were asked for; the release artifact never holds teachers.
         local = self._local_teacher_state()
-        parts = [local]
-        if _distributed():  # every rank calls this hook; gather all teachers into one checkpoint
-            parts = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, local)
+        if not _distributed():  # one process owns every teacher, in id order: no copy, no merge
+            checkpoint[TEACHERS_KEY] = local
+            return
+        parts = [None] * dist.get_world_size()  # every rank calls this hook; gather all teachers
+        dist.all_gather_object(parts, local)
         ids = torch.cat([p["ids"] for p in parts])
         order = ids.argsort()
         merged = {"ids": ids[order], "params": {}, "adam": {}}
