@@ -95,16 +95,17 @@ def roc_plot(outcome: AttackOutcome, result: AuditResult, path: str | Path) -> P
     fp, neg, fn, pos = result.fp, result.test_models, result.fn, result.test_models
     point = (fp / neg, 1 - fn / pos)
     fig = _figure(10, 4.6)
-    grid = np.linspace(0, 1, 1001)
+    floor = 0.5 / max(neg, 1)  # rates of 0 are drawn at half of one model in the log-log panel
     for ax, log in zip(fig.subplots(1, 2), (False, True)):
-        ax.plot(fpr, tpr, drawstyle="steps-post", label=f"attack ({result.attack}), AUC {result.auc:.3f}")
+        grid = np.geomspace(floor, 1, 1001) if log else np.linspace(0, 1, 1001)
+        lift = (lambda v: np.maximum(v, floor)) if log else (lambda v: v)
+        ax.plot(lift(fpr), lift(tpr), drawstyle="steps-post", label=f"attack ({result.attack}), AUC {result.auc:.3f}")
         ax.plot(grid, grid, ":", color="grey", label="chance")
         if not math.isinf(result.epsilon_claimed):
-            ax.plot(grid, dp_region_boundary(grid, result.epsilon_claimed, result.delta), "--", color="red",
+            ax.plot(grid, lift(dp_region_boundary(grid, result.epsilon_claimed, result.delta)), "--", color="red",
                     label=f"limit of ε={result.epsilon_claimed:g}, δ={result.delta:g}")
-        ax.plot(*point, "o", color="black", label=f"threshold {result.threshold:.3g}: ε_emp {result.epsilon_emp:.2f}")
+        ax.plot(*lift(np.array(point)), "o", color="black", label=f"threshold {result.threshold:.3g}: ε_emp {result.epsilon_emp:.2f}")
         if log:
-            floor = 0.5 / max(neg, 1)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlim(floor, 1)
@@ -113,8 +114,10 @@ def roc_plot(outcome: AttackOutcome, result: AuditResult, path: str | Path) -> P
         ax.set_ylabel("true positive rate")
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7, loc="lower right")
+    claimed = "∞ (not private)" if math.isinf(result.epsilon_claimed) else f"{result.epsilon_claimed:g}"
     fig.suptitle(f"{result.model} on {result.dataset}: ε_emp {result.epsilon_emp:.2f} (max measurable "
-                 f"{result.epsilon_emp_max:.2f}, {result.confidence:.0%}), claimed {result.epsilon_claimed:g}", fontsize=9)
+                 f"{result.epsilon_emp_max:.2f}, {result.confidence:.0%} confidence, {result.test_models} test models per world), "
+                 f"claimed ε {claimed}", fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
