@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -84,6 +85,10 @@ def run_audit(
     target = target if target is not None or dataset != WORST_CASE else None
     settings = load_settings(config, dataset, target, num_rows=num_rows, max_steps=max_steps, accelerator=device)
     epsilon_claimed, delta = settings.claimed()
+    pinned = sorted(k for k in ("noise_seed", "metadata_seed") if {**settings.model_args, **settings.data.data_options}.get(k) is not None)
+    if pinned:  # the audit measures what the config does; say that this is not a private deployment
+        print(f"warning: {', '.join(pinned)} fixed in the config: every fit draws the same mechanism noise, which a "
+              f"deployment must never do (the audit measures it as configured)", file=sys.stderr)
     identity = {
         "model_class": settings.model_class, "model_args": settings.model_args,
         "training_options": settings.training_options, "data_options": settings.data.data_options,
