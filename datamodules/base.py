@@ -133,15 +133,16 @@ class GenerativeDataModule(pl.LightningDataModule):
     """Base DataModule: loads once, splits with a seed, and serves either plain shuffled batches
     (GAN) or, when ``num_teachers > 0``, per-teacher batches from a fixed disjoint partition.
     A model whose privacy analysis needs another sampling says so with a ``train_sampling``
-    attribute: ``{"kind": "poisson", "batches": k}`` (DP-SGD: :meth:`poisson_dataloader`) or
-    ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`), optionally
-    with ``"mechanism_seed"`` (a fixed seed of the sampling, for tests only; default: OS-seeded).
+    attribute: ``{"kind": "poisson", "batches": k, "sample_rate": q}`` (DP-SGD: :meth:`poisson_dataloader`, q declared
+    public by the model) or ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`),
+    optionally with ``"mechanism_seed"`` (a fixed seed of the sampling, for tests only; default: OS-seeded).
 
     Subclasses implement :meth:`_load` (returning features, labels and the data spec) and may set
     ``self._transform`` to map stored features to the generator's space.
 
     Args:
-        batch_size: rows per batch for non-teacher models.
+        batch_size: rows per batch for non-teacher models (under Poisson sampling: the expected batch
+            size, a declared constant that DP-SGD divides the noisy gradient sum by).
         num_teachers: teachers to partition the training split among (0: no partition).
         teacher_batch_size: rows per teacher per step.
         partition_seed: seed of the teacher partition (fixed for the whole run).
@@ -256,16 +257,11 @@ class GenerativeDataModule(pl.LightningDataModule):
     def _world_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
 
-    @property
-    def sampling_rate(self) -> float:
-        """Poisson sampling rate q = batch_size / training rows (the expected batch is ``batch_size``)."""
-        self._ensure_loaded()
-        return min(1.0, self.batch_size / len(self.splits["train"][1]))
-
-    def poisson_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):
+    def poisson_dataloader(self, batches: int = 1, *, sample_rate: float, mechanism_seed: int | None = None):
         """Poisson-sampled batches for DP-SGD (see :class:`PoissonBatches`): every training row enters
-        each batch independently with probability :attr:`sampling_rate`; each step gets ``batches``
-        such batches (DP-GAN: one per critic step). The sampling is drawn from an OS-seeded generator
+        each batch independently with probability ``sample_rate``, the rate the model declared public
+        (never derived here from the private row count); each step gets ``batches`` such batches
+        (DP-GAN: one per critic step). The sampling is drawn from an OS-seeded generator
         (``mechanism_seed``: a fixed seed, for tests only)."""
         self.setup("fit")
         if self.num_teachers > 0:
@@ -273,7 +269,7 @@ class GenerativeDataModule(pl.LightningDataModule):
         if self._world_size() > 1:
             raise DataError("Poisson sampling for DP-SGD is implemented for a single process only")
         x, y = self.splits["train"]
-        dataset = PoissonBatches(x, y, sample_rate=self.sampling_rate, batches=batches, transform=self._transform,
+        dataset = PoissonBatches(x, y, sample_rate=sample_rate, batches=batches, transform=self._transform,
                                  generator=mechanism_generator("cpu", mechanism_seed))
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
@@ -295,7 +291,10 @@ class GenerativeDataModule(pl.LightningDataModule):
         self.setup("fit")
         sampling = self.requested_sampling()
         if sampling["kind"] == "poisson":
-            return self.poisson_dataloader(int(sampling.get("batches", 1)), mechanism_seed=sampling.get("mechanism_seed"))
+            if sampling.get("sample_rate") is None:
+                raise DataError("Poisson sampling needs the model's declared public rate: train_sampling['sample_rate']")
+            return self.poisson_dataloader(int(sampling.get("batches", 1)), sample_rate=float(sampling["sample_rate"]),
+                                           mechanism_seed=sampling.get("mechanism_seed"))
         if sampling["kind"] == "one_teacher":
             return self.one_teacher_dataloader(int(sampling.get("batches", 1)), mechanism_seed=sampling.get("mechanism_seed"))
         x, y = self.splits["train"]

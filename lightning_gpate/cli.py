@@ -6,7 +6,9 @@
   the original schema (CSV for tables, ``.npz`` + PNG grid for images) from a run's release artifact;
 * ``lightning-gpate evaluate --ckpt_path RELEASE [--data DATA]`` evaluates a finished run and attaches the
   report to its MLflow run;
-* ``lightning-gpate compare --experiment NAME`` prints the experiment's runs side by side.
+* ``lightning-gpate compare --experiment NAME`` prints the experiment's runs side by side;
+* ``lightning-gpate audit --config CONFIG --dataset worst_case|FILE --runs N`` measures the privacy a
+  model really gives (:mod:`lightning_gpate.audit`).
 """
 
 from __future__ import annotations
@@ -156,6 +158,15 @@ def compare_command(argv: Sequence[str]) -> int:
 
 EXTRA_COMMANDS["evaluate"] = evaluate_command
 EXTRA_COMMANDS["compare"] = compare_command
+
+
+def audit_command(argv: Sequence[str]) -> int:
+    from lightning_gpate.audit.runner import audit_command as run
+
+    return run(argv)
+
+
+EXTRA_COMMANDS["audit"] = audit_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,7 +44,7 @@ def build(kind: str, **options):
         return PATEGAN(dm.spec, **{**kw, **options}), dm
     if kind == "dpgan":
         dm = public_table()
-        kw = dict(epsilon=50.0, delta=1e-5, noise_multiplier=1.0, d_steps=2, z_dim=8, generator_hidden=HIDDEN,
+        kw = dict(epsilon=50.0, delta=1e-5, sampling_rate=32 / 240, noise_multiplier=1.0, d_steps=2, z_dim=8, generator_hidden=HIDDEN,
                   discriminator_hidden=(8,))
         return DPGAN(dm.spec, **{**kw, **options}), dm
     if kind == "gswgan":

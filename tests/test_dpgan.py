@@ -14,7 +14,9 @@ from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.models import DPGAN, load_generator
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
-SMALL = dict(delta=1e-5, z_dim=8, generator_hidden=(16,), discriminator_hidden=(16, 16))
+# q declared public: 32 expected rows of the 1258 in the (public) training split of the digits
+Q = 0.025
+SMALL = dict(delta=1e-5, sampling_rate=Q, z_dim=8, generator_hidden=(16,), discriminator_hidden=(16, 16))
 
 
 def _ready(model, dm, **trainer_kw):
@@ -69,7 +71,7 @@ def test_each_real_record_gives_one_clipped_gradient():
 
 def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, z_dim=8,
+    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, sampling_rate=Q, z_dim=8,
                   generator_hidden=(16,), discriminator_hidden=(64, 64))
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
@@ -79,7 +81,7 @@ def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
     dp_opt.pre_step()
     noise = _flat(p.grad for p in model.discriminator.parameters())
     assert noise.numel() > 8000
-    expected_std = 1.3 * 0.7 / model.expected_batch_size  # N(0, (σC)²) on the sum, divided by qN
+    expected_std = 1.3 * 0.7 / 32  # N(0, (σC)²) on the sum, divided by the declared expected batch
     assert abs(float(noise.std()) / expected_std - 1) < 0.05
     assert abs(float(noise.mean())) < 4 * expected_std / math.sqrt(noise.numel())
 
@@ -95,7 +97,7 @@ def test_epsilon_matches_opacus_and_training_stops_before_the_budget():
 
     steps = int(model.critic_steps_taken)
     q = model.sampling_rate
-    assert q == 32 / dm.spec["num_train"]
+    assert q == Q  # declared, not read from the data
     assert model.budget_exhausted and steps == model.accountant.counts["subsampled_gaussian_steps"] > 0
     assert trainer.global_step == steps // 5  # five critic steps per generator step (a refused one: none)
     assert model.accountant.epsilon() <= 1.0 < model.epsilon_if(model.privacy_event())
@@ -114,12 +116,12 @@ def test_epsilon_matches_opacus_and_training_stops_before_the_budget():
 def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
     dm = ImageDataModule("digits", batch_size=32)
     model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, architecture="dcgan", gf_dim=4, df_dim=4, fc_dim=8,
-                  delta=1e-5, z_dim=8)
+                  delta=1e-5, sampling_rate=Q, z_dim=8)
     trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
     trainer.fit(model, dm)
     data = trainer.train_dataloader.dataset
-    assert data.sample_rate == 32 / dm.spec["num_train"]
+    assert data.sample_rate == Q
     steps = [item for _, item in zip(range(10), iter(trainer.train_dataloader))]
     assert all(len(item) == 5 for item in steps)  # one Poisson batch per critic step
     sizes = [len(y) for item in steps for _, y in item]
@@ -155,3 +157,68 @@ def test_digits_config_runs_from_the_command_line():
     assert run.data.params["noise_multiplier"] == "1.1" and run.data.tags["privacy_guarantee"] == "true"
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 2
     assert math.isclose(run.data.metrics["epsilon_final"], run.data.metrics["epsilon_opacus"], rel_tol=1e-6)
+
+
+def _worst_case(rows: int, **data_kw):
+    """The auditing worst case: ``rows - 1`` records (0, 0, 0) and one (1, 1, 1); label c, all public."""
+    frame = pd.DataFrame({k: [0] * (rows - 1) + [1] for k in "abc"})
+    schema = {k: {"type": "binary", "categories": [0, 1]} for k in "abc"}
+    return TabularDataModule(frame=frame, label="c", schema=schema, class_ratio=[0.5, 0.5], test_fraction=0.0,
+                             val_fraction=0.0, **data_kw)
+
+
+def test_empty_poisson_batches_are_noise_only_steps_on_tiny_data():
+    pl.seed_everything(0)
+    dm = _worst_case(5, batch_size=1)  # q = 0.2: a batch is empty with probability 0.8^5 = 0.33
+    model = DPGAN(dm.spec, epsilon=50.0, noise_multiplier=2.0, **{**SMALL, "sampling_rate": 0.2})
+    sizes, step = [], model.discriminator_step
+
+    def recording_step(real_x, real_y):
+        sizes.append(len(real_y))
+        return step(real_x, real_y)
+
+    model.discriminator_step = recording_step
+    pl.Trainer(max_steps=8, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+               enable_model_summary=False).fit(model, dm)
+    assert len(sizes) == 40 and sizes.count(0) >= 3  # P(fewer than 3 empty of 40) < 1e-4
+    # every step, empty or not, was a noised DP-SGD step and is counted by both accountants
+    assert int(model.critic_steps_taken) == model.accountant.counts["subsampled_gaussian_steps"] == 40
+    assert model.opacus_accountant.history == [(2.0, 0.2, 40)]
+
+
+def test_the_sampling_rate_is_declared_and_a_run_that_affords_no_step_says_so():
+    from lightning_gpate.models.private import NoPrivateStepError
+
+    trainer = dict(max_steps=5, logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    dm = _worst_case(5, batch_size=64)
+    no_rate = DPGAN(dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": None})
+    with pytest.raises(ValueError, match="sampling rate declared public"):
+        pl.Trainer(**trainer).fit(no_rate, dm)
+    # The defaults (σ=1.1, 5 critic steps) at q=1 cost ε≈9 per generator step: at ε=1 no step fits.
+    model = DPGAN(dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": 1.0})
+    with pytest.raises(NoPrivateStepError, match=r"no private step within epsilon=1 .*noise_multiplier \(>= ([0-9.]+)"):
+        pl.Trainer(**trainer).fit(model, dm)
+    assert model.accountant.epsilon() == 0.0 and int(model.critic_steps_taken) == 0
+    # the σ the message suggests does afford a step (independently: opacus' RDP accountant)
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    sigma = model.noise_multiplier_for_one_step()
+    orders = [float(a) for a in model.accountant.orders]
+    for s, fits in ((sigma, True), (sigma / 1.02, False)):
+        rdp = opacus_rdp.compute_rdp(q=1.0, noise_multiplier=s, steps=5, orders=orders)
+        assert (opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=1e-5)[0] <= 1.0) == fits
+    trained = DPGAN(dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": 1.0, "noise_multiplier": sigma})
+    pl.Trainer(**trainer).fit(trained, dm)
+    assert int(trained.critic_steps_taken) == 5 and 0 < trained.accountant.epsilon() <= 1.0
+
+
+def test_the_number_of_steps_does_not_depend_on_the_private_row_count():
+    steps = []
+    for rows in (40, 41):  # neighbouring tables: same declared q, same mechanism, same number of steps
+        dm = _worst_case(rows, batch_size=4)
+        model = DPGAN(dm.spec, epsilon=3.0, noise_multiplier=1.5, **{**SMALL, "sampling_rate": 0.1})
+        pl.Trainer(max_steps=10_000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                   enable_model_summary=False).fit(model, dm)
+        steps.append(int(model.critic_steps_taken))
+        assert model.budget_exhausted and model.expected_batch_size == 4
+    assert steps[0] == steps[1] > 5

@@ -9,7 +9,7 @@ import torch
 
 from conftest import query_run
 from datamodules import ImageDataModule, TabularDataModule
-from lightning_gpate.models.private import BudgetExhaustedError, PrivateGenerativeModel, PrivateMetadataError
+from lightning_gpate.models.private import BudgetExhaustedError, NoPrivateStepError, PrivateGenerativeModel, PrivateMetadataError
 from lightning_gpate.privacy import PureDPEvent
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
@@ -86,6 +86,20 @@ def test_resume_keeps_epsilon_and_a_spent_budget_refuses_to_train(tmp_path):
     again = ToyPrivate(dm.spec, epsilon=0.5)
     with pytest.raises(BudgetExhaustedError, match="budget is spent"):
         pl.Trainer(max_steps=60, logger=False, enable_progress_bar=False).fit(again, dm, ckpt_path=tmp_path / "spent.ckpt")
+
+
+def test_a_budget_that_pays_for_no_step_fails_loudly_instead_of_releasing_an_untrained_generator():
+    dm = ImageDataModule("digits", batch_size=32)
+    model = ToyPrivate(dm.spec, epsilon=0.2, step_epsilon=0.3)  # the first step already costs more than the budget
+    with pytest.raises(NoPrivateStepError, match="took no training step.*epsilon spent 0"):
+        _trainer().fit(model, dm)
+    assert model.updates == 0 and model.accountant.epsilon() == 0.0
+    run, _ = query_run("toy")
+    assert run.info.status == "FAILED"  # not a finished run with ε spent 0
+    # one affordable step is a success, however short
+    model = ToyPrivate(dm.spec, epsilon=0.35, step_epsilon=0.3)
+    _trainer().fit(model, dm)
+    assert model.updates == 1 and model.budget_exhausted
 
 
 def test_bad_budgets_and_free_metadata_are_refused(mixed_frame):

@@ -73,6 +73,8 @@ class GenerativeModel(pl.LightningModule):
         return torch.randn(n, self.z_dim, device=self.device, generator=generator)
 
     def sample_labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        if n == 0:  # e.g. for an empty Poisson batch (torch.multinomial refuses n = 0)
+            return torch.zeros(0, dtype=torch.long, device=self.device)
         return torch.multinomial(self.class_ratio, n, replacement=True, generator=generator).to(self.device)
 
     @staticmethod

@@ -12,7 +12,14 @@ critic, so it is post-processing of a DP critic. What makes the accounting a gua
   real row and, through the batch size, a fake one).
 * **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
   model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
-  assumes it.
+  assumes it. Its rate q is a **declared public** hyperparameter (``sampling_rate``), never
+  ``batch_size / N`` with N read from the private data: the number of steps the budget affords
+  depends on q, so a q computed from the private row count would leak that count through the
+  generator (and neighbouring tables would run different mechanisms). An empty Poisson batch is a
+  legal outcome and is a noise-only step (opacus: zero clipped sum, N(0, σ²C²) noise, counted).
+* **no private step, no release**: a run whose budget cannot pay for one generator step
+  (``d_steps`` critic steps) fails at the start with the cost of a step and what to change, instead
+  of ending with an untrained generator and ε spent 0.
 * **noise and accounting**: opacus' ``DPOptimizer`` adds N(0, σ²C²) to the summed clipped gradients
   and divides by the expected batch size qN; the noise and the Poisson draws come from OS-seeded
   mechanism generators (:mod:`lightning_gpate.privacy.randomness`), never from ``seed_everything``. Every critic step is charged as
@@ -36,7 +43,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.generators import ConditionalMLPGenerator
 from lightning_gpate.privacy import SubsampledGaussianEvent
@@ -87,6 +94,10 @@ class DPGAN(PrivateGenerativeModel):
             :class:`~datamodules.base.GenerativeDataModule` with ``num_teachers: 0`` does).
         epsilon: privacy budget ε; training stops before a critic step would exceed it.
         delta: δ.
+        sampling_rate: q, the Poisson rate of each critic batch, **declared public** (e.g. the paper's
+            64 / 60000 for MNIST: an expected batch of 64 from a dataset whose size is public). Required:
+            it is not derived from the private row count. The DataModule's ``batch_size`` is the
+            expected batch size q·N the noisy gradient sum is divided by (a public constant).
         noise_multiplier: σ of DP-SGD (noise std σ·C on the summed clipped gradients).
         max_grad_norm: C, the L2 bound of each real record's (paired) critic gradient.
         budget_accounting: ``"guarantee"`` (DP-SGD's accounting is a guarantee either way).
@@ -115,6 +126,7 @@ class DPGAN(PrivateGenerativeModel):
         *,
         epsilon: float,
         delta: float,
+        sampling_rate: float | None = None,
         noise_multiplier: float = 1.1,
         max_grad_norm: float = 1.0,
         budget_accounting: str = "guarantee",
@@ -140,6 +152,8 @@ class DPGAN(PrivateGenerativeModel):
         from opacus import GradSampleModule
         from opacus.accountants import RDPAccountant
 
+        if sampling_rate is not None and not 0 < sampling_rate <= 1:
+            raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
         if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
         if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
@@ -163,25 +177,38 @@ class DPGAN(PrivateGenerativeModel):
             critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
-        # one Poisson batch per critic step, drawn from its own OS-seeded generator (DataModule)
-        self.train_sampling = {"kind": "poisson", "batches": d_steps, "mechanism_seed": derived_seed(noise_seed, "poisson")}
         self.opacus_accountant = RDPAccountant()
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
 
     # ----------------------------------------------------------------- sampling rate
     @property
     def sampling_rate(self) -> float:
-        """Poisson rate q of the attached DataModule (batch_size / training rows)."""
-        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        rate = getattr(dm, "sampling_rate", None)
-        if rate is None:
-            raise ValueError("DP-GAN needs a GenerativeDataModule (it serves the Poisson batches whose rate q the accountant uses)")
-        return float(rate)
+        """Poisson rate q of every critic batch (declared public: ``sampling_rate``; required to train,
+        not to load a checkpoint and sample)."""
+        if self.hparams.sampling_rate is None:
+            raise ValueError(
+                "DP-GAN needs its Poisson sampling rate declared public: set sampling_rate (model.init_args."
+                "sampling_rate), e.g. the expected batch size divided by a public number of rows (64 / 60000 "
+                "for MNIST). It is not computed from the data: the row count is private"
+            )
+        return float(self.hparams.sampling_rate)
+
+    @property
+    def train_sampling(self) -> dict[str, Any]:
+        """What the DataModule serves: one Poisson batch at the declared rate per critic step, drawn from
+        its own OS-seeded generator."""
+        return {"kind": "poisson", "batches": self.hparams.d_steps, "sample_rate": self.sampling_rate,
+                "mechanism_seed": derived_seed(self.hparams.noise_seed, "poisson")}
 
     @property
     def expected_batch_size(self) -> float:
-        """q · N, read from the attached DataModule (the model's own spec keeps no private row count)."""
-        return self.sampling_rate * int(self._trainer.datamodule.spec["num_train"])
+        """The public expected batch size q·N that the noisy gradient sum is divided by: the attached
+        DataModule's ``batch_size`` (a declared constant; the private N is never read)."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        batch_size = getattr(dm, "batch_size", None)
+        if batch_size is None:
+            raise ValueError("DP-GAN needs a GenerativeDataModule (it serves the Poisson batches and declares the expected batch size)")
+        return float(batch_size)
 
     def configure_optimizers(self):
         from opacus.optimizers import DPOptimizer
@@ -197,8 +224,43 @@ class DPGAN(PrivateGenerativeModel):
         opt_d.attach_step_hook(self.opacus_accountant.get_optimizer_hook_fn(sample_rate=self.sampling_rate))
         return opt_g, opt_d
 
+    def generator_step_event(self) -> SubsampledGaussianEvent:
+        """The cost of one generator step: its ``d_steps`` critic steps."""
+        return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate,
+                                       steps=self.hparams.d_steps)
+
+    def check_affords_a_step(self) -> None:
+        """Refuse a run whose budget cannot pay for a single generator step (it would end with an
+        untrained generator and ε spent 0), saying what one costs and what would fit."""
+        cost = self.epsilon_if(self.generator_step_event())
+        if cost <= self.epsilon_budget:
+            return
+        hp = self.hparams
+        sigma = self.noise_multiplier_for_one_step()
+        raise NoPrivateStepError(
+            f"DP-GAN can take no private step within epsilon={self.epsilon_budget:g} (delta={self.delta:g}): one generator "
+            f"step ({hp.d_steps} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}) "
+            f"already costs epsilon={cost:.3g}. Lower sampling_rate, raise noise_multiplier (>= {sigma:.3g} affords one "
+            f"step; more noise affords more), lower d_steps, or raise the budget"
+        )
+
+    def noise_multiplier_for_one_step(self) -> float:
+        """Smallest σ (to 1%) at which one generator step fits the budget left (for error messages)."""
+        def fits(sigma: float) -> bool:
+            event = SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate, steps=self.hparams.d_steps)
+            return self.epsilon_if(event) <= self.epsilon_budget
+
+        lo, hi = float(self.hparams.noise_multiplier), float(self.hparams.noise_multiplier) * 2
+        while not fits(hi) and hi < 1e6:
+            lo, hi = hi, hi * 2
+        while hi / lo > 1.01:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        return hi
+
     def on_train_start(self) -> None:
         super().on_train_start()
+        self.check_affords_a_step()
         if self.trainer.world_size > 1:
             raise RuntimeError("DP-GAN is implemented for one process (noise must be added once, globally)")
         dataset = getattr(self.trainer.train_dataloader, "dataset", None)

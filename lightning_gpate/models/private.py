@@ -4,6 +4,8 @@
   privacy event would take ε past the budget is refused *before* its update is applied
   (:meth:`PrivateGenerativeModel.charge`), and a model whose budget is spent refuses to train.
 * The accountant's state is saved in and restored from every checkpoint, so resuming never resets ε.
+* A fit whose budget paid for no generator step ends with :class:`NoPrivateStepError`, never with an
+  untrained generator that looks trained.
 * Metadata read from the private data (bounds, categories, the class ratio) is refused unless it was
   declared public or paid for; what was paid (``data_spec["metadata_cost"]``) is recorded as pure-DP
   events in the same accountant, under the model's neighbouring relation.
@@ -29,6 +31,11 @@ BUDGET_ACCOUNTING = ("guarantee", "paper")
 
 class BudgetExhaustedError(RuntimeError):
     """Training was asked of a model whose privacy budget is already spent."""
+
+
+class NoPrivateStepError(BudgetExhaustedError):
+    """The budget could not pay for a single training step: the generator would be untrained while the
+    fit looked like a success (ε spent 0)."""
 
 
 class PrivateMetadataError(ValueError):
@@ -140,6 +147,9 @@ class PrivateGenerativeModel(GenerativeModel):
         Call it with a worst-case event *before* a mechanism whose cost depends on its own noisy
         outputs (e.g. Confident-GNMax with every query answered), so the decision to stop never
         depends on an output that was not paid for; then record the actual event.
+
+        Raises:
+            NoPrivateStepError: the refusal comes before the fit's first generator step.
         """
         after = self.epsilon_if(event)
         if after <= self.epsilon_budget:
@@ -151,6 +161,13 @@ class PrivateGenerativeModel(GenerativeModel):
         )
         if self._trainer is not None:
             self.trainer.should_stop = True
+            if self.trainer.global_step == getattr(self, "_generator_steps_at_start", None):
+                # Stopping here would end the fit with an untrained generator that looks trained.
+                raise NoPrivateStepError(
+                    f"{type(self).__name__} took no training step: {self.stop_reason}. Its generator would be "
+                    f"untrained (epsilon spent {self.spent_epsilon():.4g}); raise the budget or make a step cheaper "
+                    f"(more noise, fewer queries per step)"
+                )
         return False
 
     def charge(self, event) -> bool:
@@ -176,6 +193,7 @@ class PrivateGenerativeModel(GenerativeModel):
                 f"{self.epsilon_budget:g}): {self.stop_reason}. Training more would exceed it; "
                 f"start a new run with a new budget instead."
             )
+        self._generator_steps_at_start = self.trainer.global_step
 
     def configure_callbacks(self):
         from callbacks.privacy import PrivacyBudget
