@@ -84,6 +84,7 @@ __all__ = [
     "GNSSRelease",
     "release",
     "ledger_from_state",
+    "SmoothSensitivityAccountant",
 ]
 
 
@@ -991,3 +992,110 @@ def _same_length(ledgers):
     if len(sizes) != 1:
         raise ValueError(f"ledgers over different numbers of teachers {sorted(sizes)}")
     return ledgers
+
+
+# --------------------------------------------------------------------------------------
+# The accountant of a smooth-sensitivity run
+# --------------------------------------------------------------------------------------
+
+
+class SmoothSensitivityAccountant:
+    """Accounts a run whose data-dependent PATE cost is released with smooth sensitivity.
+
+    It receives the same events as the run's :class:`~.accountant.PrivacyAccountant` (which keeps
+    the data-independent guarantee): Confident-GNMax and Laplace-vote events go to a ledger at the
+    order λ of ``params``; every other event (e.g. DP metadata) is data-independent and is
+    accumulated at λ. :meth:`release` publishes the ledger's data-dependent RDP through GNSS.
+
+    Everything but :attr:`released` and :attr:`params` is private (the ledger's sums are functions
+    of the votes): :meth:`state_dict` belongs in the training checkpoint only;
+    :meth:`public_state` is what may be logged or put in a release artifact.
+
+    Args:
+        params: λ, β, σ_ss, fixed before training.
+        num_teachers: n, the teachers voting on every query.
+        delta: δ of the conversion.
+        conversion: the RDP → (ε, δ) conversion.
+        exact: walk GNMax's bounds over every distance (``True``) or up to :func:`walk_horizon`
+            (``False``, default: an upper bound, within e^{−30} of the exact one).
+    """
+
+    def __init__(self, *, params: GNSSParameters, num_teachers: int, delta: float, conversion: str = "improved",
+                 exact: bool = False):
+        from .accountant import PrivacyAccountant
+
+        self.params = params
+        self.num_teachers = _teachers(num_teachers)
+        self.delta = float(delta)
+        self.conversion = conversion
+        self.exact = bool(exact)
+        self.ledger: ConfidentGNMaxLedger | LaplaceVoteLedger | None = None
+        self._other = PrivacyAccountant(delta=delta, orders=[params.order], conversion=conversion)
+        self.released: GNSSRelease | None = None
+
+    def _new_ledger(self, event):
+        from .accountant import ConfidentGNMaxEvent, LaplaceVoteEvent
+
+        lam = self.params.order
+        if isinstance(event, ConfidentGNMaxEvent):
+            horizon = None if self.exact else walk_horizon(self.params.beta, self.num_teachers)
+            return ConfidentGNMaxLedger(num_teachers=self.num_teachers, threshold=event.threshold,
+                                        sigma_threshold=event.sigma_threshold, sigma_gnmax=event.sigma_gnmax,
+                                        num_bins=event.votes.shape[1], order=lam, max_distance=horizon)
+        if isinstance(event, LaplaceVoteEvent):
+            return LaplaceVoteLedger(num_teachers=self.num_teachers, lam=event.lam, order=lam)
+        return None
+
+    def record(self, event) -> None:
+        """Adds ``event``: to the ledger if it is a PATE vote event, else to the data-independent part."""
+        if self.released is not None:
+            raise RuntimeError("the data-dependent cost was already released: record nothing after the release")
+        ledger = self.ledger or self._new_ledger(event)
+        if ledger is None:
+            self._other.record(event)
+            return
+        if self.ledger is None:
+            self.ledger = ledger
+        self.ledger.add_event(event)
+
+    def accepts(self, event) -> bool:
+        """Whether ``event`` can be recorded (a PATE event must match the ledger's mechanism)."""
+        from .accountant import ConfidentGNMaxEvent, LaplaceVoteEvent
+
+        if not isinstance(event, (ConfidentGNMaxEvent, LaplaceVoteEvent)):
+            return True
+        if self.ledger is None:
+            return True
+        return type(event) is {"confident_gnmax": ConfidentGNMaxEvent, "laplace_vote": LaplaceVoteEvent}[self.ledger.kind] \
+            and self.ledger.matches(event)
+
+    def release(self, z: float) -> GNSSRelease:
+        """Releases the data-dependent RDP at λ with the standard normal draw ``z`` (from the
+        mechanism's secret generator). Once only."""
+        if self.released is not None:
+            raise RuntimeError("the data-dependent cost was already released")
+        self.released = release([] if self.ledger is None else self.ledger, self.params, z=z, delta=self.delta,
+                                other_rdp=float(self._other.rdp[0]), conversion=self.conversion)
+        return self.released
+
+    def public_state(self) -> dict[str, Any]:
+        """The parameters and, once made, the release: nothing unnoised."""
+        return {"params": self.params.to_dict(), "released": None if self.released is None else self.released.to_dict()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """PRIVATE state (ledger sums from the votes): for the training checkpoint only."""
+        return {**self.public_state(), "num_teachers": self.num_teachers, "delta": self.delta,
+                "conversion": self.conversion, "exact": self.exact,
+                "ledger": None if self.ledger is None else self.ledger.state_dict(),
+                "other": self._other.state_dict()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "SmoothSensitivityAccountant":
+        acc = cls(params=GNSSParameters(**state["params"]), num_teachers=state["num_teachers"], delta=state["delta"],
+                  conversion=state["conversion"], exact=state.get("exact", False))
+        if state.get("ledger") is not None:
+            acc.ledger = ledger_from_state(state["ledger"])
+        acc._other.load_state_dict(state["other"])
+        if state.get("released") is not None:
+            acc.released = GNSSRelease(**state["released"])
+        return acc
