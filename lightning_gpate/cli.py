@@ -6,7 +6,9 @@
   the original schema (CSV for tables, ``.npz`` + PNG grid for images);
 * ``lightning-gpate evaluate --ckpt_path CKPT [--data DATA]`` evaluates a finished run and attaches the
   report to its MLflow run;
-* ``lightning-gpate compare --experiment NAME`` prints the experiment's runs side by side.
+* ``lightning-gpate compare --experiment NAME`` prints the experiment's runs side by side;
+* ``lightning-gpate plan --config configs/NAME.yaml (--data_is_public | --vote_shares 0.9,0.05)``
+  estimates how many steps fit the target ε under each privacy analysis (:mod:`lightning_gpate.planning`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class GPATECLI(LightningCLI):
         parser.add_lightning_class_args(ImageQuality, "image_quality")
 
 
-def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:
+def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) -> GPATECLI:
     import lightning_gpate.models  # noqa: F401  (registers every model class for subclass mode)
     from callbacks import FinalCheckpoint, MLflowSaveConfig, SampleLogger
 
@@ -54,6 +56,7 @@ def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:
         },
         args=args,
         auto_configure_optimizers=False,
+        run=run,
     )
 
 
@@ -156,6 +159,15 @@ def compare_command(argv: Sequence[str]) -> int:
 
 EXTRA_COMMANDS["evaluate"] = evaluate_command
 EXTRA_COMMANDS["compare"] = compare_command
+
+
+def plan_command(argv: Sequence[str]) -> int:
+    from lightning_gpate.planning import plan_command as plan
+
+    return plan(argv)
+
+
+EXTRA_COMMANDS["plan"] = plan_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
