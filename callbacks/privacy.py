@@ -1,10 +1,98 @@
-"""PrivacyBudget: ε on the progress bar and in MLflow every step, and why training stopped."""
+"""PrivacyBudget: ε on the progress bar and in MLflow every step, and why training stopped; and the
+one place that decides which privacy quantities may leave a run (logs, release artifact)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytorch_lightning as pl
 
+from lightning_gpate.privacy.accountant import DATA_DEPENDENT, GUARANTEE
 from lightning_gpate.tracking import mlflow_logger_of
+
+
+# ----------------------------------------------------------------------------- what may be released
+def paper_analysis_released(pl_module) -> bool:
+    """Whether the accountant's paper-style ε may leave the run (be logged or released).
+
+    A data-dependent analysis (PATE's ε from the vote histograms, without smooth sensitivity) is a
+    function of the private votes without noise: it is released only when the user asked for
+    paper-style accounting (``budget_accounting: paper``, whose run is tagged as not a guarantee).
+    A data-independent paper analysis (GS-WGAN's per-sample composition) depends on public settings
+    only and is always released.
+    """
+    label = pl_module.accountant.paper_label
+    if label == GUARANTEE:
+        return False  # no separate analysis
+    if pl_module.budget_accounting == "paper":
+        return True
+    return DATA_DEPENDENT not in label.split("+")
+
+
+def released_epsilons(pl_module) -> dict[str, float]:
+    """The ε values that may be logged now: ``epsilon`` (the ε in force: the guarantee, or after a
+    smooth-sensitivity release the released ε, see ``epsilon_in_force``) and, where
+    :func:`paper_analysis_released`, ``epsilon_<analysis>`` (never in smooth_sensitivity mode: its
+    data-dependent ε leaves the run only once, noised)."""
+    acc = pl_module.accountant
+    out = {"epsilon": pl_module.epsilon_in_force()}
+    if paper_analysis_released(pl_module):
+        out[f"epsilon_{acc.paper_label}"] = acc.epsilon_paper()
+    return out
+
+
+def released_accountant_state(pl_module) -> dict[str, Any]:
+    """The accountant's state as it may be released: a paper-style curve that may not be
+    (:func:`paper_analysis_released`) is replaced by the guarantee's, and its name is kept under
+    ``withheld_analysis``. The full state stays in the private training checkpoint."""
+    acc = pl_module.accountant
+    state = acc.state_dict()
+    if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
+        state["rdp_paper"] = list(state["rdp"])
+        state["labels"] = []
+        state["withheld_analysis"] = acc.paper_label
+    return state
+
+
+def released_summary(pl_module) -> dict[str, Any]:
+    """The accountant's summary (ε, δ, analysis, best order, counts) as it may be released."""
+    acc = pl_module.accountant
+    summary = acc.summary()
+    if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
+        summary.update(epsilon_paper=summary["epsilon"], best_order_paper=summary["best_order"],
+                       analysis=GUARANTEE, withheld_analysis=acc.paper_label)
+    return summary
+
+
+def released_smooth_sensitivity(pl_module) -> dict[str, Any] | None:
+    """What a smooth-sensitivity run releases about its ε (``None`` in the other modes): the GNSS
+    parameters, the released (noised) values, the ε in force and which analysis gave it, the hard
+    cap and the release decision. Never the ledger (sums over the private votes)."""
+    ss = getattr(pl_module, "smooth_sensitivity", None)
+    if ss is None:
+        return None
+    out = {**ss.public_state(), "epsilon_hard_cap": pl_module.epsilon_hard_cap,
+           "release_allowed": pl_module.release_allowed()}
+    if ss.released is not None:
+        out["epsilon"], out["epsilon_analysis"] = pl_module.released_epsilon()
+        out["epsilon_data_independent"] = pl_module.accountant.epsilon()
+    return out
+
+
+def released_privacy(pl_module) -> dict[str, Any]:
+    """Everything about a private model's privacy that its release artifact holds."""
+    return {
+        "epsilon_budget": float(pl_module.epsilon_budget),
+        "delta": float(pl_module.delta),
+        "budget_accounting": pl_module.budget_accounting,
+        "privacy_guarantee": pl_module.budget_accounting == "guarantee",
+        "neighbouring_relation": pl_module.accountant.neighbouring,
+        "budget_exhausted": bool(pl_module.budget_exhausted),
+        "stop_reason": pl_module.stop_reason,
+        "summary": released_summary(pl_module),
+        "accountant": released_accountant_state(pl_module),
+        "smooth_sensitivity": released_smooth_sensitivity(pl_module),
+    }
 
 
 class PrivacyBudget(pl.Callback):
@@ -12,22 +100,20 @@ class PrivacyBudget(pl.Callback):
 
     Every private model adds this callback itself (``configure_callbacks``); the budget and the stop
     *before* an over-budget update are enforced by the model (``charge``), so a run without this
-    callback is just as private. Logged per step: ``epsilon`` (the guarantee in force, also on the
-    progress bar) and ``epsilon_<analysis>`` (the paper-style analysis, e.g.
-    ``epsilon_data_dependent``, which is NOT itself a guarantee; not in smooth_sensitivity mode). At
-    the end: the accountant's summary as ``privacy/*`` params, the final ε as metrics, and tags
-    ``stop_reason`` and ``privacy_guarantee`` (``false`` when the budget used paper-style
-    accounting, ``smooth_sensitivity`` for a smooth-sensitivity release, see
-    :func:`log_smooth_sensitivity_release`).
+    callback is just as private. What it logs is decided in one place, :func:`released_epsilons` /
+    :func:`released_summary` / :func:`released_accountant_state`: per step ``epsilon`` (the guarantee
+    in force, also on the progress bar) and, where it may be released, ``epsilon_<analysis>`` (a
+    paper-style analysis: GS-WGAN's data-independent per-sample composition always; PATE's
+    data-dependent ε only under ``budget_accounting: paper``, since it is a function of the private
+    votes without noise). At the end: the released summary as ``privacy/*`` params, the final ε as
+    metrics, the released accountant state (``privacy/accountant.json``), and tags ``stop_reason``
+    and ``privacy_guarantee`` (``false`` when the budget used paper-style accounting,
+    ``smooth_sensitivity`` for a smooth-sensitivity release: :func:`log_smooth_sensitivity_release`).
     """
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        acc = pl_module.accountant
-        pl_module.log("epsilon", pl_module.epsilon_in_force(), prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True)
-        # A separate paper-style analysis exists: log it beside (never in smooth_sensitivity mode,
-        # where the data-dependent ε is released only once, with noise, at the end).
-        if acc.paper_label != "guarantee" and pl_module.smooth_sensitivity is None:
-            pl_module.log(f"epsilon_{acc.paper_label}", acc.epsilon_paper(), on_step=True, on_epoch=False, rank_zero_only=True)
+        for name, value in released_epsilons(pl_module).items():
+            pl_module.log(name, value, prog_bar=name == "epsilon", on_step=True, on_epoch=False, rank_zero_only=True)
         if pl_module.budget_exhausted:
             trainer.should_stop = True
 
@@ -40,45 +126,42 @@ class PrivacyBudget(pl.Callback):
         if logger is None or trainer.global_rank != 0:
             return
         client, run_id = logger.experiment, logger.run_id
-        summary = pl_module.accountant.summary()
-        ss = pl_module.smooth_sensitivity
-        state = pl_module.accountant.state_dict()
-        if ss is None:
-            client.log_metric(run_id, "epsilon_final", summary["epsilon"])
-            client.log_metric(run_id, f"epsilon_final_{summary['analysis']}", summary["epsilon_paper"])
-        else:
-            log_smooth_sensitivity_release(client, run_id, pl_module, step=trainer.global_step)
-            summary["analysis"] = "guarantee"  # the data-dependent curve is withheld: it is not released
-            state.update(rdp_paper=list(state["rdp"]), labels=[], withheld_analysis="data_dependent")
-        for key in ("delta", "analysis", "conversion", "best_order", "orders"):
+        for name, value in released_epsilons(pl_module).items():
+            client.log_metric(run_id, name.replace("epsilon", "epsilon_final", 1), value)
+        summary = released_summary(pl_module)
+        for key in ("delta", "analysis", "neighbouring_relation", "conversion", "best_order", "orders"):
             client.log_param(run_id, f"privacy/{key}", str(summary[key])[:500])
         client.log_param(run_id, "privacy/epsilon_budget", pl_module.epsilon_budget)
         client.log_param(run_id, "privacy/budget_accounting", pl_module.budget_accounting)
         client.set_tag(run_id, "stop_reason", reason)
-        guarantee = "smooth_sensitivity" if ss is not None else str(pl_module.budget_accounting == "guarantee").lower()
+        guarantee = str(pl_module.budget_accounting == "guarantee").lower()
+        if pl_module.smooth_sensitivity is not None:
+            guarantee = "smooth_sensitivity"
+            log_smooth_sensitivity_release(client, run_id, pl_module, step=trainer.global_step)
         client.set_tag(run_id, "privacy_guarantee", guarantee)
-        client.log_dict(run_id, state, "privacy/accountant.json")
+        client.log_dict(run_id, released_accountant_state(pl_module), "privacy/accountant.json")
 
 
 def log_smooth_sensitivity_release(client, run_id: str, pl_module, *, step: int) -> None:
-    """MLflow record of a smooth-sensitivity release: only public or noised values.
+    """MLflow record of a smooth-sensitivity release (:func:`released_smooth_sensitivity`): only
+    public or noised values.
 
-    Metrics: ``epsilon`` and ``epsilon_final`` (the ε in force: :meth:`released_epsilon`),
+    Metrics: ``epsilon`` (the ε in force after the release, at the last step),
     ``epsilon_smooth_sensitivity`` (the released ε), ``epsilon_data_independent`` (the guarantee of
     everything released, ≤ ``epsilon_hard_cap``), ``smooth_sensitivity_noisy_rdp`` (the released
     noisy data-dependent RDP at λ) and ``smooth_sensitivity_gnss_rdp``. Params: λ, β, σ_ss, how they
-    were chosen, the hard cap. Tags: ``release_allowed``, ``epsilon_analysis``. Never the
-    unnoised data-dependent ε nor the smooth sensitivity itself.
+    were chosen, the hard cap. Tags: ``release_allowed``, ``epsilon_analysis``. Never the unnoised
+    data-dependent ε nor the smooth sensitivity itself.
     """
-    ss = pl_module.smooth_sensitivity
-    released = ss.released
-    final, analysis = pl_module.released_epsilon()
-    for key, value in (("epsilon", final), ("epsilon_final", final), ("epsilon_smooth_sensitivity", released.epsilon),
-                       ("epsilon_data_independent", pl_module.accountant.epsilon()),
-                       ("smooth_sensitivity_noisy_rdp", released.noisy_rdp), ("smooth_sensitivity_gnss_rdp", released.gnss_rdp)):
+    info = released_smooth_sensitivity(pl_module)
+    released, params = info["released"], info["params"]
+    for key, value in (("epsilon", info["epsilon"]), ("epsilon_smooth_sensitivity", released["epsilon"]),
+                       ("epsilon_data_independent", info["epsilon_data_independent"]),
+                       ("smooth_sensitivity_noisy_rdp", released["noisy_rdp"]),
+                       ("smooth_sensitivity_gnss_rdp", released["gnss_rdp"])):
         client.log_metric(run_id, key, value, step=step)
-    for key, value in (("order", ss.params.order), ("beta", ss.params.beta), ("sigma", ss.params.sigma), ("rule", ss.params.rule)):
-        client.log_param(run_id, f"privacy/smooth_sensitivity_{key}", value)
-    client.log_param(run_id, "privacy/epsilon_hard_cap", pl_module.epsilon_hard_cap)
-    client.set_tag(run_id, "release_allowed", str(pl_module.release_allowed()).lower())
-    client.set_tag(run_id, "epsilon_analysis", analysis)
+    for key in ("order", "beta", "sigma", "rule"):
+        client.log_param(run_id, f"privacy/smooth_sensitivity_{key}", params[key])
+    client.log_param(run_id, "privacy/epsilon_hard_cap", info["epsilon_hard_cap"])
+    client.set_tag(run_id, "release_allowed", str(info["release_allowed"]).lower())
+    client.set_tag(run_id, "epsilon_analysis", info["epsilon_analysis"])

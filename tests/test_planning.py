@@ -80,6 +80,9 @@ def test_cli_plan_from_a_public_probe_run_logs_nothing(capsys):
     assert main(["plan", *QUICK, "--data_is_public", "--probe_steps", "2", "--data.teacher_batch_size", "1"]) == 0
     out = capsys.readouterr().out
     assert "from public run (2 probe steps)" in out
+    import os
+
     import mlflow
 
-    assert [e.name for e in mlflow.MlflowClient().search_experiments()] in ([], ["Default"])
+    client = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    assert [e.name for e in client.search_experiments()] in ([], ["Default"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from callbacks import ReleaseArtifact, SampleLogger
 from conftest import query_run
 from datamodules import TabularDataModule
 from lightning_gpate.models import DPGAN, GPATE, PATEGAN
@@ -101,13 +103,33 @@ def test_release_refused_when_the_released_epsilon_exceeds_the_target(capsys):
     dm = table()
     model = GPATE(dm.spec, epsilon=0.05, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
                   smooth_sensitivity=SS, **GPATE_SMALL)
-    trainer(2, logger=GPATEMLFlowLogger(experiment_name="ss-refused")).fit(model, dm)
+    artifact = ReleaseArtifact()
+    trainer(2, logger=GPATEMLFlowLogger(experiment_name="ss-refused"), callbacks=[artifact, SampleLogger()]).fit(model, dm)
     assert not model.release_allowed()
     assert "release artifact is not written" in model.stop_reason
-    assert "NOT RELEASED" in capsys.readouterr().out
-    run, _ = query_run("ss-refused")
+    out = capsys.readouterr().out
+    assert "NOT RELEASED" in out and "Release artifact NOT written" in out
+    assert artifact.release_path is None and not list(Path(".").rglob("release.pt"))
+    run, client = query_run("ss-refused")
     assert run.data.tags["release_allowed"] == "false"
-    assert "not written" in run.data.tags["stop_reason"]
+    assert "not written" in run.data.tags["stop_reason"] and "not written" in run.data.tags["release_artifact"]
+    assert not [a for a in client.list_artifacts(run.info.run_id) if a.path in ("release", "samples")]
+
+
+def test_release_written_when_the_released_epsilon_meets_the_target():
+    dm = table()
+    model = GPATE(dm.spec, epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    artifact = ReleaseArtifact()
+    trainer(2, logger=GPATEMLFlowLogger(experiment_name="ss-allowed"), callbacks=[artifact]).fit(model, dm)
+    assert model.release_allowed() and artifact.release_path is not None and artifact.release_path.is_file()
+    from lightning_gpate.release import load_release
+
+    release = load_release(artifact.release_path)
+    privacy = release["privacy"]["smooth_sensitivity"]
+    assert privacy["released"]["noisy_rdp"] == model.smooth_sensitivity.released.noisy_rdp
+    assert privacy["epsilon"] == model.released_epsilon()[0] and privacy["release_allowed"] is True
+    assert "ledger" not in privacy  # sums over the private votes stay in the training checkpoint
 
 
 def test_hard_cap_stops_training_on_public_quantities_only():
@@ -202,3 +224,16 @@ def test_metadata_cost_enters_the_release_at_its_order():
     rel = model.smooth_sensitivity.release(z=0.0)
     assert rel.other_rdp == pytest.approx(min(0.5, 4.0 * 0.25 / 2))  # pure DP: min(ε, λε²/2)
     assert rel.noisy_rdp == 0.0 and rel.total_rdp == pytest.approx(rel.other_rdp + GNSSParameters(**SS).cost)
+
+
+def test_a_refused_or_unfinished_run_has_no_release_even_from_its_training_checkpoint(tmp_path):
+    from lightning_gpate.release import CheckpointError, load_release
+
+    dm = table()
+    model = GPATE(dm.spec, epsilon=0.05, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    fitted = trainer(2)
+    fitted.fit(model, dm)
+    fitted.save_checkpoint(tmp_path / "refused.ckpt")
+    with pytest.raises(CheckpointError, match="no release"):
+        load_release(tmp_path / "refused.ckpt")

@@ -6,7 +6,11 @@
 * The accountant's state is saved in and restored from every checkpoint, so resuming never resets ε.
 * Metadata read from the private data (bounds, categories, the class ratio) is refused unless it was
   declared public or paid for; what was paid (``data_spec["metadata_cost"]``) is recorded as pure-DP
-  events in the same accountant.
+  events in the same accountant, under the model's neighbouring relation.
+* One neighbouring relation for every model: **add/remove one record** (``neighbouring_relation``).
+  The DataModules make it hold (splits and teacher partitions decided per record by a keyed hash of
+  its content, :mod:`datamodules.partition`); the accountant records it and refuses events analysed
+  under another relation unless they convert soundly.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from lightning_gpate.models.base import GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
-from lightning_gpate.privacy.accountant import GNSSEvent
+from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
@@ -39,6 +43,9 @@ class PrivateGenerativeModel(GenerativeModel):
     update, and skip the update when it returns ``False`` (or :meth:`reserve` a worst case before
     the mechanism runs, then record the actual event).
 
+    Every ε it reports refers to datasets that differ by adding or removing one record
+    (:attr:`neighbouring_relation`).
+
     Args:
         data_spec: the DataModule's spec.
         epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
@@ -58,10 +65,17 @@ class PrivateGenerativeModel(GenerativeModel):
             any of them ``None``/absent for the data-independent default rule
             (:func:`~lightning_gpate.privacy.smooth_sensitivity.default_gnss_parameters`), and
             optionally ``exact: true`` (walk GNMax's bounds over every distance).
+        log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
+            (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
+            ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
+            released or noised quantities reach the logger (:meth:`log_private`).
     """
 
     #: Whether ``budget_accounting: smooth_sensitivity`` applies to this model (PATE vote mechanisms).
     SUPPORTS_SMOOTH_SENSITIVITY = False
+
+    #: The neighbouring relation of every ε a private model reports: D and D' differ by one record.
+    neighbouring_relation = ADD_REMOVE
 
     def __init__(
         self,
@@ -73,6 +87,7 @@ class PrivateGenerativeModel(GenerativeModel):
         conversion: str = "improved",
         z_dim: int = 100,
         latent_prior: str = "normal",
+        log_private_diagnostics: bool = False,
         epsilon_hard_cap: float | None = None,
         smooth_sensitivity: dict[str, Any] | None = None,
     ) -> None:
@@ -87,17 +102,19 @@ class PrivateGenerativeModel(GenerativeModel):
         self.epsilon_budget = float(epsilon)
         self.delta = float(delta)
         self.budget_accounting = budget_accounting
-        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion)
+        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=self.neighbouring_relation)
         self.epsilon_hard_cap: float | None = None
         self.smooth_sensitivity = None  # a SmoothSensitivityAccountant in smooth_sensitivity mode
         if budget_accounting == SMOOTH_SENSITIVITY:
             self.smooth_sensitivity = self._smooth_sensitivity_accountant(data_spec, epsilon_hard_cap, smooth_sensitivity or {})
         elif epsilon_hard_cap is not None or smooth_sensitivity:
             raise ValueError("epsilon_hard_cap and smooth_sensitivity apply only with budget_accounting: smooth_sensitivity")
-        for cost in data_spec.get("metadata_cost", []):
-            self.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata"))))
+        for cost in data_spec.get("metadata_cost", []):  # converted to the model's relation by the accountant
+            self.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
+                                    neighbouring=cost.get("neighbouring", ADD_REMOVE)))
         self.budget_exhausted = False
         self.stop_reason: str | None = None
+        self.log_private_diagnostics = bool(log_private_diagnostics)
         if self.spent_epsilon() > self.budget_limit():
             raise ValueError(
                 f"the metadata estimated with DP already costs ε={self.spent_epsilon():.4g}, "
@@ -127,7 +144,7 @@ class PrivateGenerativeModel(GenerativeModel):
                                          order=options.get("order"), beta=options.get("beta"), sigma=options.get("sigma"))
         return SmoothSensitivityAccountant(params=params, num_teachers=int(data_spec.get("num_teachers", 0)) or 1,
                                            delta=self.delta, conversion=self.accountant.conversion,
-                                           exact=bool(options.get("exact", False)))
+                                           neighbouring=self.neighbouring_relation, exact=bool(options.get("exact", False)))
 
     def save_hyperparameters(self, *args, ignore=None, frame=None, logger: bool = True) -> None:
         """Lightning's ``save_hyperparameters`` with the data spec reduced to :func:`release_spec`:
@@ -137,6 +154,15 @@ class PrivateGenerativeModel(GenerativeModel):
         for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
             if "data_spec" in hparams:
                 hparams["data_spec"] = release_spec(hparams["data_spec"], warn=False)
+
+    # ----------------------------------------------------------------- logging
+    def log_private(self, metrics: dict[str, Any], **kwargs) -> None:
+        """Log ``metrics`` computed from the private data without noise (losses of non-private
+        networks, secret sampling choices, batch sizes) as ``private/<name>``, only when
+        ``log_private_diagnostics`` is on. Everything else a private model logs must be a released
+        (noised, paid-for) quantity or post-processing of one."""
+        if self.log_private_diagnostics:
+            self.log_dict({f"private/{k}": v for k, v in metrics.items()}, **kwargs)
 
     # ----------------------------------------------------------------- budget
     def budget_limit(self) -> float:
@@ -277,6 +303,13 @@ class PrivateGenerativeModel(GenerativeModel):
         self.finalize_privacy()
 
     def on_train_start(self) -> None:
+        super().on_train_start()
+        for logger in self.trainer.loggers:
+            if getattr(logger, "_log_model", False):  # MLFlowLogger(log_model=...) uploads every checkpoint
+                raise RuntimeError(
+                    f"{type(logger).__name__} has log_model enabled: it would upload training checkpoints (private "
+                    f"state) to the tracking server. Use log_model=False: the release artifact is what gets logged."
+                )
         ss = self.smooth_sensitivity
         if ss is not None and ss.released is not None:
             raise BudgetExhaustedError(
@@ -325,6 +358,17 @@ class PrivateGenerativeModel(GenerativeModel):
             raise ValueError("the checkpoint's budget_accounting (smooth_sensitivity or not) differs from this model's")
         if saved is not None:
             self.smooth_sensitivity = SmoothSensitivityAccountant.from_state(saved)
+
+    def load_released_privacy(self, privacy: dict[str, Any]) -> None:
+        """Restore the privacy state of a release artifact (``callbacks.privacy.released_privacy``)."""
+        self.accountant.load_state_dict(privacy["accountant"])
+        self.budget_exhausted = bool(privacy.get("budget_exhausted", False))
+        self.stop_reason = privacy.get("stop_reason")
+        released = (privacy.get("smooth_sensitivity") or {}).get("released")
+        if self.smooth_sensitivity is not None and released is not None:  # the public part only: no ledger
+            from lightning_gpate.privacy.smooth_sensitivity import GNSSRelease
+
+            self.smooth_sensitivity.released = GNSSRelease(**released)
 
 
 def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:

@@ -1016,21 +1016,24 @@ class SmoothSensitivityAccountant:
         num_teachers: n, the teachers voting on every query.
         delta: δ of the conversion.
         conversion: the RDP → (ε, δ) conversion.
+        neighbouring: the neighbouring relation of the run's ε (PATE's local sensitivity is over
+            teachers, one record changes one teacher's data under either relation).
         exact: walk GNMax's bounds over every distance (``True``) or up to :func:`walk_horizon`
             (``False``, default: an upper bound, within e^{−30} of the exact one).
     """
 
     def __init__(self, *, params: GNSSParameters, num_teachers: int, delta: float, conversion: str = "improved",
-                 exact: bool = False):
+                 neighbouring: str = "add_remove", exact: bool = False):
         from .accountant import PrivacyAccountant
 
         self.params = params
         self.num_teachers = _teachers(num_teachers)
         self.delta = float(delta)
         self.conversion = conversion
+        self.neighbouring = neighbouring
         self.exact = bool(exact)
         self.ledger: ConfidentGNMaxLedger | LaplaceVoteLedger | None = None
-        self._other = PrivacyAccountant(delta=delta, orders=[params.order], conversion=conversion)
+        self._other = PrivacyAccountant(delta=delta, orders=[params.order], conversion=conversion, neighbouring=neighbouring)
         self.released: GNSSRelease | None = None
 
     def _new_ledger(self, event):
@@ -1085,14 +1088,15 @@ class SmoothSensitivityAccountant:
     def state_dict(self) -> dict[str, Any]:
         """PRIVATE state (ledger sums from the votes): for the training checkpoint only."""
         return {**self.public_state(), "num_teachers": self.num_teachers, "delta": self.delta,
-                "conversion": self.conversion, "exact": self.exact,
+                "conversion": self.conversion, "neighbouring": self.neighbouring, "exact": self.exact,
                 "ledger": None if self.ledger is None else self.ledger.state_dict(),
                 "other": self._other.state_dict()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "SmoothSensitivityAccountant":
         acc = cls(params=GNSSParameters(**state["params"]), num_teachers=state["num_teachers"], delta=state["delta"],
-                  conversion=state["conversion"], exact=state.get("exact", False))
+                  conversion=state["conversion"], neighbouring=state.get("neighbouring", "add_remove"),
+                  exact=state.get("exact", False))
         if state.get("ledger") is not None:
             acc.ledger = ledger_from_state(state["ledger"])
         acc._other.load_state_dict(state["other"])
