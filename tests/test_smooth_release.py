@@ -237,3 +237,20 @@ def test_a_refused_or_unfinished_run_has_no_release_even_from_its_training_check
     fitted.save_checkpoint(tmp_path / "refused.ckpt")
     with pytest.raises(CheckpointError, match="no release"):
         load_release(tmp_path / "refused.ckpt")
+
+
+def test_two_ddp_processes_release_the_same_value_as_one():
+    """Under DDP every rank holds the same ledger (votes are all-reduced) and the release's noise is
+    drawn once and broadcast: 2 processes release what 1 does (fixed noise seed, for the test)."""
+    kw = dict(epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0, smooth_sensitivity=SS,
+              **GPATE_SMALL)
+    dm1, dm2 = table(teachers=6), table(teachers=6)
+    torch.manual_seed(0)
+    single = GPATE(dm1.spec, **kw)
+    trainer(3).fit(single, dm1)
+    torch.manual_seed(0)
+    double = GPATE(dm2.spec, **kw)
+    trainer(3, devices=2, strategy="ddp_spawn").fit(double, dm2)
+    a, b = single.smooth_sensitivity.released, double.smooth_sensitivity.released
+    assert b is not None and b.num_queries == a.num_queries
+    assert b.noisy_rdp == pytest.approx(a.noisy_rdp, rel=1e-9) and b.epsilon == pytest.approx(a.epsilon, rel=1e-9)
