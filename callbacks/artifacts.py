@@ -32,6 +32,14 @@ TRAINING_CHECKPOINT_FILE = "last.ckpt"
 PRIVATE_DIR = "private"
 
 
+def release_allowed(pl_module) -> bool:
+    """Whether the model's release artifact may be written: ``False`` only for a
+    ``budget_accounting: smooth_sensitivity`` run whose released ε exceeds its target (or before
+    its release; :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.release_allowed`)."""
+    check = getattr(pl_module, "release_allowed", None)
+    return True if check is None else bool(check())
+
+
 class PrivateCheckpointError(RuntimeError):
     """A training checkpoint (private state) would be written where MLflow would publish it."""
 
@@ -152,7 +160,12 @@ class ReleaseArtifact(pl.Callback):
         if self.training_checkpoint_path is not None and logger is not None:
             logger.experiment.set_tag(logger.run_id, "training_checkpoint", str(self.training_checkpoint_path))
         lines = []
-        if pl_module.has_release:
+        if pl_module.has_release and not release_allowed(pl_module):
+            # smooth_sensitivity: the released ε exceeds the target (a decision on the released value)
+            lines.append(f"Release artifact NOT written: {pl_module.stop_reason}")
+            if logger is not None:
+                logger.experiment.set_tag(logger.run_id, "release_artifact", "not written: the released epsilon exceeds the target")
+        elif pl_module.has_release:
             self.release_path = self._write_release(trainer, pl_module)
             suffix = "csv" if pl_module.data_spec["kind"] == "tabular" else "npz"
             lines += [f"Release artifact (generator and public state): {self.release_path}",

@@ -6,12 +6,17 @@ import warnings
 
 import pytorch_lightning as pl
 
+from callbacks.artifacts import release_allowed
 from lightning_gpate.tracking import mlflow_logger_of
 
 
 class PeriodicEvaluation(pl.Callback):
     """Calls :meth:`evaluate` every ``every_n_steps`` generator steps and once at the end of fitting,
     on global rank 0, when the trainer has an MLflow logger.
+
+    A ``budget_accounting: smooth_sensitivity`` run is evaluated only at the end, once its released ε
+    meets the target (``release_allowed``): an evaluation is a function of the generator, and until
+    then nothing of the generator leaves the run.
 
     Evaluation happens after training: an error in it is reported (a warning and the run tag
     ``<name>_error``) instead of failing the fit, so the release artifact is still written.
@@ -36,6 +41,9 @@ class PeriodicEvaluation(pl.Callback):
         logger = mlflow_logger_of(trainer)
         if not self.enabled or logger is None or not trainer.is_global_zero or not pl_module.has_release:
             return
+        if not release_allowed(pl_module):  # smooth_sensitivity: nothing of the generator leaves the run
+            return                          # before its ε is released and meets the target
+
         self._last_step = trainer.global_step
         try:
             self.evaluate(trainer, pl_module, tag=tag, final=final)

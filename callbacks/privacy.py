@@ -30,10 +30,12 @@ def paper_analysis_released(pl_module) -> bool:
 
 
 def released_epsilons(pl_module) -> dict[str, float]:
-    """The ε values that may be logged now: ``epsilon`` (the guarantee) and, where
-    :func:`paper_analysis_released`, ``epsilon_<analysis>``."""
+    """The ε values that may be logged now: ``epsilon`` (the ε in force: the guarantee, or after a
+    smooth-sensitivity release the released ε, see ``epsilon_in_force``) and, where
+    :func:`paper_analysis_released`, ``epsilon_<analysis>`` (never in smooth_sensitivity mode: its
+    data-dependent ε leaves the run only once, noised)."""
     acc = pl_module.accountant
-    out = {"epsilon": acc.epsilon()}
+    out = {"epsilon": pl_module.epsilon_in_force()}
     if paper_analysis_released(pl_module):
         out[f"epsilon_{acc.paper_label}"] = acc.epsilon_paper()
     return out
@@ -62,6 +64,21 @@ def released_summary(pl_module) -> dict[str, Any]:
     return summary
 
 
+def released_smooth_sensitivity(pl_module) -> dict[str, Any] | None:
+    """What a smooth-sensitivity run releases about its ε (``None`` in the other modes): the GNSS
+    parameters, the released (noised) values, the ε in force and which analysis gave it, the hard
+    cap and the release decision. Never the ledger (sums over the private votes)."""
+    ss = getattr(pl_module, "smooth_sensitivity", None)
+    if ss is None:
+        return None
+    out = {**ss.public_state(), "epsilon_hard_cap": pl_module.epsilon_hard_cap,
+           "release_allowed": pl_module.release_allowed()}
+    if ss.released is not None:
+        out["epsilon"], out["epsilon_analysis"] = pl_module.released_epsilon()
+        out["epsilon_data_independent"] = pl_module.accountant.epsilon()
+    return out
+
+
 def released_privacy(pl_module) -> dict[str, Any]:
     """Everything about a private model's privacy that its release artifact holds."""
     return {
@@ -74,6 +91,7 @@ def released_privacy(pl_module) -> dict[str, Any]:
         "stop_reason": pl_module.stop_reason,
         "summary": released_summary(pl_module),
         "accountant": released_accountant_state(pl_module),
+        "smooth_sensitivity": released_smooth_sensitivity(pl_module),
     }
 
 
@@ -89,7 +107,8 @@ class PrivacyBudget(pl.Callback):
     data-dependent ε only under ``budget_accounting: paper``, since it is a function of the private
     votes without noise). At the end: the released summary as ``privacy/*`` params, the final ε as
     metrics, the released accountant state (``privacy/accountant.json``), and tags ``stop_reason``
-    and ``privacy_guarantee`` (``false`` when the budget used paper-style accounting).
+    and ``privacy_guarantee`` (``false`` when the budget used paper-style accounting,
+    ``smooth_sensitivity`` for a smooth-sensitivity release: :func:`log_smooth_sensitivity_release`).
     """
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -99,6 +118,7 @@ class PrivacyBudget(pl.Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
+        pl_module.finalize_privacy()  # the smooth-sensitivity release, before anything is logged
         reason = pl_module.stop_reason
         if reason is None:
             reason = "step or epoch limit reached" if trainer.global_step > 0 else "no training step"
@@ -114,5 +134,34 @@ class PrivacyBudget(pl.Callback):
         client.log_param(run_id, "privacy/epsilon_budget", pl_module.epsilon_budget)
         client.log_param(run_id, "privacy/budget_accounting", pl_module.budget_accounting)
         client.set_tag(run_id, "stop_reason", reason)
-        client.set_tag(run_id, "privacy_guarantee", str(pl_module.budget_accounting == "guarantee").lower())
+        guarantee = str(pl_module.budget_accounting == "guarantee").lower()
+        if pl_module.smooth_sensitivity is not None:
+            guarantee = "smooth_sensitivity"
+            log_smooth_sensitivity_release(client, run_id, pl_module, step=trainer.global_step)
+        client.set_tag(run_id, "privacy_guarantee", guarantee)
         client.log_dict(run_id, released_accountant_state(pl_module), "privacy/accountant.json")
+
+
+def log_smooth_sensitivity_release(client, run_id: str, pl_module, *, step: int) -> None:
+    """MLflow record of a smooth-sensitivity release (:func:`released_smooth_sensitivity`): only
+    public or noised values.
+
+    Metrics: ``epsilon`` (the ε in force after the release, at the last step),
+    ``epsilon_smooth_sensitivity`` (the released ε), ``epsilon_data_independent`` (the guarantee of
+    everything released, ≤ ``epsilon_hard_cap``), ``smooth_sensitivity_noisy_rdp`` (the released
+    noisy data-dependent RDP at λ) and ``smooth_sensitivity_gnss_rdp``. Params: λ, β, σ_ss, how they
+    were chosen, the hard cap. Tags: ``release_allowed``, ``epsilon_analysis``. Never the unnoised
+    data-dependent ε nor the smooth sensitivity itself.
+    """
+    info = released_smooth_sensitivity(pl_module)
+    released, params = info["released"], info["params"]
+    for key, value in (("epsilon", info["epsilon"]), ("epsilon_smooth_sensitivity", released["epsilon"]),
+                       ("epsilon_data_independent", info["epsilon_data_independent"]),
+                       ("smooth_sensitivity_noisy_rdp", released["noisy_rdp"]),
+                       ("smooth_sensitivity_gnss_rdp", released["gnss_rdp"])):
+        client.log_metric(run_id, key, value, step=step)
+    for key in ("order", "beta", "sigma", "rule"):
+        client.log_param(run_id, f"privacy/smooth_sensitivity_{key}", params[key])
+    client.log_param(run_id, "privacy/epsilon_hard_cap", info["epsilon_hard_cap"])
+    client.set_tag(run_id, "release_allowed", str(info["release_allowed"]).lower())
+    client.set_tag(run_id, "epsilon_analysis", info["epsilon_analysis"])

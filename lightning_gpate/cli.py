@@ -9,6 +9,8 @@
 * ``lightning-gpate compare --experiment NAME`` prints the experiment's runs side by side;
 * ``lightning-gpate audit --config CONFIG --dataset worst_case|FILE --runs N`` measures the privacy a
   model really gives (:mod:`lightning_gpate.audit`).
+* ``lightning-gpate plan --config configs/NAME.yaml (--data_is_public | --vote_shares 0.9,0.05)``
+  estimates how many steps fit the target ε under each privacy analysis (:mod:`lightning_gpate.planning`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class GPATECLI(LightningCLI):
         parser.add_lightning_class_args(ImageQuality, "image_quality")
 
 
-def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:
+def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) -> GPATECLI:
     import lightning_gpate.models  # noqa: F401  (registers every model class for subclass mode)
     from callbacks import MLflowSaveConfig, ReleaseArtifact, SampleLogger
 
@@ -55,6 +57,7 @@ def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:
         trainer_defaults={"callbacks": [SampleLogger(), ReleaseArtifact()]},
         args=args,
         auto_configure_optimizers=False,
+        run=run,
     )
 
 
@@ -167,6 +170,15 @@ def audit_command(argv: Sequence[str]) -> int:
 
 
 EXTRA_COMMANDS["audit"] = audit_command
+
+
+def plan_command(argv: Sequence[str]) -> int:
+    from lightning_gpate.planning import plan_command as plan
+
+    return plan(argv)
+
+
+EXTRA_COMMANDS["plan"] = plan_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

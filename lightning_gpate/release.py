@@ -166,6 +166,11 @@ def release_from_checkpoint(checkpoint: dict[str, Any], *, source: str = "checkp
     hparams = {k: v for k, v in dict(checkpoint.get("hyper_parameters") or {}).items() if not str(k).startswith("_")}
     model = cls(**hparams)
     model.load_state_dict(checkpoint["state_dict"])
+    if not getattr(model, "release_allowed", lambda: True)():
+        raise CheckpointError(
+            f"{source} is a budget_accounting: smooth_sensitivity run whose generator has no release: its released "
+            f"epsilon exceeds the target, or the run has not ended and released its epsilon yet"
+        )
     stored = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     release = build_release(model, mlflow_run=checkpoint.get("mlflow_run"), global_step=int(checkpoint.get("global_step", 0)))
     if stored:

@@ -45,8 +45,10 @@ class GPATE(PrivateGenerativeModel):
         data_spec: the DataModule's spec (``num_teachers`` > 0: set ``data.num_teachers``).
         epsilon: privacy budget ε.
         delta: δ.
-        budget_accounting: ``"guarantee"`` (data-independent, default) or ``"paper"`` (data-dependent,
-            not a guarantee).
+        budget_accounting: ``"guarantee"`` (data-independent, default), ``"paper"`` (data-dependent,
+            not a guarantee) or ``"smooth_sensitivity"`` (the data-dependent ε released with smooth
+            sensitivity at the end of a run of ``trainer.max_steps``; see the private base).
+        epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity`` (private base).
         conversion: RDP → (ε, δ) conversion.
         z_dim: latent size; the prior is U(-1, 1) as in the paper.
         fake_batch_size: fakes per iteration ``m`` (``m · projection_dim`` queries per iteration).
@@ -73,6 +75,8 @@ class GPATE(PrivateGenerativeModel):
             noise) as ``private/teacher_loss``; debugging only.
     """
 
+    SUPPORTS_SMOOTH_SENSITIVITY = True  # Confident-GNMax: threshold and GNMax steps
+
     def __init__(
         self,
         data_spec: dict[str, Any],
@@ -81,6 +85,8 @@ class GPATE(PrivateGenerativeModel):
         delta: float = 1e-5,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
+        epsilon_hard_cap: float | None = None,
+        smooth_sensitivity: dict[str, Any] | None = None,
         z_dim: int = 100,
         fake_batch_size: int = 32,
         projection_dim: int = 10,
@@ -109,6 +115,7 @@ class GPATE(PrivateGenerativeModel):
         super().__init__(
             data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
             conversion=conversion, z_dim=z_dim, latent_prior="uniform", log_private_diagnostics=log_private_diagnostics,
+            epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity,
         )
         self.num_teachers = int(data_spec.get("num_teachers", 0))
         if self.num_teachers < 1:
@@ -220,7 +227,7 @@ class GPATE(PrivateGenerativeModel):
             votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
             sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
         )
-        self.accountant.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
+        self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
 
         # 5. generator step(s) towards x̂ = x + Δx (x̂ a constant)
         target = (fakes.flatten(1) + hp.target_scale * delta).view_as(fakes)

@@ -74,9 +74,13 @@ class PATEGAN(PrivateGenerativeModel):
         data_spec: the DataModule's spec (needs ``num_teachers > 0``).
         epsilon: privacy budget ε (pure-DP metadata costs in ``data_spec["metadata_cost"]`` included).
         delta: δ of the guarantee (used in every ε reported).
-        budget_accounting: ``"guarantee"`` (data-independent: each query is 2λ-DP) or ``"paper"``
+        budget_accounting: ``"guarantee"`` (data-independent: each query is 2λ-DP), ``"paper"``
             (the data-dependent moments accountant of Papernot et al. 2017, Theorem 3, as PATE-GAN
-            uses it: NOT a guarantee, the run is tagged so).
+            uses it: NOT a guarantee, the run is tagged so) or ``"smooth_sensitivity"`` (those
+            data-dependent moments released with smooth sensitivity at the end of a run of
+            ``trainer.max_steps``: the bound depends on a query's vote gap alone, so its local
+            sensitivity is a maximum over a table; see the private base).
+        epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity``.
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"`` (``classic`` on the
             integer orders is exactly the moments accountant's ε̂ = min_l (α(l) + ln(1/δ))/l).
         lam: λ, the inverse scale of the Laplace vote noise; ``None`` picks the largest λ for which
@@ -115,6 +119,8 @@ class PATEGAN(PrivateGenerativeModel):
             from the private data WITHOUT noise: for debugging only, never for a released run.
     """
 
+    SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
+
     def __init__(
         self,
         data_spec: dict[str, Any],
@@ -123,6 +129,8 @@ class PATEGAN(PrivateGenerativeModel):
         delta: float = 1e-5,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
+        epsilon_hard_cap: float | None = None,
+        smooth_sensitivity: dict[str, Any] | None = None,
         lam: float | None = None,
         planned_queries: int = 10_000,
         teacher_steps: int = 5,
@@ -176,7 +184,8 @@ class PATEGAN(PrivateGenerativeModel):
             z_dim = 100 if image else width
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
                          conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
-                         log_private_diagnostics=log_private_diagnostics)
+                         log_private_diagnostics=log_private_diagnostics,
+                         epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity)
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.num_teachers = num_teachers
@@ -205,16 +214,17 @@ class PATEGAN(PrivateGenerativeModel):
         already recorded (the metadata), keep the data-independent guarantee within the budget.
 
         The guarantee of a query does not depend on its vote gap, so the plan reveals nothing; under
-        ``budget_accounting: paper`` the same plan is conservative (the data-dependent ε is smaller).
+        ``budget_accounting: paper`` the same plan is conservative (the data-dependent ε is smaller);
+        under ``smooth_sensitivity`` the plan fills ``epsilon_hard_cap`` (with the release reserved).
         """
         gaps = np.zeros(int(planned_queries))
 
         def fits(lam: float) -> bool:
-            return self.accountant.epsilon_if(LaplaceVoteEvent(gaps, lam)) <= self.epsilon_budget
+            return self.epsilon_if(LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
 
         lo, hi = 1e-12, 1.0
         if not fits(lo):
-            raise ValueError(f"the budget ε={self.epsilon_budget:g} leaves no room for {planned_queries} queries")
+            raise ValueError(f"the budget ε={self.budget_limit():g} leaves no room for {planned_queries} queries")
         while fits(hi):
             lo, hi = hi, hi * 2.0
         while hi / lo > 1.0 + 1e-9:

@@ -23,10 +23,11 @@ from typing import Any
 
 from lightning_gpate.models.base import GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
-from lightning_gpate.privacy.accountant import ADD_REMOVE
+from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
-BUDGET_ACCOUNTING = ("guarantee", "paper")
+BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
+SMOOTH_SENSITIVITY = "smooth_sensitivity"
 
 
 class BudgetExhaustedError(RuntimeError):
@@ -56,17 +57,29 @@ class PrivateGenerativeModel(GenerativeModel):
         data_spec: the DataModule's spec.
         epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
         delta: δ of the (ε, δ) guarantee, in (0, 1).
-        budget_accounting: ``"guarantee"`` (default: the budget holds a real (ε, δ)-DP guarantee) or
+        budget_accounting: ``"guarantee"`` (default: the budget holds a real (ε, δ)-DP guarantee),
             ``"paper"`` (the paper's own analysis, e.g. data-dependent PATE ε without smooth
-            sensitivity or GS-WGAN's per-sample composition — NOT a guarantee; the run is tagged so).
+            sensitivity or GS-WGAN's per-sample composition — NOT a guarantee; the run is tagged so)
+            or ``"smooth_sensitivity"`` (PATE models only: the data-dependent ε released with smooth
+            sensitivity at the end of a run of fixed length, see :meth:`finalize_privacy`).
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size.
         latent_prior: ``"normal"`` or ``"uniform"``.
+        epsilon_hard_cap: smooth_sensitivity only (required there): the data-independent ε of
+            everything the run releases (training and the GNSS release) never exceeds it; training
+            stops before a step that would.
+        smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma}`` of the release (λ, β, σ_ss),
+            any of them ``None``/absent for the data-independent default rule
+            (:func:`~lightning_gpate.privacy.smooth_sensitivity.default_gnss_parameters`), and
+            optionally ``exact: true`` (walk GNMax's bounds over every distance).
         log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
             (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
             ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
             released or noised quantities reach the logger (:meth:`log_private`).
     """
+
+    #: Whether ``budget_accounting: smooth_sensitivity`` applies to this model (PATE vote mechanisms).
+    SUPPORTS_SMOOTH_SENSITIVITY = False
 
     #: The neighbouring relation of every ε a private model reports: D and D' differ by one record.
     neighbouring_relation = ADD_REMOVE
@@ -82,6 +95,8 @@ class PrivateGenerativeModel(GenerativeModel):
         z_dim: int = 100,
         latent_prior: str = "normal",
         log_private_diagnostics: bool = False,
+        epsilon_hard_cap: float | None = None,
+        smooth_sensitivity: dict[str, Any] | None = None,
     ) -> None:
         if not epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {epsilon}")
@@ -95,17 +110,48 @@ class PrivateGenerativeModel(GenerativeModel):
         self.delta = float(delta)
         self.budget_accounting = budget_accounting
         self.accountant = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=self.neighbouring_relation)
+        self.epsilon_hard_cap: float | None = None
+        self.smooth_sensitivity = None  # a SmoothSensitivityAccountant in smooth_sensitivity mode
+        if budget_accounting == SMOOTH_SENSITIVITY:
+            self.smooth_sensitivity = self._smooth_sensitivity_accountant(data_spec, epsilon_hard_cap, smooth_sensitivity or {})
+        elif epsilon_hard_cap is not None or smooth_sensitivity:
+            raise ValueError("epsilon_hard_cap and smooth_sensitivity apply only with budget_accounting: smooth_sensitivity")
         for cost in data_spec.get("metadata_cost", []):  # converted to the model's relation by the accountant
-            self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
-                                               neighbouring=cost.get("neighbouring", ADD_REMOVE)))
+            self.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
+                                    neighbouring=cost.get("neighbouring", ADD_REMOVE)))
         self.budget_exhausted = False
         self.stop_reason: str | None = None
         self.log_private_diagnostics = bool(log_private_diagnostics)
-        if self.spent_epsilon() > self.epsilon_budget:
+        if self.spent_epsilon() > self.budget_limit():
             raise ValueError(
                 f"the metadata estimated with DP already costs ε={self.spent_epsilon():.4g}, "
-                f"more than the budget ε={self.epsilon_budget:g}"
+                f"more than the budget ε={self.budget_limit():g}"
             )
+
+    def _smooth_sensitivity_accountant(self, data_spec, hard_cap, options: dict[str, Any]):
+        from lightning_gpate.privacy.smooth_sensitivity import SmoothSensitivityAccountant, default_gnss_parameters
+
+        if not self.SUPPORTS_SMOOTH_SENSITIVITY:
+            raise ValueError(
+                f"budget_accounting: smooth_sensitivity releases the data-dependent cost of PATE votes (G-PATE's "
+                f"Confident-GNMax, PATE-GAN's Laplace votes); {type(self).__name__}'s accounting has no data-dependent "
+                f"analysis to release. Use budget_accounting: guarantee."
+            )
+        if hard_cap is None or not hard_cap > 0:
+            raise ValueError(
+                "budget_accounting: smooth_sensitivity needs epsilon_hard_cap: the data-independent epsilon (a real "
+                "guarantee) that the run may never exceed, whatever the votes; e.g. 4 x epsilon. The run length is "
+                "fixed by trainer.max_steps, and the smooth-sensitivity epsilon is released at its end."
+            )
+        unknown = set(options) - {"order", "beta", "sigma", "exact"}
+        if unknown:
+            raise ValueError(f"smooth_sensitivity takes order, beta, sigma and exact; unknown: {sorted(unknown)}")
+        self.epsilon_hard_cap = float(hard_cap)
+        params = default_gnss_parameters(epsilon=self.epsilon_budget, delta=self.delta, conversion=self.accountant.conversion,
+                                         order=options.get("order"), beta=options.get("beta"), sigma=options.get("sigma"))
+        return SmoothSensitivityAccountant(params=params, num_teachers=int(data_spec.get("num_teachers", 0)) or 1,
+                                           delta=self.delta, conversion=self.accountant.conversion,
+                                           neighbouring=self.neighbouring_relation, exact=bool(options.get("exact", False)))
 
     def save_hyperparameters(self, *args, ignore=None, frame=None, logger: bool = True) -> None:
         """Lightning's ``save_hyperparameters`` with the data spec reduced to :func:`release_spec`:
@@ -126,11 +172,25 @@ class PrivateGenerativeModel(GenerativeModel):
             self.log_dict({f"private/{k}": v for k, v in metrics.items()}, **kwargs)
 
     # ----------------------------------------------------------------- budget
+    def budget_limit(self) -> float:
+        """What :meth:`spent_epsilon` may reach: ``epsilon``, or ``epsilon_hard_cap`` in
+        smooth_sensitivity mode (where ``epsilon`` is the target of the release)."""
+        return self.epsilon_hard_cap if self.smooth_sensitivity is not None else self.epsilon_budget
+
+    def _gnss_reservation(self) -> tuple:
+        """The GNSS release still to come, as events for the data-independent bound (none once made)."""
+        ss = self.smooth_sensitivity
+        if ss is None or ss.released is not None:
+            return ()
+        return (GNSSEvent(ss.params.beta, ss.params.sigma),)
+
     def spent_epsilon(self) -> float:
-        """ε spent so far under the accounting the budget uses."""
+        """ε spent so far under the accounting the budget uses. In smooth_sensitivity mode: the
+        data-independent ε of everything the run releases, the GNSS release included (reserved
+        before it is made)."""
         if self.budget_accounting == "paper":
             return self.accountant.epsilon_paper()
-        return self.accountant.epsilon()
+        return self.accountant.epsilon_if(*self._gnss_reservation())
 
     def epsilon_if(self, event) -> float:
         """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""
@@ -138,7 +198,25 @@ class PrivateGenerativeModel(GenerativeModel):
             _, paper = self.accountant.rdp_of(event)
             acc = self.accountant
             return rdp_to_epsilon(acc.rdp_paper + paper, acc.orders, acc.delta, conversion=acc.conversion)[0]
-        return self.accountant.epsilon_if(event)
+        return self.accountant.epsilon_if(event, *self._gnss_reservation())
+
+    def epsilon_in_force(self) -> float:
+        """The ε a run reports as ``epsilon``: the guarantee (data-independent; in smooth_sensitivity
+        mode including the release to come) or, once a smooth-sensitivity release is made,
+        :meth:`released_epsilon`."""
+        ss = self.smooth_sensitivity
+        if ss is not None and ss.released is not None:
+            return self.released_epsilon()[0]
+        return self.accountant.epsilon_if(*self._gnss_reservation())
+
+    def record(self, event) -> None:
+        """Record ``event`` (a mechanism's actual cost) in the accountant and, in smooth_sensitivity
+        mode, in the ledger of the release."""
+        if self.smooth_sensitivity is not None:
+            if self.smooth_sensitivity.released is not None:
+                raise RuntimeError("this run's smooth-sensitivity epsilon was released: it records no more events")
+            self.smooth_sensitivity.record(event)
+        self.accountant.record(event)
 
     def reserve(self, event) -> bool:
         """Whether the budget can pay for ``event``; if not, mark the budget exhausted, record why,
@@ -151,13 +229,17 @@ class PrivateGenerativeModel(GenerativeModel):
         Raises:
             NoPrivateStepError: the refusal comes before the fit's first generator step.
         """
+        if self.smooth_sensitivity is not None and not self.smooth_sensitivity.accepts(event):
+            raise ValueError("a smooth-sensitivity run releases one PATE mechanism: its parameters (threshold, "
+                             "sigmas, bins, lam) must not change during the run")
         after = self.epsilon_if(event)
-        if after <= self.epsilon_budget:
+        if after <= self.budget_limit():
             return True
         self.budget_exhausted = True
+        limit = "epsilon_hard_cap" if self.smooth_sensitivity is not None else "budget"
         self.stop_reason = (
-            f"privacy budget reached: the next step could take epsilon from {self.spent_epsilon():.4f} "
-            f"to {after:.4f} > {self.epsilon_budget:g} (delta={self.delta:g}, {self.budget_accounting})"
+            f"privacy {limit} reached: the next step could take epsilon from {self.spent_epsilon():.4f} "
+            f"to {after:.4f} > {self.budget_limit():g} (delta={self.delta:g}, {self.budget_accounting})"
         )
         if self._trainer is not None:
             self.trainer.should_stop = True
@@ -176,8 +258,66 @@ class PrivateGenerativeModel(GenerativeModel):
         that the event pays for."""
         if not self.reserve(event):
             return False
-        self.accountant.record(event)
+        self.record(event)
         return True
+
+    # ----------------------------------------------------------------- smooth-sensitivity release
+    def finalize_privacy(self) -> None:
+        """End of training. In smooth_sensitivity mode, release the run's data-dependent RDP at the
+        fixed order λ through GNSS (Papernot et al. 2018, Section 4): ``β(D) + SS_β(D)·σ_ss·Z`` with
+        ``Z ~ N(0, 1)`` from the mechanism's secret generator, plus GNSS's cost and the
+        data-independent cost at λ of everything else; record the release's own cost in the
+        accountant. Then decide from the released value alone (post-processing) whether the release
+        artifact may be written (:meth:`release_allowed`). Idempotent; nothing happens in the other modes.
+        """
+        ss = self.smooth_sensitivity
+        if ss is None or ss.released is not None:
+            return
+        import torch
+
+        from lightning_gpate.privacy.randomness import mechanism_generator
+
+        seed = getattr(self.hparams, "noise_seed", None)  # tests only; None: from the OS
+        z = float(torch.randn(1, generator=mechanism_generator("cpu", None if seed is None else int(seed) + 7919)).item())
+        if self._trainer is not None and self.trainer.world_size > 1:
+            z = float(self.trainer.strategy.broadcast(z, src=0))  # every rank releases the same value
+        released = ss.release(z)
+        self.accountant.record(GNSSEvent(ss.params.beta, ss.params.sigma))
+        final, analysis = self.released_epsilon()
+        lines = [f"Smooth-sensitivity release at order {released.order:g} (beta={released.beta:.4g}, "
+                 f"sigma_ss={released.sigma:.4g}): epsilon={released.epsilon:.4f}; data-independent bound of "
+                 f"everything released: epsilon={self.accountant.epsilon():.4f}; reported: {final:.4f} ({analysis})."]
+        if not self.release_allowed():
+            self.stop_reason = (
+                f"{self.stop_reason + '; ' if self.stop_reason else ''}the released epsilon={final:.4f} exceeds the "
+                f"target epsilon={self.epsilon_budget:g}: the release artifact is not written"
+            )
+            lines.append(f"NOT RELEASED: {self.stop_reason}")
+        if self._trainer is None or self.trainer.is_global_zero:
+            print("\n".join(lines))
+
+    def released_epsilon(self) -> tuple[float, str]:
+        """After a smooth-sensitivity release: the smaller of the released smooth-sensitivity ε and
+        the data-independent ε of everything released (both hold for this run), and which it is."""
+        ss = self.smooth_sensitivity
+        if ss is None or ss.released is None:
+            raise RuntimeError("no smooth-sensitivity release was made")
+        independent = self.accountant.epsilon()
+        if ss.released.epsilon <= independent:
+            return ss.released.epsilon, SMOOTH_SENSITIVITY
+        return independent, "data_independent"
+
+    def release_allowed(self) -> bool:
+        """Whether this model's release artifact may be written. Always, except in smooth_sensitivity
+        mode, where the released ε (:meth:`released_epsilon`) must meet the target ``epsilon`` (a
+        decision on a released value only). ``False`` before the release is made."""
+        ss = self.smooth_sensitivity
+        if ss is None:
+            return True
+        return ss.released is not None and self.released_epsilon()[0] <= self.epsilon_budget
+
+    def on_train_end(self) -> None:
+        self.finalize_privacy()
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -187,6 +327,17 @@ class PrivateGenerativeModel(GenerativeModel):
                     f"{type(logger).__name__} has log_model enabled: it would upload training checkpoints (private "
                     f"state) to the tracking server. Use log_model=False: the release artifact is what gets logged."
                 )
+        ss = self.smooth_sensitivity
+        if ss is not None and ss.released is not None:
+            raise BudgetExhaustedError(
+                "this run's smooth-sensitivity epsilon was already released: training more would need a second "
+                "release (and its cost). Start a new run instead."
+            )
+        if ss is not None and (self._trainer is None or not (self.trainer.max_steps or -1) > 0):
+            raise ValueError(
+                "budget_accounting: smooth_sensitivity needs a run length fixed in advance: set trainer.max_steps "
+                "(lightning-gpate plan --config ... estimates how many steps fit the target epsilon)"
+            )
         if self.budget_exhausted:
             raise BudgetExhaustedError(
                 f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
@@ -204,23 +355,38 @@ class PrivateGenerativeModel(GenerativeModel):
     # The accountant is part of the module's state_dict (extra state), so it travels wherever the
     # weights travel: checkpoints, load_from_checkpoint, and ddp_spawn's hand-back to the main
     # process. Loading a private model's weights without it fails (strict state_dict loading).
+    # The smooth-sensitivity ledger (private: sums over the votes) travels the same way; only its
+    # public_state() may be released.
     def get_extra_state(self) -> dict[str, Any]:
         return {
             "accountant": self.accountant.state_dict(),
             "budget_exhausted": self.budget_exhausted,
             "stop_reason": self.stop_reason,
+            "smooth_sensitivity": None if self.smooth_sensitivity is None else self.smooth_sensitivity.state_dict(),
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
+        from lightning_gpate.privacy.smooth_sensitivity import SmoothSensitivityAccountant
+
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
         self.stop_reason = state["stop_reason"]
+        saved = state.get("smooth_sensitivity")
+        if (saved is None) != (self.smooth_sensitivity is None):
+            raise ValueError("the checkpoint's budget_accounting (smooth_sensitivity or not) differs from this model's")
+        if saved is not None:
+            self.smooth_sensitivity = SmoothSensitivityAccountant.from_state(saved)
 
     def load_released_privacy(self, privacy: dict[str, Any]) -> None:
         """Restore the privacy state of a release artifact (``callbacks.privacy.released_privacy``)."""
         self.accountant.load_state_dict(privacy["accountant"])
         self.budget_exhausted = bool(privacy.get("budget_exhausted", False))
         self.stop_reason = privacy.get("stop_reason")
+        released = (privacy.get("smooth_sensitivity") or {}).get("released")
+        if self.smooth_sensitivity is not None and released is not None:  # the public part only: no ledger
+            from lightning_gpate.privacy.smooth_sensitivity import GNSSRelease
+
+            self.smooth_sensitivity.released = GNSSRelease(**released)
 
 
 def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:

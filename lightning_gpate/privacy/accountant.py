@@ -53,6 +53,7 @@ __all__ = [
     "SubsampledGaussianEvent",
     "GSWGANStepEvent",
     "PureDPEvent",
+    "GNSSEvent",
     "PrivacyEvent",
     "PrivacyAccountant",
     "DATA_DEPENDENT",
@@ -235,8 +236,28 @@ class PureDPEvent:
             raise ValueError(f"neighbouring must be one of {NEIGHBOURING_RELATIONS}, got {self.neighbouring!r}")
 
 
+@dataclass(frozen=True)
+class GNSSEvent:
+    """A smooth-sensitivity release: a data-dependent RDP published as ``f(D) + SS_β(D)·σ·N(0, 1)``
+    (Papernot et al. 2018, Section 4). Its own cost is data-independent (Theorem 23,
+    :func:`~lightning_gpate.privacy.smooth_sensitivity.gnss_rdp`), finite only at orders
+    ``1 < λ < 1/(2β)`` (``inf`` elsewhere).
+
+    Attributes:
+        beta: β, the smoothness of the sensitivity bound.
+        sigma: σ_ss, the noise multiplier.
+    """
+
+    beta: float
+    sigma: float
+
+    def __post_init__(self):
+        _positive("beta", self.beta)
+        _positive("sigma", self.sigma)
+
+
 PrivacyEvent = (
-    ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | PureDPEvent
+    ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | PureDPEvent | GNSSEvent
 )
 
 _COUNT_KEYS = (
@@ -251,6 +272,7 @@ _COUNT_KEYS = (
     "gswgan_steps",
     "pure_dp_events",
     "pure_dp_epsilon",
+    "gnss_events",
 )
 
 
@@ -343,6 +365,10 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
             "pure_dp_events": 1,
             "pure_dp_epsilon": eps,
         })
+    if isinstance(event, GNSSEvent):
+        from .smooth_sensitivity import gnss_rdp_curve  # deferred: smooth_sensitivity imports this module
+
+        return _Cost(gnss_rdp_curve(beta=event.beta, sigma=event.sigma, orders=orders), None, None, {"gnss_events": 1})
     raise ValueError(f"unsupported privacy event type {type(event).__name__}")
 
 
@@ -484,13 +510,13 @@ class PrivacyAccountant:
             self._rdp_paper, self._orders, self.delta, conversion=self.conversion
         )[0]
 
-    def epsilon_if(self, event) -> float:
-        """ε of the guarantee if ``event`` were recorded; nothing is recorded.
+    def epsilon_if(self, *events) -> float:
+        """ε of the guarantee if ``events`` were recorded; nothing is recorded.
 
         Use it to stop BEFORE an update whose privacy cost would exceed the budget.
         """
-        g, _ = self.rdp_of(event)
-        return rdp_to_epsilon(self._rdp + g, self._orders, self.delta, conversion=self.conversion)[0]
+        rdp = self._rdp + sum((self.rdp_of(event)[0] for event in events), np.zeros_like(self._rdp))
+        return rdp_to_epsilon(rdp, self._orders, self.delta, conversion=self.conversion)[0]
 
     # -- persistence ----------------------------------------------------------------
 

@@ -1,0 +1,88 @@
+"""lightning-gpate plan: steps that fit a target ε under each analysis, from public or synthetic votes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_gpate.cli import main
+from lightning_gpate.planning import Probe, plan, synthetic_probe
+from lightning_gpate.privacy import ConfidentGNMaxEvent, PrivacyAccountant
+from lightning_gpate.privacy.pate import confident_gnmax_rdp
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--config", str(ROOT / "configs" / "quickstart.yaml"), "--data.num_teachers", "60",
+         "--trainer.enable_progress_bar", "false"]
+
+
+class _Model:
+    """What plan reads of a G-PATE model: its accountant, settings and teachers."""
+
+    def __init__(self, n=200, s1=40.0, s2=10.0, delta=1e-5):
+        self.accountant = PrivacyAccountant(delta=delta)
+        self.num_teachers, self.threshold, self.data_spec = n, 0.5 * n, {}
+
+        class H:
+            num_bins, fake_batch_size, projection_dim, sigma_threshold, sigma_gnmax, epsilon = 10, 4, 5, s1, s2, 3.0
+        self.hparams = H()
+
+
+def test_extrapolation_matches_the_analyses_step_by_step():
+    model = _Model()
+    probe = synthetic_probe(model, [0.95], steps=4, seed=1)
+    result = plan(probe, epsilon=3.0)
+    rows = {r.analysis: r for r in result.rows}
+    # data-independent, worst case: 20 queries per step, every one answered
+    step = confident_gnmax_rdp(np.zeros((20, 10)), np.ones(20, bool), threshold=100, sigma_threshold=40.0,
+                               sigma_gnmax=10.0, orders=model.accountant.orders, data_independent=True)
+    acc = PrivacyAccountant(delta=1e-5)
+    from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+    def eps(t):
+        return rdp_to_epsilon(t * step, acc.orders, 1e-5)[0]
+    t = rows["data-independent, worst case (the stop rule)"].steps
+    assert eps(t) <= 3.0 < eps(t + 1)
+    # the paper's data-dependent cost of the same (identical) votes
+    votes = probe.events[0].votes
+    dep = sum(confident_gnmax_rdp(e.votes, e.answered, threshold=100, sigma_threshold=40.0, sigma_gnmax=10.0,
+                                  orders=acc.orders) for e in probe.events) / 4
+    tp = rows["data-dependent (paper)"].steps
+    assert rdp_to_epsilon(tp * dep, acc.orders, 1e-5)[0] <= 3.0 < rdp_to_epsilon((tp + 1) * dep, acc.orders, 1e-5)[0]
+    assert votes[0, 0] == 190 and tp > 10 * t  # teachers agree: far more steps than the worst case
+    ss = [rows[f"smooth sensitivity, allowed w.p. ~{q}"].steps for q in ("50%", "84%", "98%")]
+    assert ss[0] >= ss[1] >= ss[2] > t
+    rec = result.recommended
+    assert rec["trainer.max_steps"] == ss[2]
+    order = rec["model.smooth_sensitivity"]["order"]
+    assert rec["model.smooth_sensitivity"]["beta"] == pytest.approx(0.4 / order, rel=1e-5)
+    assert rec["model.epsilon_hard_cap"] > 3.0  # the worst case of that many steps is weaker
+
+
+def test_plan_rejects_non_pate_probes_and_bad_shares():
+    with pytest.raises(ValueError, match="shares"):
+        synthetic_probe(_Model(), [0.9, 0.3], steps=2)
+
+
+def test_cli_plan_from_synthetic_votes(capsys):
+    assert main(["plan", *QUICK, "--vote_shares", "0.9,0.05", "--probe_steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "AN ESTIMATE" in out and "data-independent, worst case" in out and "smooth sensitivity" in out
+
+
+def test_cli_plan_needs_a_declaration_that_the_votes_are_not_private(capsys):
+    assert main(["plan", *QUICK]) == 2
+    assert "--data_is_public" in capsys.readouterr().err
+
+
+def test_cli_plan_from_a_public_probe_run_logs_nothing(capsys):
+    assert main(["plan", *QUICK, "--data_is_public", "--probe_steps", "2", "--data.teacher_batch_size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "from public run (2 probe steps)" in out
+    import os
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    assert [e.name for e in client.search_experiments()] in ([], ["Default"])

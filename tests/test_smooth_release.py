@@ -1,0 +1,256 @@
+"""budget_accounting: smooth_sensitivity in the PATE models: a fixed run length, the data-independent
+hard cap, the GNSS release at the end, the decision to release, MLflow (nothing unnoised), checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from callbacks import ReleaseArtifact, SampleLogger
+from conftest import query_run
+from datamodules import TabularDataModule
+from lightning_gpate.models import DPGAN, GPATE, PATEGAN
+from lightning_gpate.models.private import BudgetExhaustedError
+from lightning_gpate.privacy.randomness import mechanism_generator
+from lightning_gpate.privacy.rdp import rdp_to_epsilon
+from lightning_gpate.privacy.smooth_sensitivity import GNSSParameters, gnss_rdp
+from lightning_gpate.tracking import GPATEMLFlowLogger
+
+GPATE_SMALL = dict(fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0, threshold_fraction=0.3,
+                   hidden=(16,), teacher_hidden=(8,), z_dim=8, noise_seed=0)
+PATEGAN_SMALL = dict(generator_hidden=[8], student_hidden=[8], teacher_hidden=[8], z_dim=4, teacher_steps=1,
+                     student_steps=1, query_batch_size=8, noise_seed=0, lam=0.05)
+SS = {"order": 4.0, "beta": 0.1, "sigma": 2.0}  # λ = 4 lies on the accountant's grid
+
+
+def table(seed: int = 0, flip: bool = False, teachers: int = 20) -> TabularDataModule:
+    rng = np.random.default_rng(seed)
+    n = 400
+    frame = pd.DataFrame({"a": rng.uniform(0, 1, n), "b": rng.normal(0, 1, n).clip(-3, 3)})
+    frame["y"] = (frame["a"] + 0.3 * frame["b"] > 0.5).astype(int)
+    if flip:
+        frame["y"] = 1 - frame["y"]
+    schema = {"a": {"min": 0, "max": 1}, "b": {"min": -3, "max": 3}, "y": {"categories": [0, 1]}}
+    return TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=teachers,
+                             teacher_batch_size=8, test_fraction=0.0)
+
+
+def trainer(steps, **kw):
+    kw.setdefault("logger", False)
+    kw.setdefault("enable_checkpointing", False)
+    return pl.Trainer(max_steps=steps, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", **kw)
+
+
+def order_index(model, order):
+    return int(np.flatnonzero(model.accountant.orders == order)[0])
+
+
+def test_gpate_release_is_the_noised_data_dependent_rdp_plus_gnss():
+    dm = table()
+    model = GPATE(dm.spec, epsilon=30.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    trainer(5, logger=GPATEMLFlowLogger(experiment_name="ss-gpate"), log_every_n_steps=1).fit(model, dm)
+    assert model.global_step == 5 and not model.budget_exhausted
+    ss = model.smooth_sensitivity
+    rel = ss.released
+    assert rel is not None and rel.num_queries == 5 * 8 * 4 == model.accountant.counts["confident_gnmax_queries"]
+    # the ledger's data-dependent RDP at λ = the accountant's data-dependent curve at λ (which now
+    # also holds the GNSS release's own cost)
+    dd = ss.ledger.data_dependent_rdp()
+    gnss = gnss_rdp(beta=0.1, sigma=2.0, order=4.0)
+    assert dd == pytest.approx(model.accountant.rdp_paper[order_index(model, 4.0)] - gnss, rel=1e-7)
+    # the noise is SS·σ_ss·z with z from the mechanism's generator (seeded here for the test)
+    z = torch.randn(1, generator=mechanism_generator("cpu", 0 + 7919)).item()
+    smooth = ss.ledger.smooth_sensitivity(SS["beta"])
+    assert rel.noisy_rdp == pytest.approx(max(0.0, dd + smooth * SS["sigma"] * z), rel=1e-12)
+    assert rel.gnss_rdp == pytest.approx(gnss_rdp(beta=0.1, sigma=2.0, order=4.0))
+    total = rel.noisy_rdp + rel.gnss_rdp
+    assert rel.epsilon == pytest.approx(rdp_to_epsilon([total], [4.0], 1e-5)[0])
+    # the accountant now holds the GNSS release too: its guarantee bounds everything released
+    assert model.accountant.counts["gnss_events"] == 1
+    final, analysis = model.released_epsilon()
+    assert final == min(rel.epsilon, model.accountant.epsilon())
+    assert model.release_allowed() == (final <= 30.0)
+
+    run, client = query_run("ss-gpate")
+    metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
+    assert not any("data_dependent" in k for k in metrics), metrics.keys()  # nothing unnoised
+    assert metrics["epsilon_smooth_sensitivity"] == pytest.approx(rel.epsilon)
+    assert metrics["smooth_sensitivity_noisy_rdp"] == pytest.approx(rel.noisy_rdp)
+    assert metrics["epsilon"] == pytest.approx(final) and metrics["epsilon_final"] == pytest.approx(final)
+    assert metrics["epsilon_data_independent"] == pytest.approx(model.accountant.epsilon())
+    assert float(params["privacy/smooth_sensitivity_order"]) == 4.0 and float(params["privacy/smooth_sensitivity_beta"]) == 0.1
+    assert float(params["privacy/smooth_sensitivity_sigma"]) == 2.0 and params["privacy/smooth_sensitivity_rule"] == "config"
+    assert tags["privacy_guarantee"] == "smooth_sensitivity" and tags["epsilon_analysis"] == analysis
+    assert tags["release_allowed"] == str(model.release_allowed()).lower()
+    # during training, epsilon was the data-independent bound with the release reserved
+    history = [m.value for m in client.get_metric_history(run.info.run_id, "epsilon")]
+    reserved = model.accountant.epsilon()  # after the release: the same quantity, now recorded
+    assert max(history[:-1]) == pytest.approx(reserved, rel=1e-6)  # logged as float32
+    with open(client.download_artifacts(run.info.run_id, "privacy/accountant.json", ".")) as f:
+        state = json.load(f)
+    assert state["rdp_paper"] == state["rdp"] and state.get("withheld_analysis") == "data_dependent"
+
+
+def test_release_refused_when_the_released_epsilon_exceeds_the_target(capsys):
+    dm = table()
+    model = GPATE(dm.spec, epsilon=0.05, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    artifact = ReleaseArtifact()
+    trainer(2, logger=GPATEMLFlowLogger(experiment_name="ss-refused"), callbacks=[artifact, SampleLogger()]).fit(model, dm)
+    assert not model.release_allowed()
+    assert "release artifact is not written" in model.stop_reason
+    out = capsys.readouterr().out
+    assert "NOT RELEASED" in out and "Release artifact NOT written" in out
+    assert artifact.release_path is None and not list(Path(".").rglob("release.pt"))
+    run, client = query_run("ss-refused")
+    assert run.data.tags["release_allowed"] == "false"
+    assert "not written" in run.data.tags["stop_reason"] and "not written" in run.data.tags["release_artifact"]
+    assert not [a for a in client.list_artifacts(run.info.run_id) if a.path in ("release", "samples")]
+
+
+def test_release_written_when_the_released_epsilon_meets_the_target():
+    dm = table()
+    model = GPATE(dm.spec, epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    artifact = ReleaseArtifact()
+    trainer(2, logger=GPATEMLFlowLogger(experiment_name="ss-allowed"), callbacks=[artifact]).fit(model, dm)
+    assert model.release_allowed() and artifact.release_path is not None and artifact.release_path.is_file()
+    from lightning_gpate.release import load_release
+
+    release = load_release(artifact.release_path)
+    privacy = release["privacy"]["smooth_sensitivity"]
+    assert privacy["released"]["noisy_rdp"] == model.smooth_sensitivity.released.noisy_rdp
+    assert privacy["epsilon"] == model.released_epsilon()[0] and privacy["release_allowed"] is True
+    assert "ledger" not in privacy  # sums over the private votes stay in the training checkpoint
+
+
+def test_hard_cap_stops_training_on_public_quantities_only():
+    """The stop rule reads no votes: the data-independent ε it checks is a function of the number of
+    queries and of the answered flags (the mechanism's released output) alone, with the GNSS release
+    reserved; the step it refused would have crossed the cap in the worst case (every query answered);
+    and the ε of everything released stays within the cap."""
+    dm = table(seed=1)
+    model = GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=60.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    trainer(500).fit(model, dm)
+    assert model.budget_exhausted and model.stop_reason.startswith("privacy epsilon_hard_cap reached")
+    assert 1 < model.global_step < 500
+    acc = model.accountant
+    assert acc.counts["confident_gnmax_events"] == model.global_step
+    orders = acc.orders
+    counts = acc.counts
+    public = (counts["confident_gnmax_queries"] * orders / (2 * 16.0**2) + counts["confident_gnmax_answered"] * orders / 8.0**2
+              + GNSSParameters(**SS).rdp_curve(orders))
+    np.testing.assert_allclose(acc.rdp, public, rtol=1e-12)
+    assert model.smooth_sensitivity.released is not None  # released at the (public) end of training
+    assert acc.epsilon() <= 60.0
+    worst_step = 8 * 4 * (orders / (2 * 16.0**2) + orders / 8.0**2)
+    assert rdp_to_epsilon(acc.rdp + worst_step, orders, 1e-5)[0] > 60.0
+
+
+def test_fixed_run_length_and_configuration_errors():
+    dm = table()
+    with pytest.raises(ValueError, match="epsilon_hard_cap"):
+        GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", **GPATE_SMALL)
+    with pytest.raises(ValueError, match="only with budget_accounting: smooth_sensitivity"):
+        GPATE(dm.spec, epsilon=5.0, epsilon_hard_cap=10.0, **GPATE_SMALL)
+    with pytest.raises(ValueError, match="unknown"):
+        GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=10.0,
+              smooth_sensitivity={"lambda": 3}, **GPATE_SMALL)
+    with pytest.raises(ValueError, match="1/\\(2\\*beta\\)"):
+        GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=10.0,
+              smooth_sensitivity={"order": 10.0, "beta": 0.1}, **GPATE_SMALL)
+    with pytest.raises(ValueError, match="no data-dependent analysis"):
+        DPGAN(dm.spec, epsilon=5.0, delta=1e-5, budget_accounting="smooth_sensitivity")
+    model = GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=100.0, **GPATE_SMALL)
+    assert model.smooth_sensitivity.params.rule == "default"
+    with pytest.raises(ValueError, match="trainer.max_steps"):
+        pl.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                   enable_model_summary=False).fit(model, dm)
+
+
+def test_resume_keeps_the_ledger_and_releases_once(tmp_path):
+    dm = table()
+    kw = dict(epsilon=30.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0, smooth_sensitivity=SS, **GPATE_SMALL)
+    model = GPATE(dm.spec, **kw)
+    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(4, enable_checkpointing=True, callbacks=[ckpt]).fit(model, dm)
+    mid = tmp_path / "epoch=0-step=2.ckpt"
+    saved = torch.load(mid, weights_only=False)["state_dict"]
+    extra = next(v for k, v in saved.items() if k.endswith("_extra_state"))
+    assert extra["smooth_sensitivity"]["released"] is None  # not released mid-run
+    assert extra["smooth_sensitivity"]["ledger"]["num_queries"] == 2 * 32
+
+    resumed = GPATE(dm.spec, **kw)
+    trainer(4).fit(resumed, dm, ckpt_path=mid)
+    led = resumed.smooth_sensitivity.ledger
+    assert led.num_queries == 4 * 32 == resumed.accountant.counts["confident_gnmax_queries"]
+    assert resumed.accountant.counts["gnss_events"] == 1
+    final = tmp_path / "final.pt"
+    torch.save(resumed.state_dict(), final)
+    again = GPATE(dm.spec, **kw)
+    again.load_state_dict(torch.load(final, weights_only=False))
+    assert again.smooth_sensitivity.released == resumed.smooth_sensitivity.released
+    with pytest.raises(BudgetExhaustedError, match="already released"):
+        trainer(8).fit(again, dm)
+
+
+def test_pategan_release_of_laplace_moments():
+    dm = table(teachers=7)
+    model = PATEGAN(dm.spec, epsilon=50.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=500.0,
+                    smooth_sensitivity=SS, **PATEGAN_SMALL)
+    trainer(3).fit(model, dm)
+    ss = model.smooth_sensitivity
+    assert ss.ledger.kind == "laplace_vote" and ss.ledger.num_queries == 3 * 8
+    gnss = gnss_rdp(beta=0.1, sigma=2.0, order=4.0)
+    assert ss.ledger.data_dependent_rdp() == pytest.approx(model.accountant.rdp_paper[order_index(model, 4.0)] - gnss, rel=1e-9)
+    assert ss.released.total_rdp == pytest.approx(ss.released.noisy_rdp + ss.released.gnss_rdp)
+    assert model.accountant.epsilon() <= 500.0
+
+
+def test_metadata_cost_enters_the_release_at_its_order():
+    dm = table()
+    spec = {**dm.spec, "metadata_cost": [{"what": "label ratio", "epsilon": 0.5}]}
+    model = GPATE(spec, epsilon=30.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    rel = model.smooth_sensitivity.release(z=0.0)
+    assert rel.other_rdp == pytest.approx(min(0.5, 4.0 * 0.25 / 2))  # pure DP: min(ε, λε²/2)
+    assert rel.noisy_rdp == 0.0 and rel.total_rdp == pytest.approx(rel.other_rdp + GNSSParameters(**SS).cost)
+
+
+def test_a_refused_or_unfinished_run_has_no_release_even_from_its_training_checkpoint(tmp_path):
+    from lightning_gpate.release import CheckpointError, load_release
+
+    dm = table()
+    model = GPATE(dm.spec, epsilon=0.05, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    fitted = trainer(2)
+    fitted.fit(model, dm)
+    fitted.save_checkpoint(tmp_path / "refused.ckpt")
+    with pytest.raises(CheckpointError, match="no release"):
+        load_release(tmp_path / "refused.ckpt")
+
+
+def test_two_ddp_processes_release_the_same_value_as_one():
+    """Under DDP every rank holds the same ledger (votes are all-reduced) and the release's noise is
+    drawn once and broadcast: 2 processes release what 1 does (fixed noise seed, for the test)."""
+    kw = dict(epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0, smooth_sensitivity=SS,
+              **GPATE_SMALL)
+    dm1, dm2 = table(teachers=6), table(teachers=6)
+    torch.manual_seed(0)
+    single = GPATE(dm1.spec, **kw)
+    trainer(3).fit(single, dm1)
+    torch.manual_seed(0)
+    double = GPATE(dm2.spec, **kw)
+    trainer(3, devices=2, strategy="ddp_spawn").fit(double, dm2)
+    a, b = single.smooth_sensitivity.released, double.smooth_sensitivity.released
+    assert b is not None and b.num_queries == a.num_queries
+    assert b.noisy_rdp == pytest.approx(a.noisy_rdp, rel=1e-9) and b.epsilon == pytest.approx(a.epsilon, rel=1e-9)
