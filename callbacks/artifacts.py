@@ -26,10 +26,18 @@ MLFLOW_RUN_KEY = "mlflow_run"
 
 
 class FinalCheckpoint(pl.Callback):
-    """Save the final checkpoint at the end of fitting and attach it to the MLflow run
-    (artifact ``checkpoints/final.ckpt``); the run gets a ``final_checkpoint`` tag with its path.
+    """Save the final checkpoint at the end of training and attach it to the MLflow run
+    (artifact ``checkpoints/final.ckpt``); the run gets a ``final_checkpoint`` tag with its path,
+    also kept as :attr:`release_path` (what the end-of-fit summary prints).
     Every checkpoint saved while it is active records its MLflow run (``checkpoint["mlflow_run"]``:
-    ``run_id``, ``experiment_id``, ``tracking_uri``) so ``lightning-gpate evaluate`` can report back to it."""
+    ``run_id``, ``experiment_id``, ``tracking_uri``) so ``lightning-gpate evaluate`` can report back to it.
+
+    The save happens at ``on_train_end`` on every rank (it is a collective under DDP: teacher
+    models gather their teachers), so it precedes the rank-0-only evaluation of ``on_fit_end``.
+    """
+
+    def __init__(self) -> None:
+        self.release_path: str | None = None
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         logger = mlflow_logger_of(trainer)
@@ -39,7 +47,7 @@ class FinalCheckpoint(pl.Callback):
                 "tracking_uri": getattr(logger, "_tracking_uri", None),
             }
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         logger = mlflow_logger_of(trainer)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "final.ckpt"
@@ -51,4 +59,4 @@ class FinalCheckpoint(pl.Callback):
         uri = f"{run.info.artifact_uri}/checkpoints/final.ckpt"
         local = uri[len("file://"):] if uri.startswith("file://") else uri
         logger.experiment.set_tag(logger.run_id, "final_checkpoint", local)
-        pl_module.print(f"Final checkpoint: {local}\nSample it: lightning-gpate sample --ckpt_path {local} --num_samples 1000 --output samples.{'csv' if pl_module.data_spec['kind'] == 'tabular' else 'npz'}")
+        self.release_path = local

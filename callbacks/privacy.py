@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
+from callbacks.summary import stop_reason
 from lightning_gpate.tracking import mlflow_logger_of
 
 
@@ -28,9 +29,7 @@ class PrivacyBudget(pl.Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
-        reason = pl_module.stop_reason
-        if reason is None:
-            reason = "step or epoch limit reached" if trainer.global_step > 0 else "no training step"
+        reason = stop_reason(trainer, pl_module)
         logger = mlflow_logger_of(trainer)
         if logger is None or trainer.global_rank != 0:
             return

@@ -10,13 +10,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPartition
+from lightning_gpate.errors import UserError
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
 TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input data or options; the message names the problem and what to do."""
 
 
@@ -195,6 +196,12 @@ class GenerativeDataModule(pl.LightningDataModule):
         n_val = int(round(self.val_fraction * n))
         if n - n_test - n_val < 1:
             raise DataError(f"no training rows left after the val/test split of {n} rows")
+        if n - n_test - n_val < self.num_teachers:
+            raise DataError(
+                f"too few rows per teacher: {n - n_test - n_val} training rows (of {n}, after the val/test split) "
+                f"cannot be split among {self.num_teachers} teachers, each needs at least one: "
+                f"set data.num_teachers <= {n - n_test - n_val} or give more data"
+            )
         test_idx, val_idx, train_idx = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
         self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
         self.splits = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx])}

@@ -63,7 +63,7 @@ def test_fit_then_sample_table_in_original_schema(tmp_path, mixed_frame):
 def test_sample_errors_are_clear_and_write_nothing(tmp_path, capsys):
     torch.save({"state_dict": {}}, "other.ckpt")
     assert main(["sample", "--ckpt_path", "other.ckpt", "--num_samples", "5", "--output", "x.csv"]) == 2
-    assert "not a lightning-gpate generator checkpoint" in capsys.readouterr().err
+    assert "not a lightning-gpate checkpoint" in capsys.readouterr().err
     assert main(["sample", "--ckpt_path", "missing.ckpt", "--num_samples", "5", "--output", "x.csv"]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):

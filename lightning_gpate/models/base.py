@@ -14,6 +14,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from lightning_gpate.errors import UserError
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator, ConditionalMLPGenerator
 
 CHECKPOINT_KEY = "lightning_gpate"
@@ -21,7 +22,7 @@ CHECKPOINT_FORMAT = 1
 LATENT_PRIORS = ("normal", "uniform")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that is missing, unreadable, or not a lightning-gpate generator."""
 
 
@@ -37,6 +38,11 @@ class GenerativeModel(pl.LightningModule):
         z_dim: latent size.
         latent_prior: ``"normal"`` (N(0, I)) or ``"uniform"`` (U(-1, 1), G-PATE's choice).
     """
+
+    #: Why this model trains on one process only (``None``: it trains under DDP, e.g.
+    #: ``--trainer.devices 2 --trainer.strategy ddp``). The command line refuses a multi-process fit
+    #: of such a model in one line, before anything starts.
+    single_process_only: str | None = None
 
     def __init__(self, data_spec: dict[str, Any], *, z_dim: int = 100, latent_prior: str = "normal") -> None:
         super().__init__()
@@ -111,10 +117,15 @@ class GenerativeModel(pl.LightningModule):
         gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         if labels is None:
             labels = self.sample_labels(n, generator=gen)
+        from lightning_gpate.progress import progress
+
         net = self.generator_module
         was_training = net.training
         net.eval()
-        out = [net(self.latent(len(y), generator=gen), y.to(self.device)) for y in labels.split(batch_size)]
+        batches = labels.split(batch_size)
+        if len(batches) > 1:
+            batches = progress(batches, desc="generating", total=len(batches), unit="batch")
+        out = [net(self.latent(len(y), generator=gen), y.to(self.device)) for y in batches]
         net.train(was_training)
         return torch.cat(out).cpu(), labels.cpu()
 
@@ -125,21 +136,42 @@ class GenerativeModel(pl.LightningModule):
             "model_class": f"{type(self).__module__}.{type(self).__qualname__}",
         }
 
+    def check_resume(self, checkpoint: dict[str, Any], path: str) -> None:
+        """Refuse to resume training from ``checkpoint`` (read from ``path``) when it cannot continue
+        this model: another model class, or no training state. Raises :class:`CheckpointError`."""
+        meta = checkpoint.get(CHECKPOINT_KEY) or {}
+        mine = f"{type(self).__module__}.{type(self).__qualname__}"
+        if meta.get("model_class") != mine:
+            raise CheckpointError(f"{path} holds a {meta.get('model_class')}, but the config trains a {mine}: resume with the config it was trained with")
+        if "state_dict" not in checkpoint or "optimizer_states" not in checkpoint or "loops" not in checkpoint:
+            raise CheckpointError(f"{path} holds no training state (optimizers, loops): it cannot be resumed; give the training checkpoint")
 
-def load_generator(ckpt_path: str, map_location: str = "cpu") -> GenerativeModel:
-    """Load any lightning-gpate model from a checkpoint, with a clear error for anything else."""
+
+def read_checkpoint(ckpt_path: str, *, map_location: str = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """The dict of a lightning-gpate checkpoint file, with a :class:`CheckpointError` for a missing
+    file, a file PyTorch cannot read, or a checkpoint of something else. ``mmap=True`` leaves the
+    tensors on disk (cheap to inspect a large training checkpoint)."""
     from pathlib import Path
 
     path = Path(ckpt_path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path.resolve()}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint: {err}") from err
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
     meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if not meta or "model_class" not in meta:
-        raise CheckpointError(f"{path} is not a lightning-gpate generator checkpoint (no '{CHECKPOINT_KEY}' entry)")
+        raise CheckpointError(f"{path} is not a lightning-gpate checkpoint (no '{CHECKPOINT_KEY}' entry)")
+    return checkpoint
+
+
+def load_generator(ckpt_path: str, map_location: str = "cpu") -> GenerativeModel:
+    """Load any lightning-gpate model from a checkpoint, with a clear error for anything else."""
+    from pathlib import Path
+
+    path = Path(ckpt_path)
+    meta = read_checkpoint(ckpt_path, map_location=map_location, mmap=True)[CHECKPOINT_KEY]
     module_name, _, class_name = meta["model_class"].rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)

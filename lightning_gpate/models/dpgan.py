@@ -102,6 +102,8 @@ class DPGAN(PrivateGenerativeModel):
         secure_mode: opacus' noise robust to floating-point attacks (slower).
     """
 
+    single_process_only = "DP-SGD's noise is added once, globally, to Poisson batches of the whole data"
+
     def __init__(
         self,
         data_spec: dict[str, Any],

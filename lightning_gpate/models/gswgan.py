@@ -229,6 +229,8 @@ class GSWGAN(PrivateGenerativeModel):
             ``None`` uses the main generator's architecture (N_D copies of it are held at once).
     """
 
+    single_process_only = "its discriminators are not sharded across processes"
+
     def __init__(
         self,
         data_spec: dict[str, Any],

@@ -116,6 +116,8 @@ class PATEGAN(PrivateGenerativeModel):
             from the private data WITHOUT noise: for debugging only, never for a released run.
     """
 
+    single_process_only = "its teachers are not sharded across processes"
+
     def __init__(
         self,
         data_spec: dict[str, Any],

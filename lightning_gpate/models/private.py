@@ -15,18 +15,19 @@ import inspect
 import warnings
 from typing import Any
 
-from lightning_gpate.models.base import GenerativeModel
+from lightning_gpate.errors import UserError
+from lightning_gpate.models.base import CheckpointError, GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper")
 
 
-class BudgetExhaustedError(RuntimeError):
+class BudgetExhaustedError(UserError, RuntimeError):
     """Training was asked of a model whose privacy budget is already spent."""
 
 
-class PrivateMetadataError(ValueError):
+class PrivateMetadataError(UserError, ValueError):
     """The data spec carries metadata read from the private data that nobody paid for."""
 
 
@@ -135,13 +136,28 @@ class PrivateGenerativeModel(GenerativeModel):
         self.accountant.record(event)
         return True
 
-    def on_train_start(self) -> None:
+    def ensure_budget_left(self) -> None:
+        """Raise :class:`BudgetExhaustedError` if this model's budget is spent."""
         if self.budget_exhausted:
             raise BudgetExhaustedError(
                 f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
                 f"{self.epsilon_budget:g}): {self.stop_reason}. Training more would exceed it; "
                 f"start a new run with a new budget instead."
             )
+
+    def on_train_start(self) -> None:
+        self.ensure_budget_left()
+
+    def check_resume(self, checkpoint: dict[str, Any], path: str) -> None:
+        """Also refuse a checkpoint whose budget is spent, before a run starts (training would refuse
+        it anyway at ``on_train_start``). Loads the checkpoint's accountant into this model, as the
+        resume itself will."""
+        super().check_resume(checkpoint, path)
+        extra = checkpoint["state_dict"].get("_extra_state")
+        if extra is None:
+            raise CheckpointError(f"{path} holds no privacy accountant: it is not a checkpoint of a private model")
+        self.set_extra_state(extra)
+        self.ensure_budget_left()
 
     def configure_callbacks(self):
         from callbacks.privacy import PrivacyBudget
