@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +32,16 @@ def cli_env(cwd: Path) -> dict[str, str]:
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*cli_command(), *args], cwd=cwd, env=cli_env(cwd), capture_output=True, text=True, timeout=timeout)
+    """Run the CLI to its end; past ``timeout`` it is killed with every process it started (DDP ranks)."""
+    proc = subprocess.Popen([*cli_command(), *args], cwd=cwd, env=cli_env(cwd), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"lightning-gpate {' '.join(args)} did not finish in {timeout} s:\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def start_cli(*args: str, cwd: Path, log: Path) -> subprocess.Popen:
@@ -115,7 +124,3 @@ def store_snapshot(store: Path) -> dict:
     artifacts = store / "artifacts"
     files = sorted((str(p.relative_to(store)), p.stat().st_size) for p in artifacts.rglob("*") if p.is_file()) if artifacts.exists() else []
     return {"runs": runs, "artifacts": files}
-
-
-def copy_store(src: Path, dst: Path) -> None:
-    shutil.copytree(src / "mlruns", dst / "mlruns")

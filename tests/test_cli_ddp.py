@@ -33,6 +33,10 @@ def test_two_processes_finish_with_one_run_and_the_generator_and_epsilon_of_one(
                   cwd=tmp_path, timeout=600)
     assert two.returncode == 0, two.stderr[-4000:]
     assert two.stdout.count("lightning-gpate fit: done") == 1  # rank 0 only
+    summary = two.stdout.split("lightning-gpate fit: done\n")[1]
+    assert "stopped   max_steps=3 reached" in summary and "spent of the budget ε = 1 (δ = 1e-05): an (ε, δ)-DP guarantee" in summary
+    for figure in ("CNN accuracy on real test (final epoch)", "Inception Score", "FID"):
+        assert figure in summary
     assert "Starting with 2 processes" in two.stderr or "MEMBER: 2/2" in two.stderr
 
     (run_two,) = _experiment_runs("two")  # exactly one run for the two processes
@@ -59,7 +63,7 @@ def test_a_single_process_model_under_ddp_is_refused_in_one_line_before_anything
 @pytest.mark.parametrize("model", ["PATEGAN", "GSWGAN"])
 def test_pategan_and_gswgan_refuse_ddp_too(tmp_path, capsys, model):
     write_tiny_table(tmp_path / "table.csv")
-    init = {"PATEGAN": {"epsilon": 1.0}, "GSWGAN": {"epsilon": 1.0, "stage": "pretrain"}}[model]
+    init = {"PATEGAN": {"epsilon": 1.0}, "GSWGAN": {"epsilon": 1.0, "delta": 1e-5, "stage": "pretrain"}}[model]
     config = {
         "trainer": {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 1},
         "model": {"class_path": f"lightning_gpate.models.{model}", "init_args": init},
