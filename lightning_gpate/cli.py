@@ -78,6 +78,15 @@ class GPATECLI(LightningCLI):
                 f"{type(self.model).__name__} trains on one process only ({reason}); this run asks for "
                 f"{self.trainer.world_size}: set --trainer.devices 1 (and --trainer.num_nodes 1)"
             )
+        if self.trainer.world_size > 1 and getattr(self.model, "ddp_needs_find_unused_parameters", False):
+            from pytorch_lightning.strategies import DDPStrategy
+
+            strategy = self.trainer.strategy
+            if isinstance(strategy, DDPStrategy) and not getattr(strategy, "_ddp_kwargs", {}).get("find_unused_parameters"):
+                raise ConfigError(
+                    f"{type(self.model).__name__} has parameters that some of its steps do not use: under DDP, "
+                    f"set --trainer.strategy ddp_find_unused_parameters_true"
+                )
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if ckpt_path and str(ckpt_path) not in _LIGHTNING_CKPT_ALIASES:
             from lightning_gpate.models.base import read_checkpoint

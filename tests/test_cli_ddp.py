@@ -74,3 +74,11 @@ def test_pategan_and_gswgan_refuse_ddp_too(tmp_path, capsys, model):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     assert main(["fit", "--config", "c.yaml"]) == 2  # refused before any process is launched
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"lightning-gpate fit: error: {model} trains on one process only")
+
+
+def test_the_gan_under_plain_ddp_is_told_which_strategy_it_needs(capsys):
+    args = ["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    assert main([*args, "--trainer.strategy", "ddp"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "lightning-gpate fit: error: GAN has parameters that some of its steps do not use: under DDP, "
+        "set --trainer.strategy ddp_find_unused_parameters_true")

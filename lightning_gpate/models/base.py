@@ -43,6 +43,9 @@ class GenerativeModel(pl.LightningModule):
     #: ``--trainer.devices 2 --trainer.strategy ddp``). The command line refuses a multi-process fit
     #: of such a model in one line, before anything starts.
     single_process_only: str | None = None
+    #: Whether some parameters take no part in a step's loss (e.g. the generator's in a discriminator
+    #: step): DDP must then look for unused parameters (``--trainer.strategy ddp_find_unused_parameters_true``).
+    ddp_needs_find_unused_parameters: bool = False
 
     def __init__(self, data_spec: dict[str, Any], *, z_dim: int = 100, latent_prior: str = "normal") -> None:
         super().__init__()
