@@ -159,10 +159,14 @@ def read_checkpoint(ckpt_path: str, *, map_location: str = "cpu", mmap: bool = F
     path = Path(ckpt_path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path.resolve()}")
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
+    for memory_map in ((True, False) if mmap else (False,)):  # mmap needs torch.save's zip format
+        try:
+            checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=memory_map)
+            break
+        except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
+            error = err
+    else:
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint ({type(error).__name__}: {error})") from error
     meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if not meta or "model_class" not in meta:
         raise CheckpointError(f"{path} is not a lightning-gpate checkpoint (no '{CHECKPOINT_KEY}' entry)")
