@@ -63,10 +63,11 @@ class GPATECLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        self._resume_from = None
         if ckpt_path and str(ckpt_path) not in _LIGHTNING_CKPT_ALIASES:
             from lightning_gpate.models.base import read_checkpoint
 
-            read_checkpoint(str(ckpt_path), mmap=True)
+            self._resume_from = (str(ckpt_path), read_checkpoint(str(ckpt_path), mmap=True))  # tensors stay on disk
 
     def before_fit(self) -> None:
         """Refuse, before any process or MLflow run starts, what cannot run: a single-process model on
@@ -87,11 +88,10 @@ class GPATECLI(LightningCLI):
                     f"{type(self.model).__name__} has parameters that some of its steps do not use: under DDP, "
                     f"set --trainer.strategy ddp_find_unused_parameters_true"
                 )
-        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
-        if ckpt_path and str(ckpt_path) not in _LIGHTNING_CKPT_ALIASES:
-            from lightning_gpate.models.base import read_checkpoint
-
-            self.model.check_resume(read_checkpoint(str(ckpt_path), mmap=True), str(ckpt_path))
+        if self._resume_from is not None:
+            path, checkpoint = self._resume_from
+            self._resume_from = None
+            self.model.check_resume(checkpoint, path)
 
     def after_fit(self) -> None:
         """Print the summary (global rank 0, after the progress bar and the evaluations) and store it
