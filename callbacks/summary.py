@@ -1,7 +1,7 @@
 """FitSummary: what a finished fit did, in a few lines for the person who ran it.
 
 ``lightning-gpate fit`` prints :meth:`FitSummary.text` at the very end (global rank 0, after the
-progress bar and the evaluations) and stores it in the MLflow run as ``summary.txt``. A fit that fails
+progress bar and the evaluations). A fit that fails
 is tagged ``error`` in its run (the exception's type) and gets no summary: the run's status is ``FAILED``.
 """
 
@@ -63,7 +63,7 @@ def _duration(seconds: float) -> str:
 
 
 def _data_line(datamodule, spec: dict[str, Any]) -> str:
-    """The data a run used, from public facts only (no row counts: the summary goes to MLflow)."""
+    """The data a run used, from public facts only (no row counts: the summary may be shared like a log)."""
     source = None
     if datamodule is not None:
         if getattr(datamodule, "dataset", None) and datamodule.dataset != "csv":

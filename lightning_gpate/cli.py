@@ -94,20 +94,14 @@ class GPATECLI(LightningCLI):
             self.model.check_resume(checkpoint, path)
 
     def after_fit(self) -> None:
-        """Print the summary (global rank 0, after the progress bar and the evaluations) and store it
-        in the MLflow run as ``summary.txt``."""
+        """Print the summary (global rank 0, after the progress bar and the evaluations; every fact in
+        it is also in the MLflow run)."""
         from callbacks import FitSummary
-        from lightning_gpate.tracking import mlflow_logger_of
 
         trainer = self.trainer
         summary = next((cb for cb in trainer.callbacks if isinstance(cb, FitSummary)), None)
-        if summary is None or not trainer.is_global_zero:
-            return
-        text = summary.text(trainer, self.model, command=PROG)
-        print(text, flush=True)
-        logger = mlflow_logger_of(trainer)
-        if logger is not None and getattr(logger, "_run_id", None) is not None:
-            logger.experiment.log_text(logger.run_id, text + "\n", "summary.txt")
+        if summary is not None and trainer.is_global_zero:
+            print(summary.text(trainer, self.model, command=PROG), flush=True)
 
 
 def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:

@@ -40,7 +40,6 @@ def test_fit_then_sample_digits(capsys):
     assert f"release   {ckpt}\n" in summary and f"run {run.info.run_id} in experiment 'digits'" in summary
     assert f"sample    lightning-gpate sample --ckpt_path {ckpt} --num_samples 1000 --output samples.npz" in summary
     assert "browse    mlflow ui --backend-store-uri sqlite:///" in summary
-    assert Path(client.download_artifacts(run.info.run_id, "summary.txt")).read_text().startswith("lightning-gpate fit: done")
     assert main(["sample", "--ckpt_path", ckpt, "--num_samples", "25", "--output", "out/s.npz", "--seed", "1"]) == 0
     data = np.load("out/s.npz")
     assert data["images"].shape == (25, 1, 8, 8) and data["labels"].shape == (25,)
