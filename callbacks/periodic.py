@@ -15,12 +15,12 @@ class PeriodicEvaluation(pl.Callback):
     on global rank 0, when the trainer has an MLflow logger.
 
     Evaluation happens after training: an error in it is reported (a warning and the run tag
-    ``<name>_error``) instead of failing the fit, so the final checkpoint is still saved.
+    ``<name>_error``) instead of failing the fit, so the release artifact is still written.
 
     Under DDP only rank 0 evaluates, so :meth:`evaluate` must not enter a collective (no
     ``torch.distributed`` call, no metric that syncs across processes): the other ranks are not there.
     The final evaluation runs at ``on_fit_end``, after every collective of the fit (the final
-    checkpoint is saved at ``on_train_end``); a periodic one holds the other ranks at their next
+    training checkpoint is written at ``on_train_end``); a periodic one holds the other ranks at their next
     collective until it is done. Its progress bars (:mod:`lightning_gpate.progress`) follow the
     Trainer's: off with ``--trainer.enable_progress_bar false``.
 

@@ -153,7 +153,7 @@ class FitSummary(pl.Callback):
     # ----------------------------------------------------------------- the summary
     def text(self, trainer: pl.Trainer, pl_module, *, command: str = "lightning-gpate") -> str:
         """The summary of a finished fit (call it on global rank 0, after ``trainer.fit``)."""
-        from callbacks.artifacts import FinalCheckpoint
+        from callbacks.artifacts import ReleaseArtifact
         from callbacks.periodic import PeriodicEvaluation
 
         rows: list[tuple[str, str]] = []
@@ -175,20 +175,24 @@ class FitSummary(pl.Callback):
                 metrics.update({prefix + k: v for k, v in getattr(cb, "real_metrics", {}).items()})
         figures = _metric_lines(metrics)
         rows += [("utility", line) for line in figures] or [("utility", "not computed (evaluation disabled, or see the run's *_error tags)")]
-        release = next((cb.release_path for cb in trainer.callbacks if isinstance(cb, FinalCheckpoint)), None)
-        checkpoint_cb = trainer.checkpoint_callback
-        training_ckpt = getattr(checkpoint_cb, "last_model_path", "") or getattr(checkpoint_cb, "best_model_path", "")
-        if release and pl_module.has_release:
-            rows.append(("release", release))
-        elif release:
-            rows.append(("checkpoint", f"{release} (this stage releases no generator: keep it private)"))
-        if training_ckpt and not getattr(pl_module, "budget_exhausted", False):
-            rows.append(("resume", f"training checkpoint (private): {training_ckpt} (--ckpt_path)"))
+        artifacts = next((cb for cb in trainer.callbacks if isinstance(cb, ReleaseArtifact)), None)
+        release = artifacts.release_path if artifacts is not None else None
+        training_ckpt = artifacts.training_checkpoint_path if artifacts is not None else None
+        if release is not None:
+            rows.append(("release", str(release)))
+        if training_ckpt is not None:
+            if not pl_module.has_release:
+                use = "its only output: pass it as --model.pretrained_checkpoint"
+            elif getattr(pl_module, "budget_exhausted", False):
+                use = "the budget is spent: it cannot train further"
+            else:
+                use = "resume with --ckpt_path"
+            rows.append(("private", f"training checkpoint {training_ckpt} (never logged, keep it private; {use})"))
         logger = mlflow_logger_of(trainer)
         if logger is not None and getattr(logger, "_run_id", None) is not None:
             exp = logger.experiment.get_experiment(logger.experiment_id)
             rows.append(("MLflow", f"run {logger.run_id} in experiment {exp.name!r}"))
-        if release and pl_module.has_release:
+        if release is not None:
             ext = "csv" if pl_module.data_spec["kind"] == "tabular" else "npz"
             rows.append(("sample", f"{command} sample --ckpt_path {release} --num_samples 1000 --output samples.{ext}"))
         if logger is not None:

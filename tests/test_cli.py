@@ -27,12 +27,12 @@ def test_fit_then_sample_digits(capsys):
     assert {"d_loss", "g_loss"} <= set(run.data.metrics)
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 4  # one per generator step
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "checkpoints", "samples"} <= artifacts
+    assert {"config.yaml", "release", "samples"} <= artifacts
     config = Path(client.download_artifacts(run.info.run_id, "config.yaml")).read_text()
     assert "ImageDataModule" in config and "max_steps: 4" in config
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/samples_final.png"]
 
-    ckpt = run.data.tags["final_checkpoint"]
+    ckpt = run.data.tags["release_artifact"]
     summary = capsys.readouterr().out.split("lightning-gpate fit: done\n")[1]  # the end of fit, whatever the progress bar
     assert "  model     GAN\n" in summary and "digits, images 1×8×8, 10 classes" in summary
     assert "  training  4 steps in " in summary and "stopped   max_steps=4 reached" in summary
@@ -59,7 +59,7 @@ def test_fit_then_sample_table_in_original_schema(tmp_path, mixed_frame):
     assert "g_loss" in run.data.metrics
     table_artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
     assert table_artifacts == ["samples/samples_final.csv"]
-    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "40", "--output", "s.csv"]) == 0
+    assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "40", "--output", "s.csv"]) == 0
     out = pd.read_csv("s.csv")
     assert list(out.columns) == list(mixed_frame.columns) and len(out) == 40
     assert (out.dtypes == pd.read_csv("table.csv").dtypes).all()
@@ -70,7 +70,7 @@ def test_fit_then_sample_table_in_original_schema(tmp_path, mixed_frame):
 def test_sample_errors_are_clear_and_write_nothing(tmp_path, capsys):
     torch.save({"state_dict": {}}, "other.ckpt")
     assert main(["sample", "--ckpt_path", "other.ckpt", "--num_samples", "5", "--output", "x.csv"]) == 2
-    assert "not a lightning-gpate checkpoint" in capsys.readouterr().err
+    assert "not a lightning-gpate generator checkpoint" in capsys.readouterr().err
     assert main(["sample", "--ckpt_path", "missing.ckpt", "--num_samples", "5", "--output", "x.csv"]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -82,6 +82,6 @@ def test_sample_errors_are_clear_and_write_nothing(tmp_path, capsys):
 def test_wrong_output_kind_writes_nothing(capsys):
     _fit("gan_digits.yaml", "--trainer.max_steps", "1")
     run, _ = query_run("digits")
-    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "5", "--output", "x.csv"]) == 2
+    assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "5", "--output", "x.csv"]) == 2
     assert ".npz" in capsys.readouterr().err
     assert not Path("x.csv").exists()

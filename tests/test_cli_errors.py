@@ -34,12 +34,12 @@ CASES = {
     "too_few_rows_per_teacher_after_split": (["fit", "--config", "tiny.yaml", "--data.init_args.num_teachers", "200"],
                                              ["too few rows per teacher", "(of 240, after the val/test split)", "200 teachers"]),
     "fit_from_a_file_that_is_not_a_checkpoint": (["fit", "--config", "tiny.yaml", "--ckpt_path", "notes.txt"],
-                                                 ["notes.txt is not a readable PyTorch checkpoint"]),
+                                                 ["notes.txt is not a readable PyTorch file"]),
     "fit_from_a_missing_checkpoint": (["fit", "--config", "tiny.yaml", "--ckpt_path", "gone.ckpt"], ["checkpoint not found", "gone.ckpt"]),
     "fit_from_another_models_checkpoint": (["fit", "--config", "tiny.yaml", "--ckpt_path", "foreign.ckpt"],
                                            ["holds a something.Else, but the config trains a lightning_gpate.models.gpate.GPATE"]),
     "sample_from_a_file_that_is_not_a_checkpoint": (["sample", "--ckpt_path", "notes.txt", "--num_samples", "5", "--output", "s.csv"],
-                                                    ["notes.txt is not a readable PyTorch checkpoint"]),
+                                                    ["notes.txt is not a readable PyTorch file"]),
 }
 # Not one-line errors of ours: a config typo keeps jsonargparse's message; --debug adds the traceback.
 OTHER_CASES = {

@@ -60,8 +60,9 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
     assert eps_at_checkpoint < run.data.metrics["epsilon_final"] <= EPSILON
     assert run.data.tags["stop_reason"].startswith("privacy budget reached")
     assert run.data.tags["privacy_guarantee"] == "true"
-    final = run.data.tags["final_checkpoint"]
+    final = run.data.tags["training_checkpoint"]  # the private training checkpoint of the final state
     assert load_generator(final).budget_exhausted
+    assert f"private   training checkpoint {final} (never logged, keep it private; the budget is spent" in resumed.stdout
 
     # 3. resuming the spent budget refuses in one line, before any run starts
     before = store_snapshot(tmp_path / "mlruns")
@@ -77,7 +78,7 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
     failed = runs[-1]
     assert len(runs) == 3 and failed.info.status == "FAILED"
     assert failed.data.tags["error"].startswith("DataError")
-    assert not {"stop_reason", "final_checkpoint"} & set(failed.data.tags)
+    assert not {"stop_reason", "release_artifact", "training_checkpoint"} & set(failed.data.tags)
     assert "epsilon_final" not in failed.data.metrics
     after = store_snapshot(tmp_path / "mlruns")
     assert {k: v for k, v in after["runs"].items() if k in before["runs"]} == before["runs"]  # earlier runs untouched
