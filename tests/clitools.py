@@ -79,7 +79,7 @@ def write_tiny_table(path: Path, rows: int = 240) -> Path:
     return path
 
 
-def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 1e6, experiment: str = "tiny",
+def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 1e6, experiment: str = "tiny", max_steps: int = 100000,
                       checkpoints: str | None = None, every_n_train_steps: int = 10, **model) -> Path:
     """A G-PATE config on the tiny table that trains in well under a second per step on one CPU
     thread. With ``checkpoints``, a training checkpoint ``step=N.ckpt`` is kept every
@@ -87,7 +87,7 @@ def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 
     init = dict(epsilon=epsilon, delta=1e-5, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                 threshold_fraction=0.3, hidden=[16], teacher_hidden=[8], z_dim=8)
     init.update(model)
-    trainer = {"max_steps": 100000, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1,
+    trainer = {"max_steps": max_steps, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1,
                "enable_progress_bar": False, "enable_checkpointing": checkpoints is not None,
                "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger", "init_args": {"experiment_name": experiment}}}
     if checkpoints is not None:

@@ -73,7 +73,7 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
     # 4. a failure after the run started (a checkpoint whose teacher partition does not fit this data):
     #    one line, and the run is FAILED with the error's type, not a finished run with a final ε
     broken = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), "--data.init_args.num_teachers", "5", cwd=tmp_path)
-    assert_one_line_error(broken, "fit", "teacher partition", "resume with the same data and num_teachers")
+    assert_one_line_error(broken, "fit", "teacher partition", "does not fit this data", "resume with the same data")
     client, runs = _runs(tmp_path, "resume")
     failed = runs[-1]
     assert len(runs) == 3 and failed.info.status == "FAILED"
