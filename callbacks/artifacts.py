@@ -77,8 +77,9 @@ class ReleaseArtifact(pl.Callback):
     At the end of fitting (global rank 0) the release (:mod:`lightning_gpate.release`: generator
     weights, released data spec, released accountant state, model class, hyperparameters, data
     config) is logged to the MLflow run as ``release/release.pt``; the run's ``release_artifact`` tag
-    holds its local path, and the path is printed with the command that samples from it. Without an
-    MLflow logger it is written to ``<default_root_dir>/release/release.pt``.
+    holds its local path (:attr:`release_path`, which the CLI's end-of-fit summary prints with the
+    command that samples from it). Without an MLflow logger it is written to
+    ``<default_root_dir>/release/release.pt``.
 
     The training checkpoint (teachers, discriminators, critic, optimizer states, the accountant's
     full state) is written **only** to ``<default_root_dir>/private/<experiment>/<run>/`` and only when
@@ -148,33 +149,27 @@ class ReleaseArtifact(pl.Callback):
         has no release (its training checkpoint is its only output)."""
         return bool(trainer.checkpoint_callbacks) or not getattr(pl_module, "has_release", True)
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A collective under DDP (G-PATE gathers its teachers into the checkpoint), so it is written
+        # here, by every rank, before the evaluation that rank 0 alone runs at on_fit_end.
         if self.checkpoints_requested(trainer, pl_module):
             folder = self._private_dir or private_dir(trainer)
             path = folder / TRAINING_CHECKPOINT_FILE
             trainer.save_checkpoint(path)  # collective under DDP: every rank calls it
             self.training_checkpoint_path = path.resolve()
-        if trainer.global_rank != 0:
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_rank != 0:  # no collective from here on: the other ranks may have left
             return
         logger = mlflow_logger_of(trainer)
         if self.training_checkpoint_path is not None and logger is not None:
             logger.experiment.set_tag(logger.run_id, "training_checkpoint", str(self.training_checkpoint_path))
-        lines = []
         if pl_module.has_release and not release_allowed(pl_module):
             # smooth_sensitivity: the released ε exceeds the target (a decision on the released value)
-            lines.append(f"Release artifact NOT written: {pl_module.stop_reason}")
             if logger is not None:
                 logger.experiment.set_tag(logger.run_id, "release_artifact", "not written: the released epsilon exceeds the target")
         elif pl_module.has_release:
             self.release_path = self._write_release(trainer, pl_module)
-            suffix = "csv" if pl_module.data_spec["kind"] == "tabular" else "npz"
-            lines += [f"Release artifact (generator and public state): {self.release_path}",
-                      f"Sample it: lightning-gpate sample --ckpt_path {self.release_path} --num_samples 1000 --output samples.{suffix}"]
-        if self.training_checkpoint_path is not None:
-            what = "pass it as --model.pretrained_checkpoint" if not pl_module.has_release else "resume with --ckpt_path"
-            lines.append(f"Private training checkpoint (never logged; keep it private; {what}): {self.training_checkpoint_path}")
-        if lines:
-            pl_module.print("\n".join(lines))
 
     def _write_release(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Path:
         from lightning_gpate.release import build_release, save_release

@@ -57,6 +57,7 @@ class ImageQuality(PeriodicEvaluation):
         self._evaluator: ImageQualityEvaluator | None = None
         self._skipped: str | None = None
         self.last_metrics: dict[str, float] = {}
+        self.real_metrics: dict[str, float] = {}
 
     def evaluate(self, trainer, pl_module, *, tag: str, final: bool) -> None:
         if pl_module.data_spec["kind"] != "image" or self._skipped:
@@ -77,7 +78,8 @@ class ImageQuality(PeriodicEvaluation):
                 warnings.warn(self._skipped, stacklevel=2)
                 client.set_tag(run_id, "quality/skipped", self._skipped[:5000])
                 return
-            log_metrics(client, run_id, self._evaluator.real_baseline(), prefix=QUALITY_PREFIX, step=trainer.global_step)
+            self.real_metrics = self._evaluator.real_baseline()
+            log_metrics(client, run_id, self.real_metrics, prefix=QUALITY_PREFIX, step=trainer.global_step)
         n = self.num_samples or len(self._evaluator.reference)
         metrics = self._evaluator.score(generated_images(pl_module, n, seed=self.seed))
         log_metrics(client, run_id, metrics, prefix=QUALITY_PREFIX, step=trainer.global_step)

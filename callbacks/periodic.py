@@ -7,6 +7,7 @@ import warnings
 import pytorch_lightning as pl
 
 from callbacks.artifacts import release_allowed
+from lightning_gpate.progress import progress_bars
 from lightning_gpate.tracking import mlflow_logger_of
 
 
@@ -20,6 +21,13 @@ class PeriodicEvaluation(pl.Callback):
 
     Evaluation happens after training: an error in it is reported (a warning and the run tag
     ``<name>_error``) instead of failing the fit, so the release artifact is still written.
+
+    Under DDP only rank 0 evaluates, so :meth:`evaluate` must not enter a collective (no
+    ``torch.distributed`` call, no metric that syncs across processes): the other ranks are not there.
+    The final evaluation runs at ``on_fit_end``, after every collective of the fit (the final
+    training checkpoint is written at ``on_train_end``); a periodic one holds the other ranks at their next
+    collective until it is done. Its progress bars (:mod:`lightning_gpate.progress`) follow the
+    Trainer's: off with ``--trainer.enable_progress_bar false``.
 
     Args:
         enabled: ``False`` turns the callback off (e.g. ``--utility.enabled false``).
@@ -46,7 +54,8 @@ class PeriodicEvaluation(pl.Callback):
 
         self._last_step = trainer.global_step
         try:
-            self.evaluate(trainer, pl_module, tag=tag, final=final)
+            with progress_bars(trainer.progress_bar_callback is not None):
+                self.evaluate(trainer, pl_module, tag=tag, final=final)
         except Exception as err:  # noqa: BLE001 - reported in the run; training already happened
             message = f"{type(self).__name__} failed at step {trainer.global_step}: {type(err).__name__}: {err}"
             warnings.warn(message, stacklevel=2)

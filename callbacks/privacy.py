@@ -7,6 +7,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from callbacks.summary import stop_reason
 from lightning_gpate.privacy.accountant import DATA_DEPENDENT, GUARANTEE
 from lightning_gpate.tracking import mlflow_logger_of
 
@@ -119,9 +120,7 @@ class PrivacyBudget(pl.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         pl_module.finalize_privacy()  # the smooth-sensitivity release, before anything is logged
-        reason = pl_module.stop_reason
-        if reason is None:
-            reason = "step or epoch limit reached" if trainer.global_step > 0 else "no training step"
+        reason = stop_reason(trainer, pl_module)
         logger = mlflow_logger_of(trainer)
         if logger is None or trainer.global_rank != 0:
             return

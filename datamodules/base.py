@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from datamodules.partition import TeacherBatches, TeacherPartition, keyed_uniform, record_keys
+from lightning_gpate.errors import UserError
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
@@ -16,7 +17,7 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad input data or options; the message names the problem and what to do."""
 
 
@@ -211,6 +212,13 @@ class GenerativeDataModule(pl.LightningDataModule):
         is_train = ~(is_test | is_val)
         if not is_train.any():
             raise DataError(f"no training rows left after the val/test split of {n} rows")
+        n_train = int(is_train.sum())
+        if n_train < self.num_teachers:  # refused here, when the data is loaded: before any run starts
+            raise DataError(
+                f"too few rows per teacher: {n_train} training rows (of {n}, after the val/test split) "
+                f"cannot be split among {self.num_teachers} teachers, each needs at least one: "
+                f"set data.num_teachers <= {n_train} or give more data"
+            )
         test_idx, val_idx, train_idx = (m.nonzero().flatten() for m in (is_test, is_val, is_train))
         self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
         self.train_keys = keys[train_idx.numpy()]

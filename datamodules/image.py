@@ -49,6 +49,9 @@ class ImageDataModule(GenerativeDataModule):
         download: let torchvision download a missing dataset.
         image_size: resize to this square size (``None``: native; CelebA defaults to 64).
         path: CSV file for ``dataset="csv"``.
+        csv_header: whether the CSV's first line is a header (``None``: detected — a header is a first
+            line with a field that is not a number where the second line has one; the decision is
+            logged, and no row is ever dropped without it).
         celeba_attribute: CelebA attribute used as the binary label.
         **kwargs: see :class:`GenerativeDataModule`.
     """
@@ -62,6 +65,7 @@ class ImageDataModule(GenerativeDataModule):
         image_size: int | None = None,
         path: str | None = None,
         celeba_attribute: str = "Male",
+        csv_header: bool | None = None,
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
@@ -82,6 +86,7 @@ class ImageDataModule(GenerativeDataModule):
             raise DataError(f"image_size must be >= 4, got {image_size}")
         self.dataset, self.root, self.download = dataset, root, download
         self.image_size, self.path, self.celeba_attribute = image_size, path, celeba_attribute
+        self.csv_header = csv_header
         self.save_hyperparameters()
         self._transform = uint8_to_model_space
 
@@ -169,8 +174,22 @@ class ImageDataModule(GenerativeDataModule):
         path = Path(self.path)
         if not path.is_file():
             raise DataError(f"data file not found: {path.resolve()}")
-        frame = pd.read_csv(path)
+        header = self.csv_header
+        if header is None:
+            header = csv_has_header(path)
+            from pytorch_lightning.utilities import rank_zero_info
+
+            rank_zero_info(f"{path.name}: the first line is {'a header' if header else 'an image (no header)'} "
+                           f"(set data.csv_header to override)")
+        try:
+            frame = pd.read_csv(path, header=0 if header else None)
+        except pd.errors.EmptyDataError as err:
+            raise DataError(f"{path} is empty") from err
+        if len(frame) == 0:
+            raise DataError(f"{path} has a header and no images")
         pixels = frame.iloc[:, :-1].to_numpy()
+        if not np.issubdtype(pixels.dtype, np.number):
+            raise DataError(f"{path}: pixel columns must be numbers (a header line after the first, or data.csv_header: false on a file with a header?)")
         side = int(round(np.sqrt(pixels.shape[1])))
         if side * side != pixels.shape[1]:
             raise DataError(f"{path}: {pixels.shape[1]} pixel columns is not a square image")
@@ -181,6 +200,36 @@ class ImageDataModule(GenerativeDataModule):
         y = torch.from_numpy(np.searchsorted(classes, labels).astype(np.int64))
         x = torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 1, side, side))
         return {"train": (x, y)}, [str(c) for c in classes], 255.0
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def csv_has_header(path: str | Path) -> bool:
+    """Whether an image CSV (flattened pixels, label last) starts with a header line.
+
+    A header has a field that is not a number where the next line has a number (column names over
+    grey levels); a file of one line has a header if one of its pixel fields is not a number. Labels
+    that are names (``cat``) in every line do not make a header.
+    """
+    import pandas as pd
+
+    try:
+        lines = pd.read_csv(path, header=None, nrows=2, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        return False
+    if len(lines) == 0:
+        return False
+    first = [str(v).strip() for v in lines.iloc[0]]
+    if len(lines) == 1:
+        return not all(_is_number(v) for v in first[:-1])
+    second = [str(v).strip() for v in lines.iloc[1]]
+    return any(not _is_number(a) and _is_number(b) for a, b in zip(first, second))
 
 
 def images_to_original_range(x: torch.Tensor, spec: dict[str, Any]) -> np.ndarray:

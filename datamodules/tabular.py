@@ -397,6 +397,8 @@ class TabularDataModule(GenerativeDataModule):
                 raise DataError(f"data file not found: {path.resolve()}")
             try:
                 frame = pd.read_csv(path, sep=self.sep, na_values=self.na_values)
+            except pd.errors.EmptyDataError as err:
+                raise DataError(f"{path} is empty: no header and no rows") from err
             except (pd.errors.ParserError, UnicodeDecodeError) as err:
                 raise DataError(f"could not read {path} as CSV (sep={self.sep!r}): {err}") from err
             if frame.shape[1] == 1 and self.sep == "," and ";" in frame.columns[0]:

@@ -1,7 +1,8 @@
 """``lightning-gpate`` command line.
 
 * ``lightning-gpate fit|validate|test --config configs/NAME.yaml [--model.* --data.* --trainer.* --seed_everything N]``
-  through LightningCLI (models and DataModules in subclass mode);
+  through LightningCLI (models and DataModules in subclass mode); ``fit`` ends with a summary
+  (:class:`callbacks.FitSummary`);
 * ``lightning-gpate sample --ckpt_path RELEASE --num_samples N --output PATH`` writes synthetic data in
   the original schema (CSV for tables, ``.npz`` + PNG grid for images) from a run's release artifact;
 * ``lightning-gpate evaluate --ckpt_path RELEASE [--data DATA]`` evaluates a finished run and attaches the
@@ -11,24 +12,44 @@
   model really gives (:mod:`lightning_gpate.audit`).
 * ``lightning-gpate plan --config configs/NAME.yaml (--data_is_public | --vote_shares 0.9,0.05)``
   estimates how many steps fit the target ε under each privacy analysis (:mod:`lightning_gpate.planning`).
+
+Every command ends a user error (:func:`user_error_of`) with one line
+``lightning-gpate <command>: error: <message>`` and exit code 2; ``--debug`` anywhere on the command
+line prints the traceback first. Errors of the command line's own syntax (unknown options or config
+keys, wrong types) keep the parser's message. A command added to :data:`EXTRA_COMMANDS` gets the same
+handling: it takes its arguments (without ``--debug``) and returns an exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+import traceback
+from pathlib import Path
+from typing import Callable, Sequence
 
 from pytorch_lightning.cli import LightningCLI
 
 from datamodules.base import GenerativeDataModule
+from lightning_gpate.errors import ConfigError, UserError
 from lightning_gpate.models.base import GenerativeModel
 
-EXTRA_COMMANDS = {}
+PROG = "lightning-gpate"
+#: Commands beside LightningCLI's: name → function(argv) returning an exit code.
+EXTRA_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {}
+DEBUG_FLAG = "--debug"
+#: ``--ckpt_path`` values that Lightning resolves itself (not file names).
+_LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
+
+_PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("lightning_gpate", "datamodules", "callbacks"))
+#: Exceptions that are the user's input when this project raises them (a ValueError from torch's
+#: internals is a bug and keeps its traceback); a :class:`UserError` is one wherever it comes from.
+_INPUT_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 class GPATECLI(LightningCLI):
-    """LightningCLI with the data spec linked into the model and MLflow as the default logger."""
+    """LightningCLI with the data spec linked into the model, MLflow as the default logger, checks
+    before a fit starts, and the end-of-fit summary."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.spec", "model.init_args.data_spec", apply_on="instantiate")
@@ -40,10 +61,56 @@ class GPATECLI(LightningCLI):
         parser.add_lightning_class_args(DownstreamUtility, "utility")
         parser.add_lightning_class_args(ImageQuality, "image_quality")
 
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then check that a ``--ckpt_path`` file is a lightning-gpate checkpoint: LightningCLI
+        reads its hyperparameters next, and would fail with a traceback on anything else."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        self._resume_from = None
+        if ckpt_path and str(ckpt_path) not in _LIGHTNING_CKPT_ALIASES:
+            from lightning_gpate.release import read_file
+
+            self._resume_from = (str(ckpt_path), read_file(str(ckpt_path)))  # tensors stay on disk
+
+    def before_fit(self) -> None:
+        """Refuse, before any process or MLflow run starts, what cannot run: a single-process model on
+        several processes, and a ``--ckpt_path`` that is not a resumable checkpoint of this model
+        (missing, not a checkpoint, another model, a spent privacy budget)."""
+        reason = getattr(self.model, "single_process_only", None)
+        if reason and self.trainer.world_size > 1:
+            raise ConfigError(
+                f"{type(self.model).__name__} trains on one process only ({reason}); this run asks for "
+                f"{self.trainer.world_size}: set --trainer.devices 1 (and --trainer.num_nodes 1)"
+            )
+        if self.trainer.world_size > 1 and getattr(self.model, "ddp_needs_find_unused_parameters", False):
+            from pytorch_lightning.strategies import DDPStrategy
+
+            strategy = self.trainer.strategy
+            if isinstance(strategy, DDPStrategy) and not getattr(strategy, "_ddp_kwargs", {}).get("find_unused_parameters"):
+                raise ConfigError(
+                    f"{type(self.model).__name__} has parameters that some of its steps do not use: under DDP, "
+                    f"set --trainer.strategy ddp_find_unused_parameters_true"
+                )
+        if self._resume_from is not None:
+            path, checkpoint = self._resume_from
+            self._resume_from = None
+            self.model.check_resume(checkpoint, path)
+
+    def after_fit(self) -> None:
+        """Print the summary (global rank 0, after the progress bar and the evaluations; every fact in
+        it is also in the MLflow run)."""
+        from callbacks import FitSummary
+
+        trainer = self.trainer
+        summary = next((cb for cb in trainer.callbacks if isinstance(cb, FitSummary)), None)
+        if summary is not None and trainer.is_global_zero:
+            print(summary.text(trainer, self.model, command=PROG), flush=True)
+
 
 def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) -> GPATECLI:
     import lightning_gpate.models  # noqa: F401  (registers every model class for subclass mode)
-    from callbacks import MLflowSaveConfig, ReleaseArtifact, SampleLogger
+    from callbacks import FitSummary, MLflowSaveConfig, ReleaseArtifact, SampleLogger
 
     return GPATECLI(
         GenerativeModel,
@@ -54,7 +121,9 @@ def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) ->
         save_config_kwargs={"save_to_log_dir": False},
         # Training checkpoints (private) go to ./private/<experiment>/<run>/ (ReleaseArtifact), outside
         # the MLflow store; only the release artifact is logged.
-        trainer_defaults={"callbacks": [SampleLogger(), ReleaseArtifact()]},
+        trainer_defaults={"callbacks": [SampleLogger(), ReleaseArtifact(), FitSummary()]},
+        parser_kwargs={"epilog": f"Other commands: {', '.join(sorted(EXTRA_COMMANDS))} ({PROG} <command> --help). "
+                                 f"Add {DEBUG_FLAG} to any command to see the traceback of an error."},
         args=args,
         auto_configure_optimizers=False,
         run=run,
@@ -181,16 +250,76 @@ def plan_command(argv: Sequence[str]) -> int:
 EXTRA_COMMANDS["plan"] = plan_command
 
 
+def _raised_by_project(err: BaseException) -> bool:
+    """Whether ``err`` was raised in this project's code (the innermost frame of its traceback)."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.startswith(_PROJECT_DIRS)
+
+
+def user_error_of(err: BaseException) -> BaseException | None:
+    """The user error behind ``err``, or ``None`` when ``err`` is a bug.
+
+    Looks through the chain of causes, because jsonargparse wraps an error raised in a class's
+    constructor during instantiation into its own (with a dump of the whole config): the outermost
+    :class:`UserError` wins, else the outermost ValueError (or file error) raised by this project's code.
+    """
+    chain: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and not any(e is c for c in chain):
+        chain.append(e)
+        e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+    for e in chain:
+        if isinstance(e, UserError):
+            return e
+    for e in chain:
+        if isinstance(e, _INPUT_ERRORS) and _raised_by_project(e):
+            return e
+    return None
+
+
+def _is_global_rank_zero() -> bool:
+    rank_zero = sys.modules.get("lightning_fabric.utilities.rank_zero")
+    return rank_zero is None or getattr(rank_zero.rank_zero_only, "rank", 0) == 0
+
+
+def run_command(name: str, command: Callable[[], int], *, debug: bool = False) -> int:
+    """Run ``command``; a user error ends in one line on stderr (global rank 0 only) and exit code 2."""
+    from callbacks.summary import one_line
+
+    try:
+        return command() or 0
+    except Exception as err:  # noqa: BLE001 - sorted into user errors and bugs below
+        user = user_error_of(err)
+        if user is None:
+            raise
+        if debug:
+            traceback.print_exception(err)
+        if _is_global_rank_zero():
+            print(f"{PROG} {name}: error: {one_line(user)}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _lightning_command(args: Sequence[str] | None) -> int:
+    run_lightning_cli(args)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in EXTRA_COMMANDS:
-        try:
-            return EXTRA_COMMANDS[args[0]](args[1:]) or 0
-        except (ValueError, FileNotFoundError) as err:  # user errors: one clear line, no traceback
-            print(f"lightning-gpate {args[0]}: error: {err}", file=sys.stderr)
-            return 2
-    run_lightning_cli(argv)
-    return 0
+    debug = DEBUG_FLAG in args
+    args = [a for a in args if a != DEBUG_FLAG]
+    name = args[0] if args and not args[0].startswith("-") else ""
+    if name in EXTRA_COMMANDS:
+        return run_command(name, lambda: EXTRA_COMMANDS[name](args[1:]), debug=debug)
+    if argv is None:
+        # LightningCLI reads sys.argv itself (and DDP relaunches this command from it): drop --debug there.
+        sys.argv[1:] = args
+        return run_command(name, lambda: _lightning_command(None), debug=debug)
+    return run_command(name, lambda: _lightning_command(args), debug=debug)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from lightning_gpate.errors import UserError
+
 RELEASE_KEY = "lightning_gpate_release"
 RELEASE_FORMAT = 1
 #: Top-level entries of a release artifact: nothing else is allowed in one.
@@ -34,7 +36,7 @@ RELEASE_ENTRIES = (RELEASE_KEY, "hyper_parameters", "generator", "privacy", "dat
 CHECKPOINT_KEY = "lightning_gpate"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A file that is missing, unreadable, or neither a release artifact nor a training checkpoint."""
 
 

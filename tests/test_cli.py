@@ -33,6 +33,13 @@ def test_fit_then_sample_digits(capsys):
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/samples_final.png"]
 
     ckpt = run.data.tags["release_artifact"]
+    summary = capsys.readouterr().out.split("lightning-gpate fit: done\n")[1]  # the end of fit, whatever the progress bar
+    assert "  model     GAN\n" in summary and "digits, images 1×8×8, 10 classes" in summary
+    assert "  training  4 steps in " in summary and "stopped   max_steps=4 reached" in summary
+    assert "privacy   none: a non-private model (no privacy guarantee)" in summary
+    assert f"release   {ckpt}\n" in summary and f"run {run.info.run_id} in experiment 'digits'" in summary
+    assert f"sample    lightning-gpate sample --ckpt_path {ckpt} --num_samples 1000 --output samples.npz" in summary
+    assert "browse    mlflow ui --backend-store-uri sqlite:///" in summary
     assert main(["sample", "--ckpt_path", ckpt, "--num_samples", "25", "--output", "out/s.npz", "--seed", "1"]) == 0
     data = np.load("out/s.npz")
     assert data["images"].shape == (25, 1, 8, 8) and data["labels"].shape == (25,)

@@ -103,7 +103,7 @@ def train_classifier(
     Returns:
         The trained network (eval mode) and one ``{name: accuracy}`` per epoch.
     """
-    from tqdm.auto import tqdm
+    from lightning_gpate.progress import progress
 
     if len(y) == 0:
         raise ValueError("no images to train the classifier on")
@@ -117,7 +117,7 @@ def train_classifier(
         net = ConvClassifier(in_shape=x.shape[1:], num_classes=num_classes).to(device)
         opt = torch.optim.Adam(net.parameters(), lr=lr)
         gen = torch.Generator().manual_seed(seed)
-        for _ in tqdm(range(epochs), desc=desc, leave=False, disable=None):
+        for _ in progress(range(epochs), desc=desc, unit="epoch"):
             net.train()
             for idx in torch.randperm(len(y), generator=gen).split(batch_size):
                 loss = F.cross_entropy(net(x[idx].to(device)), y[idx].to(device))
@@ -320,11 +320,15 @@ def inception_score(
 
     from torchmetrics.image.inception import InceptionScore
 
+    from lightning_gpate.progress import progress
+
     splits = max(1, min(splits, len(images) // min_split_size))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
-        metric = InceptionScore(feature=logits_net, splits=splits)
-    for xb in images.split(batch_size):
+        # No sync: evaluation runs on one process (rank 0 under DDP); a sync would wait for ranks that never come.
+        metric = InceptionScore(feature=logits_net, splits=splits, sync_on_compute=False)
+    batches = images.split(batch_size)
+    for xb in progress(batches, desc="Inception Score", total=len(batches), unit="batch"):
         metric.update(xb)
     with torch.random.fork_rng(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*degrees of freedom.*")
@@ -337,11 +341,13 @@ def frechet_distance(features_net: nn.Module, real: torch.Tensor, fake: torch.Te
     """FID between two image sets in the feature space of ``features_net`` (torchmetrics)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
 
-    metric = FrechetInceptionDistance(feature=features_net, reset_real_features=False)
-    for xb in real.split(batch_size):
-        metric.update(xb, real=True)
-    for xb in fake.split(batch_size):
-        metric.update(xb, real=False)
+    from lightning_gpate.progress import progress
+
+    # No sync: evaluation runs on one process (rank 0 under DDP); a sync would wait for ranks that never come.
+    metric = FrechetInceptionDistance(feature=features_net, reset_real_features=False, sync_on_compute=False)
+    batches = [(xb, True) for xb in real.split(batch_size)] + [(xb, False) for xb in fake.split(batch_size)]
+    for xb, is_real in progress(batches, desc="FID", unit="batch"):
+        metric.update(xb, real=is_real)
     return float(metric.compute())
 
 

@@ -203,7 +203,7 @@ def train_test_classifiers(
     """
     from sklearn.exceptions import ConvergenceWarning
     from threadpoolctl import threadpool_limits
-    from tqdm.auto import tqdm
+    from lightning_gpate.progress import progress
 
     factories = _classifier_factories(seed)
     train_classes = np.unique(y_train)
@@ -219,7 +219,7 @@ def train_test_classifiers(
         return {name: (auc, ap) for name in classifiers}
     # Classifiers that need consecutive class ids (XGBoost) see indices into train_classes.
     y_local = np.searchsorted(train_classes, y_train)
-    for name in tqdm(classifiers, desc=desc, leave=False, disable=None):
+    for name in progress(classifiers, desc=desc, unit="classifier"):
         clf = factories[name]()
         # One BLAS thread: these models are small, and oversubscribed BLAS threads make the MLP 20x slower.
         with warnings.catch_warnings(), threadpool_limits(1):

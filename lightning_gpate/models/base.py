@@ -34,6 +34,14 @@ class GenerativeModel(pl.LightningModule):
         latent_prior: ``"normal"`` (N(0, I)) or ``"uniform"`` (U(-1, 1), G-PATE's choice).
     """
 
+    #: Why this model trains on one process only (``None``: it trains under DDP, e.g.
+    #: ``--trainer.devices 2 --trainer.strategy ddp``). The command line refuses a multi-process fit
+    #: of such a model in one line, before anything starts.
+    single_process_only: str | None = None
+    #: Whether some parameters take no part in a step's loss (e.g. the generator's in a discriminator
+    #: step): DDP must then look for unused parameters (``--trainer.strategy ddp_find_unused_parameters_true``).
+    ddp_needs_find_unused_parameters: bool = False
+
     def __init__(self, data_spec: dict[str, Any], *, z_dim: int = 100, latent_prior: str = "normal") -> None:
         super().__init__()
         if latent_prior not in LATENT_PRIORS:
@@ -110,10 +118,15 @@ class GenerativeModel(pl.LightningModule):
         gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         if labels is None:
             labels = self.sample_labels(n, generator=gen)
+        from lightning_gpate.progress import progress
+
         net = self.generator_module
         was_training = net.training
         net.eval()
-        out = [net(self.latent(len(y), generator=gen), y.to(self.device)) for y in labels.split(batch_size)]
+        batches = labels.split(batch_size)
+        if len(batches) > 1:
+            batches = progress(batches, desc="generating", total=len(batches), unit="batch")
+        out = [net(self.latent(len(y), generator=gen), y.to(self.device)) for y in batches]
         net.train(was_training)
         return torch.cat(out).cpu(), labels.cpu()
 
@@ -133,6 +146,22 @@ class GenerativeModel(pl.LightningModule):
             "format": CHECKPOINT_FORMAT,
             "model_class": f"{type(self).__module__}.{type(self).__qualname__}",
         }
+
+    def check_resume(self, checkpoint: dict[str, Any], path: str) -> None:
+        """Refuse to resume training from ``checkpoint`` (read from ``path`` by
+        :func:`lightning_gpate.release.read_file`) when it cannot continue this model: a release
+        artifact, another model class, or no training state. Raises :class:`CheckpointError`."""
+        if CHECKPOINT_KEY not in checkpoint:
+            raise CheckpointError(
+                f"{path} is a release artifact (the generator only): resume from the run's private training "
+                f"checkpoint (its MLflow tag training_checkpoint; kept when the config asks for checkpoints)"
+            )
+        meta = checkpoint.get(CHECKPOINT_KEY) or {}
+        mine = f"{type(self).__module__}.{type(self).__qualname__}"
+        if meta.get("model_class") != mine:
+            raise CheckpointError(f"{path} holds a {meta.get('model_class')}, but the config trains a {mine}: resume with the config it was trained with")
+        if "state_dict" not in checkpoint or "optimizer_states" not in checkpoint or "loops" not in checkpoint:
+            raise CheckpointError(f"{path} holds no training state (optimizers, loops): it cannot be resumed; give the training checkpoint")
 
 
 def load_generator(ckpt_path: str, map_location: str = "cpu") -> GenerativeModel:

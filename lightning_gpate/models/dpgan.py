@@ -120,6 +120,8 @@ class DPGAN(PrivateGenerativeModel):
             and the batches: for tests only.
     """
 
+    single_process_only = "DP-SGD's noise is added once, globally, to Poisson batches of the whole data"
+
     def __init__(
         self,
         data_spec: dict[str, Any],

@@ -27,6 +27,8 @@ class GAN(GenerativeModel):
         gf_dim: DCGAN generator width; df_dim: DCGAN discriminator width; fc_dim: dense width of both.
     """
 
+    ddp_needs_find_unused_parameters = True  # the discriminator step does not use the generator
+
     def __init__(
         self,
         data_spec: dict[str, Any],

@@ -240,6 +240,8 @@ class GSWGAN(PrivateGenerativeModel):
             ``seed_everything``; a fixed seed lets anyone who knows it replay them: for tests only.
     """
 
+    single_process_only = "its discriminators are not sharded across processes"
+
     def __init__(
         self,
         data_spec: dict[str, Any],

@@ -120,6 +120,7 @@ class PATEGAN(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
+    single_process_only = "its teachers are not sharded across processes"
 
     def __init__(
         self,

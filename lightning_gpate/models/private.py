@@ -21,7 +21,8 @@ import inspect
 import warnings
 from typing import Any
 
-from lightning_gpate.models.base import GenerativeModel
+from lightning_gpate.errors import ConfigError, UserError
+from lightning_gpate.models.base import CheckpointError, GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
@@ -30,7 +31,7 @@ BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
 SMOOTH_SENSITIVITY = "smooth_sensitivity"
 
 
-class BudgetExhaustedError(RuntimeError):
+class BudgetExhaustedError(UserError, RuntimeError):
     """Training was asked of a model whose privacy budget is already spent."""
 
 
@@ -39,7 +40,7 @@ class NoPrivateStepError(BudgetExhaustedError):
     fit looked like a success (ε spent 0)."""
 
 
-class PrivateMetadataError(ValueError):
+class PrivateMetadataError(UserError, ValueError):
     """The data spec carries metadata read from the private data that nobody paid for."""
 
 
@@ -319,6 +320,22 @@ class PrivateGenerativeModel(GenerativeModel):
     def on_train_end(self) -> None:
         self.finalize_privacy()
 
+    def ensure_budget_left(self) -> None:
+        """Raise :class:`BudgetExhaustedError` if this model's budget is spent (or, in smooth_sensitivity
+        mode, its ε already released)."""
+        ss = self.smooth_sensitivity
+        if ss is not None and ss.released is not None:
+            raise BudgetExhaustedError(
+                "this run's smooth-sensitivity epsilon was already released: training more would need a second "
+                "release (and its cost). Start a new run instead."
+            )
+        if self.budget_exhausted:
+            raise BudgetExhaustedError(
+                f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
+                f"{self.epsilon_budget:g}): {self.stop_reason}. Training more would exceed it; "
+                f"start a new run with a new budget instead."
+            )
+
     def on_train_start(self) -> None:
         super().on_train_start()
         for logger in self.trainer.loggers:
@@ -328,23 +345,24 @@ class PrivateGenerativeModel(GenerativeModel):
                     f"state) to the tracking server. Use log_model=False: the release artifact is what gets logged."
                 )
         ss = self.smooth_sensitivity
-        if ss is not None and ss.released is not None:
-            raise BudgetExhaustedError(
-                "this run's smooth-sensitivity epsilon was already released: training more would need a second "
-                "release (and its cost). Start a new run instead."
-            )
         if ss is not None and (self._trainer is None or not (self.trainer.max_steps or -1) > 0):
-            raise ValueError(
+            raise ConfigError(
                 "budget_accounting: smooth_sensitivity needs a run length fixed in advance: set trainer.max_steps "
                 "(lightning-gpate plan --config ... estimates how many steps fit the target epsilon)"
             )
-        if self.budget_exhausted:
-            raise BudgetExhaustedError(
-                f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
-                f"{self.epsilon_budget:g}): {self.stop_reason}. Training more would exceed it; "
-                f"start a new run with a new budget instead."
-            )
+        self.ensure_budget_left()
         self._generator_steps_at_start = self.trainer.global_step
+
+    def check_resume(self, checkpoint: dict[str, Any], path: str) -> None:
+        """Also refuse a checkpoint whose budget is spent, before a run starts (training would refuse
+        it anyway at ``on_train_start``). Loads the checkpoint's accountant into this model, as the
+        resume itself will."""
+        super().check_resume(checkpoint, path)
+        extra = checkpoint["state_dict"].get("_extra_state")
+        if extra is None:
+            raise CheckpointError(f"{path} holds no privacy accountant: it is not a checkpoint of a private model")
+        self.set_extra_state(extra)
+        self.ensure_budget_left()
 
     def configure_callbacks(self):
         from callbacks.privacy import PrivacyBudget

@@ -1,0 +1,208 @@
+"""FitSummary: what a finished fit did, in a few lines for the person who ran it.
+
+``lightning-gpate fit`` prints :meth:`FitSummary.text` at the very end (global rank 0, after the
+progress bar and the evaluations). A fit that fails
+is tagged ``error`` in its run (the exception's type) and gets no summary: the run's status is ``FAILED``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+
+from lightning_gpate.tracking import mlflow_logger_of
+
+#: Figures worth a line of the summary, in this order: (metric key, label). The evaluation callbacks
+#: log many more (see MLflow); these are the papers' headline measures.
+HEADLINE_METRICS = (
+    ("utility/A/auroc_mean", "AUROC real→real (A)"),
+    ("utility/B/auroc_mean", "AUROC synthetic→real (B)"),
+    ("utility/C/auroc_mean", "AUROC synthetic→synthetic (C)"),
+    ("utility/ranking_agreement_AC", "ranking agreement A/C"),
+    ("utility/cnn_accuracy_final", "CNN accuracy on real test (final epoch)"),
+    ("utility/cnn_accuracy_val_selected", "CNN accuracy on real test (selected on synthetic val)"),
+    ("quality/inception_score", "Inception Score"),
+    ("quality/inception_score_real", "Inception Score of real data"),
+    ("quality/fid", "FID"),
+)
+
+
+def one_line(text: Any) -> str:
+    """``text`` with its whitespace (newlines included) collapsed to single spaces."""
+    return " ".join(str(text).split())
+
+
+def stop_reason(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str:
+    """Why training stopped: the model's own reason (e.g. the privacy budget), else the Trainer's limits."""
+    reason = getattr(pl_module, "stop_reason", None)
+    if reason:
+        return reason
+    if trainer.global_step == 0:
+        return "no training step"
+    if trainer.max_steps is not None and trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
+        return f"max_steps={trainer.max_steps} reached"
+    if trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch >= trainer.max_epochs:
+        return f"max_epochs={trainer.max_epochs} reached"
+    if trainer.should_stop:
+        return "stopped by a callback (e.g. early stopping)"
+    return "step or epoch limit reached"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _data_line(datamodule, spec: dict[str, Any]) -> str:
+    """The data a run used, from public facts only (no row counts: the summary may be shared like a log)."""
+    source = None
+    if datamodule is not None:
+        if getattr(datamodule, "dataset", None) and datamodule.dataset != "csv":
+            source = datamodule.dataset
+        elif getattr(datamodule, "path", None):
+            source = str(datamodule.path)
+        elif getattr(datamodule, "builtin", None):
+            source = f"builtin {datamodule.builtin}"
+        elif getattr(datamodule, "frame", None) is not None:
+            source = "a DataFrame"
+    kind = spec.get("kind", "?")
+    if kind == "image":
+        shape = "×".join(str(s) for s in spec.get("shape", []))
+        what = f"images {shape}, {spec.get('num_classes')} classes"
+    else:
+        what = f"table of {len(spec.get('columns', []))} columns + label {spec.get('label', {}).get('name')!r}, {spec.get('num_classes')} classes"
+    teachers = getattr(datamodule, "num_teachers", 0) if datamodule is not None else 0
+    parts = [p for p in (source, what, f"{teachers} teachers" if teachers else None) if p]
+    return ", ".join(parts)
+
+
+def _privacy_lines(pl_module) -> list[str]:
+    acc = getattr(pl_module, "accountant", None)
+    if acc is None or not hasattr(pl_module, "epsilon_budget"):
+        return ["none: a non-private model (no privacy guarantee)"]
+    budget, delta = pl_module.epsilon_budget, acc.delta
+    label = acc.paper_label
+    if pl_module.budget_accounting == "paper":
+        return [
+            f"ε = {acc.epsilon_paper():.4f} spent of the budget ε = {budget:g} (δ = {delta:g}) by the paper's "
+            f"{label.replace('_', '-')} analysis: NOT a guarantee",
+            f"the guarantee in force is ε = {acc.epsilon():.4f}",
+        ]
+    lines = [f"ε = {acc.epsilon():.4f} spent of the budget ε = {budget:g} (δ = {delta:g}): an (ε, δ)-DP guarantee"]
+    if label != "guarantee" and not math.isclose(acc.epsilon_paper(), acc.epsilon(), rel_tol=1e-6):
+        lines.append(f"the paper's {label.replace('_', '-')} analysis gives ε = {acc.epsilon_paper():.4f} (not a guarantee)")
+    return lines
+
+
+def _metric_lines(metrics: dict[str, float]) -> list[str]:
+    lines = []
+    for key, label in HEADLINE_METRICS:
+        value = metrics.get(key)
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            lines.append(f"{label} {value:.4g}")
+    return lines
+
+
+def _sqlite_ui_command(tracking_uri: str | None) -> str:
+    if tracking_uri and tracking_uri.startswith(("http://", "https://", "databricks")):
+        return f"open {tracking_uri}"
+    return f"mlflow ui --backend-store-uri {tracking_uri}"
+
+
+class FitSummary(pl.Callback):
+    """Times the fit, tags a failed run with its error, and writes the end-of-fit summary.
+
+    Attributes:
+        wall_time: seconds from the start of fitting to the end of training (``None`` before).
+    """
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._train_end: float | None = None
+        self._first_step: int = 0
+        self.wall_time: float | None = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._start = time.monotonic()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._first_step = trainer.global_step  # after a checkpoint was restored
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._train_end = time.monotonic()
+        if self._start is not None:
+            self.wall_time = self._train_end - self._start
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        logger = mlflow_logger_of(trainer)
+        # Only a run that exists: asking for logger.run_id would create one just to record the failure.
+        if logger is None or not trainer.is_global_zero or getattr(logger, "_run_id", None) is None:
+            return
+        # The type only: a message may describe the private data (row counts, values), and runs are logs.
+        logger.experiment.set_tag(logger.run_id, "error", f"{type(exception).__name__} (the message was printed, not logged)")
+
+    # ----------------------------------------------------------------- the summary
+    def text(self, trainer: pl.Trainer, pl_module, *, command: str = "lightning-gpate") -> str:
+        """The summary of a finished fit (call it on global rank 0, after ``trainer.fit``)."""
+        from callbacks.artifacts import ReleaseArtifact, release_allowed
+        from callbacks.periodic import PeriodicEvaluation
+
+        rows: list[tuple[str, str]] = []
+        rows.append(("model", type(pl_module).__name__))
+        rows.append(("data", _data_line(trainer.datamodule, pl_module.data_spec)))
+        took = f" in {_duration(self.wall_time)}" if self.wall_time is not None else ""
+        after = f" (then {_duration(time.monotonic() - self._train_end)} of evaluation and logging)" if self._train_end else ""
+        steps = f"{trainer.global_step} steps"
+        if self._first_step:
+            steps += f" ({trainer.global_step - self._first_step} in this run, resumed at step {self._first_step})"
+        rows.append(("training", f"{steps}{took}{after}"))
+        rows.append(("stopped", stop_reason(trainer, pl_module)))
+        rows += [("privacy", line) for line in _privacy_lines(pl_module)]
+        metrics: dict[str, float] = {}
+        for cb in trainer.callbacks:
+            if isinstance(cb, PeriodicEvaluation):
+                prefix = f"{cb.name}/"
+                metrics.update({prefix + k: v for k, v in getattr(cb, "last_metrics", {}).items()})
+                metrics.update({prefix + k: v for k, v in getattr(cb, "real_metrics", {}).items()})
+        figures = _metric_lines(metrics)
+        rows += [("utility", line) for line in figures] or [("utility", "not computed (evaluation disabled, or see the run's *_error tags)")]
+        artifacts = next((cb for cb in trainer.callbacks if isinstance(cb, ReleaseArtifact)), None)
+        release = artifacts.release_path if artifacts is not None else None
+        training_ckpt = artifacts.training_checkpoint_path if artifacts is not None else None
+        if release is not None:
+            rows.append(("release", str(release)))
+        elif getattr(pl_module, "has_release", False) and not release_allowed(pl_module):
+            rows.append(("release", "NOT written: the released epsilon exceeds the target (see 'stopped')"))
+        if training_ckpt is not None:
+            if not pl_module.has_release:
+                use = "its only output: pass it as --model.pretrained_checkpoint"
+            elif getattr(pl_module, "budget_exhausted", False):
+                use = "the budget is spent: it cannot train further"
+            else:
+                use = "resume with --ckpt_path"
+            rows.append(("private", f"training checkpoint {training_ckpt} (never logged, keep it private; {use})"))
+        logger = mlflow_logger_of(trainer)
+        if logger is not None and getattr(logger, "_run_id", None) is not None:
+            exp = logger.experiment.get_experiment(logger.experiment_id)
+            rows.append(("MLflow", f"run {logger.run_id} in experiment {exp.name!r}"))
+        if release is not None:
+            ext = "csv" if pl_module.data_spec["kind"] == "tabular" else "npz"
+            rows.append(("sample", f"{command} sample --ckpt_path {release} --num_samples 1000 --output samples.{ext}"))
+        if logger is not None:
+            rows.append(("browse", _sqlite_ui_command(getattr(logger, "_tracking_uri", None))))
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{command} fit: done"]
+        previous = None
+        for key, value in rows:
+            lines.append(f"  {'' if key == previous else key:<{width}}  {value}")
+            previous = key
+        return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Kill -9 during a fit, then resume from its training checkpoint, as a user would (subprocesses)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import mlflow
+
+from clitools import assert_one_line_error, run_cli, start_cli, store_snapshot, tiny_gpate_config, write_tiny_table
+from lightning_gpate.models.base import load_generator
+
+# Large noise and a budget of about 35 steps of the tiny G-PATE: training stops on the budget, and
+# the kill comes at about step 20 (once step=20.ckpt exists, step=10.ckpt is complete).
+EPSILON = 0.9
+NOISE = {"sigma_threshold": 200.0, "sigma_gnmax": 200.0}
+
+
+def _runs(tmp_path, experiment: str):
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    return client, client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def _history(client, run, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_spent_one(tmp_path):
+    write_tiny_table(tmp_path / "table.csv")
+    tiny_gpate_config(tmp_path / "tiny.yaml", epsilon=EPSILON, experiment="resume", checkpoints="ckpts", every_n_train_steps=10, **NOISE)
+
+    # 1. a fit killed with SIGKILL in the middle of training
+    fit = start_cli("fit", "--config", "tiny.yaml", cwd=tmp_path, log=tmp_path / "killed.log")
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "ckpts" / "step=20.ckpt").exists():
+        assert fit.poll() is None, f"the fit ended before it was killed:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint at step 20 after 300 s"
+        time.sleep(0.02)
+    fit.kill()
+    assert fit.wait() == -9
+    checkpoint = tmp_path / "ckpts" / "step=10.ckpt"
+    eps_at_checkpoint = load_generator(str(checkpoint)).accountant.epsilon()
+    client, (killed,) = _runs(tmp_path, "resume")
+    assert killed.info.status == "RUNNING"  # nobody could close it
+    # Lightning logs the metrics of global step s at MLflow step s - 1
+    assert math.isclose(dict(_history(client, killed, "epsilon"))[9], eps_at_checkpoint, rel_tol=1e-6)  # as logged (float32)
+
+    # 2. resume: ε continues from the checkpoint's, steps from its step, and the run stops at the budget
+    resumed = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "stopped   privacy budget reached" in resumed.stdout
+    assert "in this run, resumed at step 10)" in resumed.stdout
+    client, (_, run) = _runs(tmp_path, "resume")
+    assert run.info.status == "FINISHED"
+    history = _history(client, run, "epsilon")
+    assert history[0][0] == 10 and history[0][1] > eps_at_checkpoint  # global step 11: steps 1..10 are not run (nor paid) again
+    values = [v for _, v in history]
+    assert values == sorted(values)
+    assert eps_at_checkpoint < run.data.metrics["epsilon_final"] <= EPSILON
+    assert run.data.tags["stop_reason"].startswith("privacy budget reached")
+    assert run.data.tags["privacy_guarantee"] == "true"
+    final = run.data.tags["training_checkpoint"]  # the private training checkpoint of the final state
+    assert load_generator(final).budget_exhausted
+    assert f"private   training checkpoint {final} (never logged, keep it private; the budget is spent" in resumed.stdout
+
+    # 3. resuming the spent budget refuses in one line, before any run starts
+    before = store_snapshot(tmp_path / "mlruns")
+    again = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", final, cwd=tmp_path)
+    assert_one_line_error(again, "fit", "privacy budget is spent", f"of {EPSILON:g}", "start a new run with a new budget")
+    assert store_snapshot(tmp_path / "mlruns") == before
+
+    # 4. a failure after the run started (a checkpoint whose teacher partition does not fit this data):
+    #    one line, and the run is FAILED with the error's type, not a finished run with a final ε
+    broken = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), "--data.init_args.num_teachers", "5", cwd=tmp_path)
+    assert_one_line_error(broken, "fit", "teacher partition", "does not fit this data", "resume with the same data")
+    client, runs = _runs(tmp_path, "resume")
+    failed = runs[-1]
+    assert len(runs) == 3 and failed.info.status == "FAILED"
+    assert failed.data.tags["error"].startswith("DataError")
+    assert not {"stop_reason", "release_artifact", "training_checkpoint"} & set(failed.data.tags)
+    assert "epsilon_final" not in failed.data.metrics
+    after = store_snapshot(tmp_path / "mlruns")
+    assert {k: v for k, v in after["runs"].items() if k in before["runs"]} == before["runs"]  # earlier runs untouched
