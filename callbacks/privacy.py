@@ -21,7 +21,7 @@ class PrivacyBudget(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         acc = pl_module.accountant
-        pl_module.log("epsilon", acc.epsilon(), prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log("epsilon", pl_module.guarantee_epsilon(), prog_bar=True, on_step=True, on_epoch=False, rank_zero_only=True)
         if acc.paper_label != "guarantee":  # a separate paper-style analysis exists: log it beside
             pl_module.log(f"epsilon_{acc.paper_label}", acc.epsilon_paper(), on_step=True, on_epoch=False, rank_zero_only=True)
         if pl_module.budget_exhausted:
@@ -36,7 +36,9 @@ class PrivacyBudget(pl.Callback):
             return
         client, run_id = logger.experiment, logger.run_id
         summary = pl_module.accountant.summary()
-        client.log_metric(run_id, "epsilon_final", summary["epsilon"])
+        client.log_metric(run_id, "epsilon_final", pl_module.guarantee_epsilon())
+        if pl_module.guarantee_epsilon() != summary["epsilon"]:  # a tighter analysis than RDP is in force
+            client.log_metric(run_id, "epsilon_final_rdp", summary["epsilon"])
         client.log_metric(run_id, f"epsilon_final_{summary['analysis']}", summary["epsilon_paper"])
         for key in ("delta", "analysis", "conversion", "best_order", "orders"):
             client.log_param(run_id, f"privacy/{key}", str(summary[key])[:500])

@@ -13,7 +13,8 @@ from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPar
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
-TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher")
+#: A mechanism that reads every record once (noisy marginals) asks for ``"full"``: the whole split as one batch.
+TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
 
 
 class DataError(ValueError):
@@ -274,9 +275,20 @@ class GenerativeDataModule(pl.LightningDataModule):
         dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size, transform=self._transform)
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
+    def full_dataloader(self):
+        """The whole training split as one batch ``(x, y)`` per epoch, for a mechanism that reads every
+        record once (e.g. :class:`~lightning_gpate.models.MarginalTree`'s noisy marginals)."""
+        self.setup("fit")
+        if self.num_teachers > 0:
+            raise DataError("full-split sampling reads the whole training split: set num_teachers: 0")
+        x, y = self.splits["train"]
+        return DataLoader([(self._transform(x) if self._transform else x.float(), y)], batch_size=None, num_workers=0)
+
     def train_dataloader(self):
         self.setup("fit")
         sampling = self.requested_sampling()
+        if sampling["kind"] == "full":
+            return self.full_dataloader()
         if sampling["kind"] == "poisson":
             return self.poisson_dataloader(int(sampling.get("batches", 1)))
         if sampling["kind"] == "one_teacher":

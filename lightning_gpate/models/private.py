@@ -92,11 +92,16 @@ class PrivateGenerativeModel(GenerativeModel):
                 hparams["data_spec"] = release_spec(hparams["data_spec"], warn=False)
 
     # ----------------------------------------------------------------- budget
+    def guarantee_epsilon(self) -> float:
+        """ε of the guarantee in force: the accountant's RDP bound, unless a subclass has a tighter
+        valid one (DP-GAN's ``accountant: pld``)."""
+        return self.accountant.epsilon()
+
     def spent_epsilon(self) -> float:
         """ε spent so far under the accounting the budget uses."""
         if self.budget_accounting == "paper":
             return self.accountant.epsilon_paper()
-        return self.accountant.epsilon()
+        return self.guarantee_epsilon()
 
     def epsilon_if(self, event) -> float:
         """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""

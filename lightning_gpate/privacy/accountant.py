@@ -28,6 +28,7 @@ from .gswgan import gswgan_rdp
 from .pate import _to_numpy, _validate_votes, confident_gnmax_rdp, laplace_vote_rdp
 from .rdp import (
     DEFAULT_ORDERS,
+    exponential_mechanism_rdp,
     pure_dp_rdp,
     rdp_to_epsilon,
     subsampled_gaussian_rdp,
@@ -40,6 +41,7 @@ __all__ = [
     "SubsampledGaussianEvent",
     "GSWGANStepEvent",
     "PureDPEvent",
+    "ExponentialMechanismEvent",
     "PrivacyEvent",
     "PrivacyAccountant",
     "DATA_DEPENDENT",
@@ -204,8 +206,28 @@ class PureDPEvent:
             raise ValueError(f"epsilon must be finite and >= 0, got {self.epsilon}")
 
 
+@dataclass(frozen=True)
+class ExponentialMechanismEvent:
+    """One ε-DP exponential mechanism (selection ∝ exp(ε·q/(2Δ))), accounted as ε-bounded range:
+    RDP ``min(ε, λε²/8)`` (see :func:`~lightning_gpate.privacy.rdp.exponential_mechanism_rdp`).
+
+    Attributes:
+        epsilon: Its ε.
+        description: Free text for logs.
+    """
+
+    epsilon: float
+    description: str = ""
+
+    def __post_init__(self):
+        eps = float(self.epsilon)
+        if not (0.0 <= eps < math.inf):
+            raise ValueError(f"epsilon must be finite and >= 0, got {self.epsilon}")
+
+
 PrivacyEvent = (
     ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | PureDPEvent
+    | ExponentialMechanismEvent
 )
 
 _COUNT_KEYS = (
@@ -220,6 +242,7 @@ _COUNT_KEYS = (
     "gswgan_steps",
     "pure_dp_events",
     "pure_dp_epsilon",
+    "exponential_mechanism_events",
 )
 
 
@@ -287,6 +310,8 @@ def _event_cost(event, orders: np.ndarray) -> _Cost:
             "pure_dp_events": 1,
             "pure_dp_epsilon": float(event.epsilon),
         })
+    if isinstance(event, ExponentialMechanismEvent):
+        return _Cost(exponential_mechanism_rdp(event.epsilon, orders), None, None, {"exponential_mechanism_events": 1})
     raise ValueError(f"unsupported privacy event type {type(event).__name__}")
 
 
