@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 GRID = {
     "num_teachers": [50, 150, 500],
-    "planned_queries": [500, 2000, 8000],
+    "planned_queries": [500, 4000],
     "teacher_steps": [1, 5],
 }
 

@@ -113,3 +113,18 @@ def test_little_budget_gives_noisy_tables_and_bad_input_is_refused():
     assert model.plan["sigma_two_way"] > 50  # at eps = 0.05 the two-way table drowns in noise
     _fit(model, dm)
     assert model.spent_epsilon() <= 0.05
+
+
+def test_needs_a_table_read_whole_without_teachers():
+    from datamodules import ImageDataModule
+    from datamodules.base import DataError
+
+    with pytest.raises(ValueError, match="tables"):
+        MarginalTree(ImageDataModule("digits").spec, epsilon=1.0, delta=1e-5)
+    frame = _table(n=200)
+    dm = TabularDataModule(frame=frame, label="y", schema={"age": {"min": 18, "max": 90}, "marker": {"type": "binary", "categories": [0, 1]},
+                                                           "noise": {"type": "binary", "categories": [0, 1]},
+                                                           "colour": {"categories": ["blue", "green", "red"]}, "y": {"categories": [0, 1]}},
+                           num_teachers=4, test_fraction=0.0, val_fraction=0.0)
+    with pytest.raises(DataError, match="num_teachers: 0"):
+        _fit(MarginalTree(dm.spec, epsilon=1.0, delta=1e-5), dm)

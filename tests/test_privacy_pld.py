@@ -10,7 +10,9 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from datamodules import ImageDataModule
 from lightning_gpate.models import DPGAN
+from conftest import query_run
 from lightning_gpate.privacy.pld import dpsgd_pld_epsilon, dpsgd_pld_max_steps
+from lightning_gpate.tracking import GPATEMLFlowLogger
 
 
 def _independent(q, sigma, steps, delta, interval=1e-3):
@@ -48,8 +50,8 @@ def test_dpgan_with_pld_takes_more_steps_and_reports_the_pld_epsilon():
     for accountant in ("rdp", "pld"):
         model = DPGAN(dm.spec, epsilon=1.0, delta=1e-5, noise_multiplier=1.2, z_dim=8, generator_hidden=(16,),
                       discriminator_hidden=(16, 16), accountant=accountant)
-        pl.Trainer(max_steps=2000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                   enable_model_summary=False).fit(model, dm)
+        pl.Trainer(max_steps=2000, logger=GPATEMLFlowLogger(experiment_name=f"dpgan-{accountant}"), enable_progress_bar=False,
+                   enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1).fit(model, dm)
         steps[accountant] = int(model.critic_steps_taken)
         assert model.budget_exhausted
         q = model.sampling_rate
@@ -58,4 +60,7 @@ def test_dpgan_with_pld_takes_more_steps_and_reports_the_pld_epsilon():
             assert exact <= 1.0 < _independent(q, 1.2, steps["pld"] + 1, 1e-5)
             assert exact <= model.guarantee_epsilon() <= 1.0
             assert model.accountant.epsilon() > 1.0  # the RDP bound of the same steps is looser
+            run, _ = query_run("dpgan-pld")  # the logged epsilon is the one in force, RDP beside it
+            assert run.data.metrics["epsilon_final"] == pytest.approx(model.guarantee_epsilon())
+            assert run.data.metrics["epsilon_final_rdp"] == pytest.approx(model.accountant.epsilon())
     assert steps["pld"] > 1.2 * steps["rdp"]
