@@ -448,3 +448,16 @@ def test_cervical_config_declares_every_bound():
     assert len(spec["columns"]) == 33 and spec["num_train"] == 534  # 668 complete rows, 80/20
     model = PATEGAN(spec, **config["model"]["init_args"])
     assert model.accountant.counts["pure_dp_epsilon"] == pytest.approx(data["label_ratio_epsilon"])
+
+
+def test_a_budget_that_pays_for_no_step_is_an_error_not_a_trained_model():
+    from lightning_gpate.models.private import NoPrivateStepError
+
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=0.5, delta=1e-5, lam=5.0, **SMALL)  # one batch of 8 votes at λ=5 costs far more
+    logger = GPATEMLFlowLogger(experiment_name="pategan-no-step")
+    with pytest.raises(NoPrivateStepError, match="took no private step"):
+        fit(model, dm, steps=10, logger=logger)
+    assert model.accountant.counts["laplace_vote_events"] == 0 and model.spent_epsilon() == 0.0
+    run, _ = query_run("pategan-no-step")  # the run still says why it stopped
+    assert run.data.tags["stop_reason"].startswith("privacy budget reached")

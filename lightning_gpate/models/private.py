@@ -26,6 +26,10 @@ class BudgetExhaustedError(RuntimeError):
     """Training was asked of a model whose privacy budget is already spent."""
 
 
+class NoPrivateStepError(RuntimeError):
+    """A fit ended because its budget could not pay for a single private step: nothing was trained."""
+
+
 class PrivateMetadataError(ValueError):
     """The data spec carries metadata read from the private data that nobody paid for."""
 
@@ -146,6 +150,20 @@ class PrivateGenerativeModel(GenerativeModel):
                 f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
                 f"{self.epsilon_budget:g}): {self.stop_reason}. Training more would exceed it; "
                 f"start a new run with a new budget instead."
+            )
+        self._events_at_train_start = self._recorded_events()
+
+    def _recorded_events(self) -> int:
+        return int(sum(v for k, v in self.accountant.counts.items() if k.endswith("_events")))
+
+    def on_train_end(self) -> None:
+        """Refuse to end a fit as if it had trained when the budget paid for no private step (the
+        generator would be released untrained, reporting only the metadata's ε or none)."""
+        start = getattr(self, "_events_at_train_start", None)
+        if self.has_release and self.budget_exhausted and start is not None and self._recorded_events() == start:
+            raise NoPrivateStepError(
+                f"{type(self).__name__} took no private step, so nothing was trained: {self.stop_reason}. "
+                f"Make a step cheaper (a larger noise multiplier, fewer queries or samples per step) or raise epsilon."
             )
 
     def configure_callbacks(self):
