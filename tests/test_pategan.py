@@ -192,6 +192,20 @@ def test_vote_histograms_count_teachers():
     assert torch.equal(counts.sum(1), torch.full((10,), 4.0, dtype=torch.float64))
 
 
+def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes():
+    dm = id_datamodule(teachers=6)
+    model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="relative", **SMALL)
+    with torch.no_grad():  # make every teacher call everything fake: paper votes would be unanimous
+        model.teachers.forward_shared = (lambda f: (lambda x, y: f(x, y) - 100.0))(model.teachers.forward_shared)
+    x, y = model.generate(400, seed=0)
+    counts = model.teacher_votes(x, y)
+    assert counts.sum(1).eq(6).all()
+    share_real = counts[:, 1].sum() / (6 * 400)
+    assert 0.4 < share_real < 0.6  # each teacher: about half of the generated samples beat its median
+    with pytest.raises(ValueError, match="teacher_vote"):
+        PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="soft", **SMALL)
+
+
 # ----------------------------------------------------------------------------- accounting
 
 
