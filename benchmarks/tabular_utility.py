@@ -274,7 +274,7 @@ NAMES = {"real": "real data (Setting A)", "marginaltree": "MarginalTree (this pr
 
 
 def summarise(results: list[dict], out: Path) -> pd.DataFrame:
-    ok = [r for r in results if r.get("status") == "ok"]
+    ok = list({cell_key(r): r for r in results if r.get("status") == "ok"}.values())  # one result per cell (the last)
     if not ok:
         return pd.DataFrame()
     frame = pd.DataFrame([{k: r.get(k) for k in ("dataset", "system", "epsilon", "seed", "auroc", "auprc", "lr_auroc", "eps_spent",
