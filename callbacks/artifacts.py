@@ -1,11 +1,14 @@
-"""Run artifacts in MLflow: the resolved config and the final checkpoint."""
+"""Run artifacts: the resolved config and the release artifact in MLflow; the private training
+checkpoint on local disk only."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import SaveConfigCallback
 
 from lightning_gpate.tracking import mlflow_logger_of
@@ -23,32 +26,155 @@ class MLflowSaveConfig(SaveConfigCallback):
 
 
 MLFLOW_RUN_KEY = "mlflow_run"
+RELEASE_ARTIFACT_DIR = "release"
+RELEASE_FILE = "release.pt"
+TRAINING_CHECKPOINT_FILE = "last.ckpt"
+PRIVATE_DIR = "private"
 
 
-class FinalCheckpoint(pl.Callback):
-    """Save the final checkpoint at the end of fitting and attach it to the MLflow run
-    (artifact ``checkpoints/final.ckpt``); the run gets a ``final_checkpoint`` tag with its path.
-    Every checkpoint saved while it is active records its MLflow run (``checkpoint["mlflow_run"]``:
-    ``run_id``, ``experiment_id``, ``tracking_uri``) so ``lightning-gpate evaluate`` can report back to it."""
+class PrivateCheckpointError(RuntimeError):
+    """A training checkpoint (private state) would be written where MLflow would publish it."""
+
+
+def _local_path(uri: str | None) -> Path | None:
+    if not uri:
+        return None
+    if uri.startswith("file:"):
+        return Path(unquote(urlparse(uri).path)).resolve()
+    if "://" not in uri:
+        return Path(uri).resolve()
+    return None  # a remote store: never a local checkpoint folder
+
+
+def mlflow_run_of(trainer: pl.Trainer) -> dict | None:
+    """``{"run_id", "experiment_id", "tracking_uri"}`` of the trainer's MLflow run (rank 0), else ``None``."""
+    logger = mlflow_logger_of(trainer)
+    if logger is None or trainer.global_rank != 0 or logger.run_id is None:
+        return None
+    return {"run_id": logger.run_id, "experiment_id": logger.experiment_id, "tracking_uri": getattr(logger, "_tracking_uri", None)}
+
+
+def private_dir(trainer: pl.Trainer) -> Path:
+    """Where this run's training checkpoints go: ``<default_root_dir>/private/<experiment id>/<run id>``
+    (``<default_root_dir>/private`` without MLflow). The same on every rank."""
+    root = Path(trainer.default_root_dir) / PRIVATE_DIR
+    run = mlflow_run_of(trainer)
+    path = root / str(run["experiment_id"]) / str(run["run_id"]) if run else root
+    return Path(trainer.strategy.broadcast(str(path)))
+
+
+class ReleaseArtifact(pl.Callback):
+    """Write the run's **release artifact** and keep its **training checkpoint** private.
+
+    At the end of fitting (global rank 0) the release (:mod:`lightning_gpate.release`: generator
+    weights, released data spec, released accountant state, model class, hyperparameters, data
+    config) is logged to the MLflow run as ``release/release.pt``; the run's ``release_artifact`` tag
+    holds its local path, and the path is printed with the command that samples from it. Without an
+    MLflow logger it is written to ``<default_root_dir>/release/release.pt``.
+
+    The training checkpoint (teachers, discriminators, critic, optimizer states, the accountant's
+    full state) is written **only** to ``<default_root_dir>/private/<experiment>/<run>/`` and only when
+    the user asked for checkpoints (``enable_checkpointing`` / a ``ModelCheckpoint``), or when the run
+    has no release of its own (GS-WGAN's discriminator pretraining, whose checkpoint is its output):
+    then ``last.ckpt`` there holds the final state (resume with ``--ckpt_path``). Every
+    ``ModelCheckpoint`` without a ``dirpath`` writes into that folder too. Nothing private is ever
+    logged to MLflow: a ``ModelCheckpoint`` folder inside the MLflow artifact store, or an MLflow
+    logger that uploads checkpoints (``log_model``), is refused before training.
+
+    Every checkpoint written while this callback is active records its MLflow run
+    (``checkpoint["mlflow_run"]``), as does the release, so ``lightning-gpate evaluate`` can report
+    back to the run.
+
+    Attributes:
+        release_path: the release artifact's local path after fitting (``None`` before, or for a
+            run without a release).
+        training_checkpoint_path: the private training checkpoint written at the end of fitting
+            (``None`` when none was written).
+    """
+
+    def __init__(self) -> None:
+        self.release_path: Path | None = None
+        self.training_checkpoint_path: Path | None = None
+        self._private_dir: Path | None = None
+
+    # ----------------------------------------------------------------- before training
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._private_dir = private_dir(trainer)
+        logger = mlflow_logger_of(trainer)
+        if logger is not None and getattr(logger, "_log_model", False):
+            raise PrivateCheckpointError(
+                "the MLflow logger has log_model enabled: it would upload the training checkpoints (private "
+                "state: teachers, discriminators, optimizer moments) to MLflow. Use log_model=False; the "
+                "release artifact is logged by the ReleaseArtifact callback."
+            )
+        artifact_root = self._artifact_root(trainer)
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+                callback.dirpath = str(self._private_dir)
+            folder = _local_path(str(callback.dirpath)) if isinstance(callback, ModelCheckpoint) else None
+            if artifact_root is not None and folder is not None and folder.is_relative_to(artifact_root):
+                raise PrivateCheckpointError(
+                    f"a ModelCheckpoint writes to {folder}, inside the MLflow artifact store {artifact_root}: training "
+                    f"checkpoints hold private state and must stay out of it (leave dirpath unset: they go to {self._private_dir})"
+                )
+
+    @staticmethod
+    def _artifact_root(trainer: pl.Trainer) -> Path | None:
+        logger = mlflow_logger_of(trainer)
+        if logger is None or trainer.global_rank != 0 or logger.run_id is None:
+            return None
+        experiment = logger.experiment.get_experiment(logger.experiment_id)
+        return _local_path(experiment.artifact_location)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        logger = mlflow_logger_of(trainer)
-        if logger is not None and logger.run_id is not None:
-            checkpoint[MLFLOW_RUN_KEY] = {
-                "run_id": logger.run_id, "experiment_id": logger.experiment_id,
-                "tracking_uri": getattr(logger, "_tracking_uri", None),
-            }
+        run = mlflow_run_of(trainer)
+        if run is not None:
+            checkpoint[MLFLOW_RUN_KEY] = run
+
+    # ----------------------------------------------------------------- after training
+    @staticmethod
+    def checkpoints_requested(trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """Whether the final training state is written: the user asked for checkpoints, or the run
+        has no release (its training checkpoint is its only output)."""
+        return bool(trainer.checkpoint_callbacks) or not getattr(pl_module, "has_release", True)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        logger = mlflow_logger_of(trainer)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "final.ckpt"
+        if self.checkpoints_requested(trainer, pl_module):
+            folder = self._private_dir or private_dir(trainer)
+            path = folder / TRAINING_CHECKPOINT_FILE
             trainer.save_checkpoint(path)  # collective under DDP: every rank calls it
-            if logger is None or trainer.global_rank != 0:
-                return
-            logger.experiment.log_artifact(logger.run_id, str(path), "checkpoints")
-        run = logger.experiment.get_run(logger.run_id)
-        uri = f"{run.info.artifact_uri}/checkpoints/final.ckpt"
-        local = uri[len("file://"):] if uri.startswith("file://") else uri
-        logger.experiment.set_tag(logger.run_id, "final_checkpoint", local)
-        pl_module.print(f"Final checkpoint: {local}\nSample it: lightning-gpate sample --ckpt_path {local} --num_samples 1000 --output samples.{'csv' if pl_module.data_spec['kind'] == 'tabular' else 'npz'}")
+            self.training_checkpoint_path = path.resolve()
+        if trainer.global_rank != 0:
+            return
+        logger = mlflow_logger_of(trainer)
+        if self.training_checkpoint_path is not None and logger is not None:
+            logger.experiment.set_tag(logger.run_id, "training_checkpoint", str(self.training_checkpoint_path))
+        lines = []
+        if pl_module.has_release:
+            self.release_path = self._write_release(trainer, pl_module)
+            suffix = "csv" if pl_module.data_spec["kind"] == "tabular" else "npz"
+            lines += [f"Release artifact (generator and public state): {self.release_path}",
+                      f"Sample it: lightning-gpate sample --ckpt_path {self.release_path} --num_samples 1000 --output samples.{suffix}"]
+        if self.training_checkpoint_path is not None:
+            what = "pass it as --model.pretrained_checkpoint" if not pl_module.has_release else "resume with --ckpt_path"
+            lines.append(f"Private training checkpoint (never logged; keep it private; {what}): {self.training_checkpoint_path}")
+        if lines:
+            pl_module.print("\n".join(lines))
+
+    def _write_release(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Path:
+        from lightning_gpate.release import build_release, save_release
+
+        release = build_release(pl_module, datamodule=trainer.datamodule, mlflow_run=mlflow_run_of(trainer), global_step=trainer.global_step)
+        logger = mlflow_logger_of(trainer)
+        if logger is None:
+            return save_release(release, Path(trainer.default_root_dir) / RELEASE_ARTIFACT_DIR / RELEASE_FILE).resolve()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = save_release(release, Path(tmp) / RELEASE_FILE)
+            logger.experiment.log_artifact(logger.run_id, str(path), RELEASE_ARTIFACT_DIR)
+        uri = f"{logger.experiment.get_run(logger.run_id).info.artifact_uri}/{RELEASE_ARTIFACT_DIR}/{RELEASE_FILE}"
+        local = _local_path(uri)
+        location = str(local) if local is not None else uri
+        logger.experiment.set_tag(logger.run_id, "release_artifact", location)
+        return Path(location) if local is not None else Path(uri)

@@ -14,7 +14,7 @@ class PeriodicEvaluation(pl.Callback):
     on global rank 0, when the trainer has an MLflow logger.
 
     Evaluation happens after training: an error in it is reported (a warning and the run tag
-    ``<name>_error``) instead of failing the fit, so the final checkpoint is still saved.
+    ``<name>_error``) instead of failing the fit, so the release artifact is still written.
 
     Args:
         enabled: ``False`` turns the callback off (e.g. ``--utility.enabled false``).

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from datamodules.partition import REMAINDER_POLICIES, TeacherBatches, TeacherPartition
+from datamodules.partition import TeacherBatches, TeacherPartition, keyed_uniform, record_keys
+from lightning_gpate.privacy.randomness import mechanism_generator
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
@@ -38,8 +38,9 @@ class PoissonBatches(torch.utils.data.IterableDataset):
     batch holds every row independently with probability ``sample_rate`` (opacus'
     ``UniformWithReplacementSampler``), so sizes vary and may be 0. Every item is a list of
     ``batches`` such ``(x, y)`` batches; one pass yields about one expected epoch of rows.
-    The draws use torch's global random generator (``seed_everything``); the guarantee assumes that
-    randomness is not known to an adversary.
+    The draws come from a mechanism generator (:mod:`lightning_gpate.privacy.randomness`: seeded
+    from the OS, never from ``seed_everything``): the subsampled Gaussian's amplification assumes
+    nobody knows which rows were drawn.
 
     Args:
         features: all training rows.
@@ -47,16 +48,18 @@ class PoissonBatches(torch.utils.data.IterableDataset):
         sample_rate: q, the inclusion probability of a row in a batch.
         batches: batches per item.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+        generator: the CPU ``torch.Generator`` of the draws (default: a fresh OS-seeded one).
     """
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, *, sample_rate: float, batches: int = 1,
-                 transform: Callable | None = None) -> None:
+                 transform: Callable | None = None, generator: torch.Generator | None = None) -> None:
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         if batches < 1:
             raise ValueError(f"batches must be >= 1, got {batches}")
         self.features, self.labels, self.transform = features, labels, transform
         self.sample_rate, self.batches = float(sample_rate), int(batches)
+        self.generator = generator if generator is not None else mechanism_generator("cpu")
 
     def __len__(self) -> int:
         return max(1, int(round(1.0 / (self.sample_rate * self.batches))))
@@ -65,7 +68,8 @@ class PoissonBatches(torch.utils.data.IterableDataset):
         from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
         for _ in range(len(self)):
-            sampler = UniformWithReplacementSampler(num_samples=len(self.labels), sample_rate=self.sample_rate, steps=self.batches)
+            sampler = UniformWithReplacementSampler(num_samples=len(self.labels), sample_rate=self.sample_rate,
+                                                    steps=self.batches, generator=self.generator)
             items = []
             for rows in sampler:
                 rows = torch.as_tensor(rows, dtype=torch.long)
@@ -82,8 +86,8 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
     ``(teacher, x, y)`` with ``teacher`` a 0-d long tensor, ``x`` ``[batches, batch_size, ...]`` and
     ``y`` ``[batches, batch_size]``: ``batches·batch_size`` rows of that teacher's partition drawn
     without replacement (a partition smaller than that is cycled through in fresh permutations).
-    The draws use torch's global random generator (``seed_everything``): like any DP sampling, the
-    guarantee assumes that randomness is not known to an adversary.
+    The draws come from a mechanism generator (OS-seeded, never ``seed_everything``): GS-WGAN's
+    amplification by subsampling assumes nobody knows which discriminator was drawn.
 
     Args:
         features: all training rows.
@@ -92,17 +96,19 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
         batches: real batches per step (GS-WGAN: its critic steps per generator step).
         batch_size: rows per batch.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+        generator: the CPU ``torch.Generator`` of the draws (default: a fresh OS-seeded one).
     """
 
     def __init__(
         self, features: torch.Tensor, labels: torch.Tensor, partition: TeacherPartition, *,
-        batches: int, batch_size: int, transform: Callable | None = None,
+        batches: int, batch_size: int, transform: Callable | None = None, generator: torch.Generator | None = None,
     ) -> None:
         if batches < 1 or batch_size < 1:
             raise ValueError(f"batches and batch_size must be >= 1, got {batches} and {batch_size}")
         self.features, self.labels, self.transform = features, labels, transform
         self.rows, self.sizes = partition.padded(range(partition.num_teachers))
         self.batches, self.batch_size = int(batches), int(batch_size)
+        self.generator = generator if generator is not None else mechanism_generator("cpu")
 
     def __len__(self) -> int:
         return len(self.sizes)  # one "epoch": as many steps as teachers
@@ -110,14 +116,18 @@ class OneTeacherBatches(torch.utils.data.IterableDataset):
     def __iter__(self):
         need = self.batches * self.batch_size
         for _ in range(len(self)):
-            teacher = int(torch.randint(len(self.sizes), (1,)))
+            teacher = int(torch.randint(len(self.sizes), (1,), generator=self.generator))
             own = self.rows[teacher, : int(self.sizes[teacher])]
-            picks = torch.cat([own[torch.randperm(len(own))] for _ in range(-(-need // len(own)))])[:need]
-            x = self.features[picks]
+            if len(own) == 0:  # a teacher without records: a constant, data-independent batch
+                picks = torch.zeros(need, dtype=torch.long)
+                x, y = torch.zeros_like(self.features[picks]), torch.zeros_like(self.labels[picks])
+            else:
+                picks = torch.cat([own[torch.randperm(len(own), generator=self.generator)] for _ in range(-(-need // len(own)))])[:need]
+                x, y = self.features[picks], self.labels[picks]
             if self.transform is not None:
                 x = self.transform(x)
             yield (torch.tensor(teacher), x.reshape(self.batches, self.batch_size, *x.shape[1:]),
-                   self.labels[picks].reshape(self.batches, self.batch_size))
+                   y.reshape(self.batches, self.batch_size))
 
 
 class GenerativeDataModule(pl.LightningDataModule):
@@ -125,7 +135,8 @@ class GenerativeDataModule(pl.LightningDataModule):
     (GAN) or, when ``num_teachers > 0``, per-teacher batches from a fixed disjoint partition.
     A model whose privacy analysis needs another sampling says so with a ``train_sampling``
     attribute: ``{"kind": "poisson", "batches": k}`` (DP-SGD: :meth:`poisson_dataloader`) or
-    ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`).
+    ``{"kind": "one_teacher", "batches": k}`` (GS-WGAN: :meth:`one_teacher_dataloader`), optionally
+    with ``"mechanism_seed"`` (a fixed seed of the sampling, for tests only; default: OS-seeded).
 
     Subclasses implement :meth:`_load` (returning features, labels and the data spec) and may set
     ``self._transform`` to map stored features to the generator's space.
@@ -135,10 +146,14 @@ class GenerativeDataModule(pl.LightningDataModule):
         num_teachers: teachers to partition the training split among (0: no partition).
         teacher_batch_size: rows per teacher per step.
         partition_seed: seed of the teacher partition (fixed for the whole run).
-        remainder: ``"spread"`` or ``"drop"`` the rows left over after equal shares.
         val_fraction: share of the training data held out for validation (model selection).
         test_fraction: share held out as the real test split (ignored where the dataset has one).
         split_seed: seed of the train/val/test split.
+
+    The split and the teacher partition are decided per record by a keyed hash of its content
+    (:mod:`datamodules.partition`): adding or removing a record changes neither any other record's
+    split nor its teacher, which is what the add/remove-one guarantees of the private models need.
+    Split sizes are therefore binomial around the fractions, and teachers' shares unequal.
         num_workers: DataLoader workers.
     """
 
@@ -149,7 +164,6 @@ class GenerativeDataModule(pl.LightningDataModule):
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
         partition_seed: int = 0,
-        remainder: str = "spread",
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -160,8 +174,6 @@ class GenerativeDataModule(pl.LightningDataModule):
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
         if num_teachers < 0:
             raise DataError(f"num_teachers must be >= 0, got {num_teachers}")
-        if remainder not in REMAINDER_POLICIES:
-            raise DataError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
         for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0.0 <= frac < 1.0:
                 raise DataError(f"{name} must be in [0, 1), got {frac}")
@@ -169,7 +181,6 @@ class GenerativeDataModule(pl.LightningDataModule):
         self.num_teachers = num_teachers
         self.teacher_batch_size = teacher_batch_size
         self.partition_seed = partition_seed
-        self.remainder = remainder
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.split_seed = split_seed
@@ -191,13 +202,18 @@ class GenerativeDataModule(pl.LightningDataModule):
         splits = dict(loaded["splits"])
         x, y = splits.pop("train")
         n = len(y)
-        perm = torch.from_numpy(np.random.default_rng(self.split_seed).permutation(n))
-        n_test = 0 if "test" in splits else int(round(self.test_fraction * n))
-        n_val = int(round(self.val_fraction * n))
-        if n - n_test - n_val < 1:
+        # Per record, from its content: one record more or less moves no other record between splits.
+        keys = record_keys(x, y)
+        u = torch.from_numpy(keyed_uniform(keys, self.split_seed, "split"))
+        test_fraction = 0.0 if "test" in splits else self.test_fraction
+        is_test = u < test_fraction
+        is_val = ~is_test & (u < test_fraction + self.val_fraction)
+        is_train = ~(is_test | is_val)
+        if not is_train.any():
             raise DataError(f"no training rows left after the val/test split of {n} rows")
-        test_idx, val_idx, train_idx = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+        test_idx, val_idx, train_idx = (m.nonzero().flatten() for m in (is_test, is_val, is_train))
         self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
+        self.train_keys = keys[train_idx.numpy()]
         self.splits = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx])}
         self.splits["test"] = splits["test"] if "test" in splits else (x[test_idx], y[test_idx])
         self._spec = loaded["spec"]
@@ -221,10 +237,7 @@ class GenerativeDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         self._ensure_loaded()
         if self.num_teachers > 0 and self.partition is None:
-            self.partition = TeacherPartition.create(
-                len(self.splits["train"][1]), self.num_teachers,
-                seed=self.partition_seed, remainder=self.remainder,
-            )
+            self.partition = TeacherPartition.create(self.train_keys, self.num_teachers, seed=self.partition_seed)
 
     def owned_teachers(self) -> list[int]:
         """Teachers this process trains: r, r+W, … under DDP, all of them on one process."""
@@ -250,29 +263,33 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._ensure_loaded()
         return min(1.0, self.batch_size / len(self.splits["train"][1]))
 
-    def poisson_dataloader(self, batches: int = 1):
+    def poisson_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):
         """Poisson-sampled batches for DP-SGD (see :class:`PoissonBatches`): every training row enters
         each batch independently with probability :attr:`sampling_rate`; each step gets ``batches``
-        such batches (DP-GAN: one per critic step)."""
+        such batches (DP-GAN: one per critic step). The sampling is drawn from an OS-seeded generator
+        (``mechanism_seed``: a fixed seed, for tests only)."""
         self.setup("fit")
         if self.num_teachers > 0:
             raise DataError("Poisson sampling draws from the whole training split: set num_teachers: 0")
         if self._world_size() > 1:
             raise DataError("Poisson sampling for DP-SGD is implemented for a single process only")
         x, y = self.splits["train"]
-        dataset = PoissonBatches(x, y, sample_rate=self.sampling_rate, batches=batches, transform=self._transform)
+        dataset = PoissonBatches(x, y, sample_rate=self.sampling_rate, batches=batches, transform=self._transform,
+                                 generator=mechanism_generator("cpu", mechanism_seed))
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
-    def one_teacher_dataloader(self, batches: int = 1):
+    def one_teacher_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):
         """One uniformly drawn teacher per step with ``batches`` batches of ``teacher_batch_size`` rows
-        from its own partition (see :class:`OneTeacherBatches`)."""
+        from its own partition (see :class:`OneTeacherBatches`), drawn from an OS-seeded generator
+        (``mechanism_seed``: a fixed seed, for tests only)."""
         self.setup("fit")
         if self.num_teachers < 1:
             raise DataError("one-teacher sampling needs a teacher partition: set num_teachers > 0")
         if self._world_size() > 1:
             raise DataError("one-teacher sampling is implemented for a single process only")
         x, y = self.splits["train"]
-        dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size, transform=self._transform)
+        dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size,
+                                    transform=self._transform, generator=mechanism_generator("cpu", mechanism_seed))
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
     def full_dataloader(self):
@@ -290,14 +307,15 @@ class GenerativeDataModule(pl.LightningDataModule):
         if sampling["kind"] == "full":
             return self.full_dataloader()
         if sampling["kind"] == "poisson":
-            return self.poisson_dataloader(int(sampling.get("batches", 1)))
+            return self.poisson_dataloader(int(sampling.get("batches", 1)), mechanism_seed=sampling.get("mechanism_seed"))
         if sampling["kind"] == "one_teacher":
-            return self.one_teacher_dataloader(int(sampling.get("batches", 1)))
+            return self.one_teacher_dataloader(int(sampling.get("batches", 1)), mechanism_seed=sampling.get("mechanism_seed"))
         x, y = self.splits["train"]
         if self.num_teachers > 0:
             batches = TeacherBatches(
                 x, y, self.partition, self.owned_teachers(),
                 batch_size=self.teacher_batch_size, seed=self.partition_seed, transform=self._transform,
+                start_step=self.trainer.global_step if self.trainer is not None else 0,  # resume: continue the streams
             )
             return DataLoader(batches, batch_size=None, num_workers=0)
         if len(y) < self.batch_size:
@@ -320,15 +338,16 @@ class GenerativeDataModule(pl.LightningDataModule):
         return {"partition": self.partition.state_dict()} if self.partition is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check on resume that this data gives the checkpoint's partition (it is recomputed from the
+        data and ``partition_seed``, never read from the checkpoint)."""
         if "partition" not in state:
             return
-        restored = TeacherPartition.from_state_dict(state["partition"])
-        self._ensure_loaded()
-        n_train = len(self.splits["train"][1])
-        if restored.assignment.size != n_train or restored.num_teachers != self.num_teachers:
+        saved = state["partition"]
+        self.setup("fit")
+        if self.partition is None or saved.get("num_teachers") != self.num_teachers or \
+                saved.get("fingerprint") != self.partition.fingerprint():
             raise DataError(
-                f"the checkpoint's teacher partition ({restored.num_teachers} teachers over "
-                f"{restored.assignment.size} rows) does not fit this data ({self.num_teachers} teachers, "
-                f"{n_train} rows): resume with the same data and num_teachers"
+                f"the checkpoint's teacher partition ({saved.get('num_teachers')} teachers, "
+                f"{saved.get('scheme', 'row-permutation')}) does not fit this data ({self.num_teachers} teachers): "
+                f"resume with the same data, num_teachers and partition_seed"
             )
-        self.partition = restored

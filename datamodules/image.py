@@ -66,7 +66,6 @@ class ImageDataModule(GenerativeDataModule):
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
         partition_seed: int = 0,
-        remainder: str = "spread",
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -74,7 +73,7 @@ class ImageDataModule(GenerativeDataModule):
     ) -> None:
         super().__init__(
             batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size,
-            partition_seed=partition_seed, remainder=remainder, val_fraction=val_fraction,
+            partition_seed=partition_seed, val_fraction=val_fraction,
             test_fraction=test_fraction, split_seed=split_seed, num_workers=num_workers,
         )
         if dataset not in IMAGE_DATASETS:

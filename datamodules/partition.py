@@ -1,49 +1,139 @@
-"""Fixed, disjoint teacher partitions and the per-teacher batches drawn from them.
+"""Per-record keys, the train/val/test split and the teacher partition they decide, and the
+per-teacher batches drawn from a partition.
 
-PATE-style models are private only if every record reaches at most one teacher, and only if that
-assignment never changes during a run (a record that moves between teachers is seen by two). The
-partition is therefore made once from a seed, checked for disjointness, stored in the DataModule's
-state (and so in every checkpoint), and compared on resume.
+Every ε of this project refers to **add/remove-one neighbouring datasets**: D and D' differ by one
+record (row) of the data the user passes. PATE-style analyses then need that adding or removing a
+record changes the data of exactly one teacher, and nothing else of the training. A partition made by
+shuffling row indices does not have that property (one more row re-deals every teacher: the analysis
+would hold for replace-one only), nor does a split made by a permutation (one more row moves others
+between train and test). Here both are decided **per record, from its content**:
+
+* :func:`record_keys` gives every record a 64-bit key computed from its bytes and label alone, plus
+  its occurrence rank among identical records (so that duplicates spread over teachers instead of
+  all landing on one, and one more copy changes one teacher only);
+* the split (:func:`keyed_uniform` with ``split_seed``) and the teacher of a record
+  (:meth:`TeacherPartition.create` with ``partition_seed``) are keyed hashes of that key.
+
+Adding a record therefore adds it to one split and one teacher; removing one removes it from its
+teacher; no other record moves. Teachers get unequal (binomial) shares, and a teacher may get no
+record at all when there are few records per teacher: it then trains on a constant (all-zero) batch,
+which is independent of the data (privacy is unaffected; its votes carry no information). The
+partition is a pure function of the data and the seed: the same on every DDP rank, recomputed on
+resume and compared with the checkpoint's fingerprint (of the record-key → teacher pairs, so the
+order of the rows in the file does not matter).
+
+A teacher's batches depend only on ``(seed, pass, teacher id)`` and its own records
+(:class:`TeacherBatches`): its own passes over its own records, indexed by the global step, so
+neither another teacher's data nor the DDP sharding changes them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-REMAINDER_POLICIES = ("spread", "drop")
+PARTITION_SCHEME = "record-key-hash/v1"
+#: Steps in one "epoch" of teacher batches: a public constant, so that Lightning's epoch counter
+#: (logged) reveals nothing about the size of the private partitions.
+TEACHER_STEPS_PER_EPOCH = 100
+
+_C1, _C2, _C3, _C4 = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9),
+                      np.uint64(0x94D049BB133111EB), np.uint64(0xD6E8FEB86659FD93))
 
 
-def hashed_uniform(seed: int, epoch: int, teacher_ids: np.ndarray, num_positions: int) -> np.ndarray:
-    """``[len(teacher_ids), num_positions]`` uniforms in [0, 1) that depend only on
-    ``(seed, epoch, global teacher id, position)`` (SplitMix64 finaliser): a teacher's shuffle is
-    the same whichever other teachers a process owns, so 1 and N DDP processes draw the same batches.
-    """
+def _finalize(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (a bijection of uint64 with good avalanche)."""
     with np.errstate(over="ignore"):
-        x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(epoch) * np.uint64(0xBF58476D1CE4E5B9))
-        x = x ^ (np.asarray(teacher_ids, dtype=np.uint64)[:, None] * np.uint64(0x94D049BB133111EB))
-        x = x + np.arange(num_positions, dtype=np.uint64)[None, :] * np.uint64(0xD6E8FEB86659FD93)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
+        x = (x ^ (x >> np.uint64(30))) * _C2
+        x = (x ^ (x >> np.uint64(27))) * _C3
+        return x ^ (x >> np.uint64(31))
+
+
+def _to_unit(x: np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def hashed_uniform(seed: int, epoch, teacher_ids: np.ndarray, num_positions: int) -> np.ndarray:
+    """Uniforms in [0, 1) that depend only on ``(seed, epoch, global teacher id, position)``.
+
+    ``epoch`` is a number (result ``[len(teacher_ids), num_positions]``) or an array ``[T, P]`` of
+    per-teacher passes (result ``[T, P, num_positions]``). A teacher's shuffle is the same whichever
+    other teachers a process owns, so 1 and N DDP processes draw the same batches.
+    """
+    teacher = np.asarray(teacher_ids, dtype=np.uint64)
+    epoch = np.asarray(epoch, dtype=np.uint64)
+    positions = np.arange(num_positions, dtype=np.uint64)
+    if epoch.ndim == 0:
+        epoch, teacher, positions = epoch, teacher[:, None], positions[None, :]
+    else:
+        epoch, teacher, positions = epoch[:, :, None], teacher[:, None, None], positions[None, None, :]
+    with np.errstate(over="ignore"):
+        x = (np.uint64(seed) * _C1) ^ (epoch * _C2)
+        x = x ^ (teacher * _C3)
+        x = x + positions * _C4
+    return _to_unit(_finalize(x))
+
+
+def record_keys(features: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray) -> np.ndarray:
+    """One 64-bit key per record, from its content and its occurrence rank among identical records.
+
+    The content digest is BLAKE2b of the record's stored bytes (features in their storage dtype) and
+    label; the k-th copy of a record (in row order) gets rank k. A record's key therefore depends on
+    nothing but itself (and, for duplicates, how many copies precede it): adding or removing a record
+    changes no other record's key, except that removing one of several identical copies renumbers
+    copies that are identical anyway.
+    """
+    x = features.numpy() if isinstance(features, torch.Tensor) else np.asarray(features)
+    y = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    n = len(y)
+    rows = np.ascontiguousarray(x.reshape(n, -1))
+    y = np.ascontiguousarray(y.astype(np.int64))
+    digests = np.empty(n, dtype=np.uint64)
+    for i in range(n):  # setup-time only (≈1 s per GB of data)
+        h = hashlib.blake2b(rows[i].tobytes(), digest_size=8, person=b"lgpate-record")
+        h.update(y[i].tobytes())
+        digests[i] = int.from_bytes(h.digest(), "little")
+    order = np.lexsort((np.arange(n), digests))
+    sorted_digests = digests[order]
+    starts = np.r_[True, sorted_digests[1:] != sorted_digests[:-1]]
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    rank = np.empty(n, dtype=np.uint64)
+    rank[order] = (np.arange(n) - group_start).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return _finalize(digests ^ _finalize(rank * _C4 + _C1))
+
+
+def keyed_hash(keys: np.ndarray, seed: int, purpose: str) -> np.ndarray:
+    """A keyed 64-bit hash of record keys: ``(seed, purpose)`` pick an independent hash function
+    (the key is public: only its independence from other records matters)."""
+    salt = int.from_bytes(hashlib.blake2b(f"{int(seed)}:{purpose}".encode(), digest_size=8).digest(), "little")
+    with np.errstate(over="ignore"):
+        return _finalize(np.asarray(keys, dtype=np.uint64) ^ _finalize(np.uint64(salt) + _C1))
+
+
+def keyed_uniform(keys: np.ndarray, seed: int, purpose: str) -> np.ndarray:
+    """Uniforms in [0, 1), one per record key (see :func:`keyed_hash`)."""
+    return _to_unit(keyed_hash(keys, seed, purpose))
+
+
 class TeacherPartition:
-    """An assignment of training rows to ``num_teachers`` disjoint teachers.
+    """An assignment of training records to ``num_teachers`` disjoint teachers.
 
     Args:
         assignment: ``[num_rows]`` teacher id of every row, ``-1`` for a row no teacher sees.
         num_teachers: number of teachers.
+        keys: the rows' :func:`record_keys` (the fingerprint is computed from them, so that it does
+            not depend on the order of the rows); ``None`` fingerprints the assignment as given.
 
     Use :meth:`create` to make one.
     """
 
-    def __init__(self, assignment: np.ndarray, num_teachers: int) -> None:
+    def __init__(self, assignment: np.ndarray, num_teachers: int, *, keys: np.ndarray | None = None) -> None:
         assignment = np.asarray(assignment, dtype=np.int64)
         if assignment.ndim != 1:
             raise ValueError("assignment must be a 1-D array of teacher ids")
@@ -51,49 +141,55 @@ class TeacherPartition:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
         if assignment.size and (assignment.max() >= num_teachers or assignment.min() < -1):
             raise ValueError("assignment holds a teacher id outside [-1, num_teachers)")
+        if keys is not None and len(keys) != len(assignment):
+            raise ValueError("keys must have one entry per row")
         self.assignment = assignment
         self.num_teachers = int(num_teachers)
+        self.keys = None if keys is None else np.asarray(keys, dtype=np.uint64)
         order = np.argsort(assignment, kind="stable")
         counts = np.bincount(assignment[assignment >= 0], minlength=num_teachers)
         start = int((assignment < 0).sum())
         self._rows = order[start:]
         self._offsets = np.concatenate([[0], np.cumsum(counts)])
-        if (counts == 0).any():
-            raise ValueError(f"{int((counts == 0).sum())} teachers have no rows")
 
     @classmethod
-    def create(
-        cls, num_rows: int, num_teachers: int, *, seed: int, remainder: str = "spread"
-    ) -> "TeacherPartition":
-        """Shuffle rows with ``seed`` and deal them to teachers in equal shares.
+    def create(cls, keys: np.ndarray, num_teachers: int, *, seed: int) -> "TeacherPartition":
+        """Assign every record to the teacher ``keyed_hash(key, seed) mod num_teachers``.
 
         Args:
-            num_rows: rows of the training split.
-            num_teachers: teachers to deal them to.
-            seed: seed of the shuffle (the partition is a pure function of the three numbers).
-            remainder: what happens to the ``num_rows mod num_teachers`` rows left over:
-                ``"spread"`` gives the first ones one extra row each, ``"drop"`` leaves them unused.
+            keys: the training records' :func:`record_keys`.
+            num_teachers: teachers to assign them to.
+            seed: key of the hash (``partition_seed``; public).
         """
-        if remainder not in REMAINDER_POLICIES:
-            raise ValueError(f"remainder must be one of {REMAINDER_POLICIES}, got {remainder!r}")
+        keys = np.asarray(keys, dtype=np.uint64)
         if num_teachers < 1:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
-        if num_rows < num_teachers:
+        if len(keys) < num_teachers:
             raise ValueError(
-                f"too few rows per teacher: {num_rows} training rows cannot be split among "
+                f"too few rows per teacher: {len(keys)} training rows cannot be split among "
                 f"{num_teachers} teachers (each needs at least one); use fewer teachers"
             )
-        perm = np.random.default_rng(seed).permutation(num_rows)
-        share = num_rows // num_teachers
-        assignment = np.full(num_rows, -1, dtype=np.int64)
-        used = share * num_teachers if remainder == "drop" else num_rows
-        # Row perm[i] goes to teacher i mod n: equal shares, extra rows to the first teachers.
-        assignment[perm[:used]] = np.arange(used) % num_teachers
-        return cls(assignment, num_teachers)
+        teacher = (keyed_hash(keys, seed, "teacher") % np.uint64(num_teachers)).astype(np.int64)
+        part = cls(teacher, num_teachers, keys=keys)
+        empty = part.num_empty
+        if empty:
+            warnings.warn(
+                f"{empty} of {num_teachers} teachers received no record ({len(keys) / num_teachers:.1f} records per "
+                f"teacher on average): records are assigned by a hash of their content so that adding or removing "
+                f"one changes one teacher only. Empty teachers train on a constant batch (no data, no information); "
+                f"use fewer teachers to avoid them.",
+                stacklevel=2,
+            )
+        return part
 
     @property
     def sizes(self) -> np.ndarray:
         return np.diff(self._offsets)
+
+    @property
+    def num_empty(self) -> int:
+        """Teachers without any record."""
+        return int((self.sizes == 0).sum())
 
     def rows_of(self, teacher: int) -> np.ndarray:
         """Row indices of one teacher (sorted)."""
@@ -103,41 +199,38 @@ class TeacherPartition:
         """Rows of the given teachers as a ``[T, max_rows]`` matrix (padded with -1) and their sizes."""
         teacher_ids = np.asarray(teacher_ids, dtype=np.int64)
         sizes = self.sizes[teacher_ids]
-        out = np.full((len(teacher_ids), int(sizes.max())), -1, dtype=np.int64)
+        out = np.full((len(teacher_ids), max(1, int(sizes.max()))), -1, dtype=np.int64)
         for i, t in enumerate(teacher_ids):  # setup-time only, not per step
             out[i, : sizes[i]] = self.rows_of(int(t))
         return torch.from_numpy(out), torch.from_numpy(sizes)
 
     def fingerprint(self) -> str:
-        """SHA-256 of the assignment: equal fingerprints mean the same partition."""
-        return hashlib.sha256(self.assignment.tobytes() + str(self.num_teachers).encode()).hexdigest()
+        """SHA-256 of the (record key, teacher) pairs (of the assignment if no keys are known):
+        equal fingerprints mean the same records went to the same teachers, whatever the row order."""
+        h = hashlib.sha256(f"{PARTITION_SCHEME}:{self.num_teachers}:".encode())
+        if self.keys is None:
+            h.update(self.assignment.tobytes())
+        else:
+            order = np.lexsort((self.assignment, self.keys))
+            h.update(self.keys[order].tobytes() + self.assignment[order].tobytes())
+        return h.hexdigest()
 
     def state_dict(self) -> dict:
-        return {
-            "assignment": torch.from_numpy(self.assignment.copy()),
-            "num_teachers": self.num_teachers,
-            "fingerprint": self.fingerprint(),
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> "TeacherPartition":
-        assignment = state["assignment"]
-        if isinstance(assignment, torch.Tensor):
-            assignment = assignment.numpy()
-        part = cls(np.asarray(assignment), int(state["num_teachers"]))
-        if "fingerprint" in state and part.fingerprint() != state["fingerprint"]:
-            raise ValueError("teacher partition in the checkpoint is corrupt (fingerprint mismatch)")
-        return part
+        """What a checkpoint keeps to check a resume: the scheme, the number of teachers and the
+        fingerprint (no per-row data: the partition is recomputed from the data and the seed)."""
+        return {"scheme": PARTITION_SCHEME, "num_teachers": self.num_teachers, "fingerprint": self.fingerprint()}
 
 
 class TeacherBatches(IterableDataset):
     """Per-step real batches for a set of teachers, each drawn only from that teacher's rows.
 
     Every item is ``(x, y)`` with ``x`` of shape ``[T, batch_size, *feature_shape]``: teacher ``i``
-    of ``teacher_ids`` gets ``batch_size`` rows of its own partition, shuffled once per pass
-    (a teacher with fewer rows than ``batch_size`` cycles through its rows). No Python loop over
-    teachers: rows are gathered with one index tensor. A teacher's batches depend only on the seed,
-    the pass and its global id, not on which other teachers this process owns.
+    of ``teacher_ids`` gets ``batch_size`` rows of its own partition. Each teacher walks through its
+    own records in passes, each pass a fresh permutation that depends only on ``(seed, pass,
+    global teacher id)``; step ``s`` takes positions ``[s·b, (s+1)·b)`` of that stream. A teacher's
+    batches therefore depend on nothing but its own records, the seed and the step: not on other
+    teachers' sizes, nor on which teachers this process owns. A teacher without records gets an
+    all-zero batch (label 0). No Python loop over teachers: rows are gathered with index tensors.
 
     Args:
         features: all training rows (any storage; ``transform`` maps a gathered batch to model space).
@@ -147,6 +240,8 @@ class TeacherBatches(IterableDataset):
         batch_size: rows per teacher per step.
         seed: seed of the per-pass shuffles.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+        start_step: the step of the first item (the trainer's global step when resuming).
+        steps_per_epoch: items per iteration over the dataset (Lightning's epoch; public).
     """
 
     def __init__(
@@ -159,33 +254,54 @@ class TeacherBatches(IterableDataset):
         batch_size: int,
         seed: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        start_step: int = 0,
+        steps_per_epoch: int = TEACHER_STEPS_PER_EPOCH,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"teacher batch size must be >= 1, got {batch_size}")
+        if steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.features = features
         self.labels = labels
         self.teacher_ids = list(teacher_ids)
         self.rows, self.sizes = partition.padded(self.teacher_ids)
+        self.empty = self.sizes == 0
         self.batch_size = batch_size
         self.seed = seed
         self.transform = transform
-        self.epoch = 0
-        self.steps_per_pass = max(1, int(np.ceil(self.sizes.max().item() / batch_size)))
+        self.next_step = int(start_step)
+        self.steps_per_epoch = int(steps_per_epoch)
 
     def __len__(self) -> int:
-        return self.steps_per_pass
+        return self.steps_per_epoch
+
+    def indices(self, step: int) -> torch.Tensor:
+        """``[T, batch_size]`` row indices of step ``step`` (``-1`` for a teacher without records)."""
+        b = self.batch_size
+        n = self.sizes.clamp(min=1).unsqueeze(1)  # [T, 1]
+        pos = torch.arange(step * b, (step + 1) * b).unsqueeze(0)  # [1, b]
+        passes, offsets = pos // n, pos % n  # [T, b]: each teacher in its own pass
+        first = passes[:, :1]
+        span = int((passes[:, -1:] - first).max()) + 1
+        epochs = (first + torch.arange(span).unsqueeze(0)).numpy()  # [T, span] passes needed
+        keys = torch.from_numpy(hashed_uniform(self.seed, epochs, np.asarray(self.teacher_ids), self.rows.shape[1]))
+        keys[(self.rows < 0).unsqueeze(1).expand_as(keys)] = 2.0  # padding sorts last
+        order = self.rows.unsqueeze(1).expand_as(keys).gather(2, keys.argsort(dim=2))  # [T, span, R]
+        return order.gather(2, offsets.unsqueeze(1).expand(-1, span, -1))[
+            torch.arange(len(n)).unsqueeze(1), passes - first, torch.arange(b).unsqueeze(0)]
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.indices(step)
+        x, y = self.features[idx.clamp(min=0)], self.labels[idx.clamp(min=0)]
+        if self.empty.any():  # no records: a constant, data-independent batch
+            x[self.empty] = 0
+            y[self.empty] = 0
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, y
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        num_teachers, max_rows = self.rows.shape
-        keys = torch.from_numpy(hashed_uniform(self.seed, self.epoch, np.asarray(self.teacher_ids), max_rows))
-        self.epoch += 1
-        keys[self.rows < 0] = 2.0  # padding sorts last
-        order = self.rows.gather(1, keys.argsort(dim=1))
-        sizes = self.sizes.unsqueeze(1)
-        for step in range(self.steps_per_pass):
-            pos = torch.arange(step * self.batch_size, (step + 1) * self.batch_size).unsqueeze(0)
-            idx = order.gather(1, (pos % sizes))  # [T, b], wraps for small partitions
-            x = self.features[idx]
-            if self.transform is not None:
-                x = self.transform(x)
-            yield x, self.labels[idx]
+        for _ in range(self.steps_per_epoch):
+            step = self.next_step
+            self.next_step += 1
+            yield self.batch(step)

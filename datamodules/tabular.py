@@ -19,6 +19,7 @@ import torch
 
 from datamodules.base import DataError, GenerativeDataModule
 from lightning_gpate.privacy.dp_stats import dp_bounds, dp_histogram_ratio
+from lightning_gpate.privacy.randomness import secret_seed
 
 COLUMN_TYPES = ("numeric", "binary", "categorical")
 BUILTIN_TABLES = ("breast_cancer",)
@@ -168,8 +169,9 @@ def dp_metadata(
     estimated this way: they must be declared.
 
     Returns:
-        The metadata cost, ``[{"what", "epsilon", "columns"}]`` per paid column (empty when ``epsilon``
-        is None), for the model to charge at init (``PrivateGenerativeModel``).
+        The metadata cost, ``[{"what", "epsilon", "columns", "neighbouring"}]`` per paid column (empty
+        when ``epsilon`` is None; ε under add/remove-one, as the model's accountant converts it), for
+        the model to charge at init (``PrivateGenerativeModel``).
     """
     unknown = sorted(set(guesses) - {c.name for c in columns if c.type == "numeric"})
     if unknown:
@@ -200,7 +202,8 @@ def dp_metadata(
         if c.is_integer:
             lo, hi = float(np.floor(lo)), float(np.ceil(hi))
         c.min, c.max = float(lo), float(hi)
-        costs.append({"what": f"bounds of {c.name!r} (dp_bounds)", "epsilon": float(eps), "columns": [c.name]})
+        costs.append({"what": f"bounds of {c.name!r} (dp_bounds)", "epsilon": float(eps), "columns": [c.name],
+                      "neighbouring": "add_remove"})
     return costs
 
 
@@ -353,7 +356,6 @@ class TabularDataModule(GenerativeDataModule):
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
         partition_seed: int = 0,
-        remainder: str = "spread",
         val_fraction: float = 0.0,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -361,7 +363,7 @@ class TabularDataModule(GenerativeDataModule):
     ) -> None:
         super().__init__(
             batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size,
-            partition_seed=partition_seed, remainder=remainder, val_fraction=val_fraction,
+            partition_seed=partition_seed, val_fraction=val_fraction,
             test_fraction=test_fraction, split_seed=split_seed, num_workers=num_workers,
         )
         if missing not in ("error", "drop"):
@@ -432,7 +434,7 @@ class TabularDataModule(GenerativeDataModule):
         self._frame = frame
         schema, guesses = split_guesses(self.schema)
         columns, label_spec = infer_schema(frame, self.label, schema)
-        rng = np.random.default_rng(self.metadata_seed)  # None: OS entropy
+        rng = np.random.default_rng(secret_seed() if self.metadata_seed is None else self.metadata_seed)
         paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
         features, labels = self.transformer.transform(frame)
@@ -444,7 +446,8 @@ class TabularDataModule(GenerativeDataModule):
         elif self.label_ratio_epsilon is not None:
             ratio, eps = dp_histogram_ratio(labels, num_classes=num_classes, epsilon=self.label_ratio_epsilon, rng=rng)
             ratio, source = list(ratio), "dp"
-            paid.append({"what": f"class ratio of {label_spec.name!r} (Laplace counts)", "epsilon": float(eps)})
+            paid.append({"what": f"class ratio of {label_spec.name!r} (Laplace counts)", "epsilon": float(eps),
+                         "neighbouring": "add_remove"})
         else:
             ratio, source = list(np.bincount(labels, minlength=num_classes) / len(labels)), "data"
         paid_columns = {name for cost in paid for name in cost.get("columns", [])}

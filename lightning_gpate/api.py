@@ -7,7 +7,7 @@
 
 It wraps the same pieces as ``lightning-gpate fit``: a :class:`~datamodules.TabularDataModule`, the
 model, a Lightning ``Trainer`` with the MLflow logger and the evaluation callbacks, so a run started
-from Python appears in MLflow with the same parameters, ε, utility report, samples and checkpoint.
+from Python appears in MLflow with the same parameters, ε, utility report, samples and release artifact.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Synthesizer:
         """
         import pytorch_lightning as pl
 
-        from callbacks import DownstreamUtility, FinalCheckpoint, SampleLogger
+        from callbacks import DownstreamUtility, ReleaseArtifact, SampleLogger
         from datamodules import TabularDataModule
         from lightning_gpate.tracking import GPATEMLFlowLogger
 
@@ -167,11 +167,12 @@ class Synthesizer:
         logger = GPATEMLFlowLogger(experiment_name=self.experiment, run_name=self.run_name, tracking_uri=self.tracking_uri)
         options = {
             "max_steps": self.max_steps, "logger": logger, "enable_checkpointing": False,
-            "default_root_dir": "mlruns/lightning", "enable_progress_bar": self.progress_bar,
+            "enable_progress_bar": self.progress_bar,
             "enable_model_summary": False, "log_every_n_steps": 10, "devices": 1,
             **self.trainer_options,
         }
-        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), FinalCheckpoint(), *options.get("callbacks", [])]
+        self._release = ReleaseArtifact()
+        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), self._release, *options.get("callbacks", [])]
         self.trainer = pl.Trainer(**options)
         self.run_id = logger.run_id
         self._log_arguments(logger, label=label, schema=schema, class_ratio=class_ratio, data_options=data_options)
@@ -229,11 +230,11 @@ class Synthesizer:
         return model.accountant.summary() if hasattr(model, "accountant") else {}
 
     @property
-    def checkpoint_path(self) -> str | None:
-        """The final checkpoint attached to the MLflow run (its ``final_checkpoint`` tag)."""
-        if self.run_id is None:
-            return None
-        return self.trainer.logger.experiment.get_run(self.run_id).data.tags.get("final_checkpoint")
+    def release_path(self) -> str | None:
+        """The run's release artifact (generator and public state) in the MLflow store: its
+        ``release_artifact`` tag. :meth:`load` and ``lightning-gpate sample`` read it."""
+        release = getattr(self, "_release", None)
+        return None if release is None or release.release_path is None else str(release.release_path)
 
     def evaluate_against(self, train: pd.DataFrame, test: pd.DataFrame, *, num_rows: int | None = None, seed: int = 0, **options: Any) -> dict[str, float]:
         """:func:`~lightning_gpate.evaluation.evaluate_tabular` of freshly sampled rows (as many as
@@ -245,7 +246,9 @@ class Synthesizer:
 
     @classmethod
     def load(cls, ckpt_path: str) -> "Synthesizer":
-        """A Synthesizer for sampling from a saved checkpoint (e.g. a run's ``final_checkpoint``)."""
+        """A Synthesizer for sampling from a run's release artifact (:attr:`release_path`, or the
+        MLflow tag ``release_artifact``); a private training checkpoint works too (its release is
+        extracted in memory)."""
         from lightning_gpate.models.base import load_generator
         from lightning_gpate.models.private import PrivateGenerativeModel
 

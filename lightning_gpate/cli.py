@@ -2,9 +2,9 @@
 
 * ``lightning-gpate fit|validate|test --config configs/NAME.yaml [--model.* --data.* --trainer.* --seed_everything N]``
   through LightningCLI (models and DataModules in subclass mode);
-* ``lightning-gpate sample --ckpt_path CKPT --num_samples N --output PATH`` writes synthetic data in
-  the original schema (CSV for tables, ``.npz`` + PNG grid for images);
-* ``lightning-gpate evaluate --ckpt_path CKPT [--data DATA]`` evaluates a finished run and attaches the
+* ``lightning-gpate sample --ckpt_path RELEASE --num_samples N --output PATH`` writes synthetic data in
+  the original schema (CSV for tables, ``.npz`` + PNG grid for images) from a run's release artifact;
+* ``lightning-gpate evaluate --ckpt_path RELEASE [--data DATA]`` evaluates a finished run and attaches the
   report to its MLflow run;
 * ``lightning-gpate compare --experiment NAME`` prints the experiment's runs side by side.
 """
@@ -39,7 +39,7 @@ class GPATECLI(LightningCLI):
 
 def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:
     import lightning_gpate.models  # noqa: F401  (registers every model class for subclass mode)
-    from callbacks import FinalCheckpoint, MLflowSaveConfig, SampleLogger
+    from callbacks import MLflowSaveConfig, ReleaseArtifact, SampleLogger
 
     return GPATECLI(
         GenerativeModel,
@@ -48,10 +48,9 @@ def run_lightning_cli(args: Sequence[str] | None = None) -> GPATECLI:
         subclass_mode_data=True,
         save_config_callback=MLflowSaveConfig,
         save_config_kwargs={"save_to_log_dir": False},
-        trainer_defaults={
-            "default_root_dir": "mlruns/lightning",
-            "callbacks": [SampleLogger(), FinalCheckpoint()],
-        },
+        # Training checkpoints (private) go to ./private/<experiment>/<run>/ (ReleaseArtifact), outside
+        # the MLflow store; only the release artifact is logged.
+        trainer_defaults={"callbacks": [SampleLogger(), ReleaseArtifact()]},
         args=args,
         auto_configure_optimizers=False,
     )
@@ -62,7 +61,8 @@ def sample_command(argv: Sequence[str]) -> int:
         prog="lightning-gpate sample",
         description="Write synthetic data from a trained generator, in the original data's schema.",
     )
-    parser.add_argument("--ckpt_path", required=True, help="checkpoint of a lightning-gpate model")
+    parser.add_argument("--ckpt_path", required=True, help="release artifact of a run (release/release.pt, printed by fit; "
+                        "its MLflow tag release_artifact), or a private training checkpoint (its release is extracted)")
     parser.add_argument("--num_samples", type=int, required=True, help="rows or images to generate (>= 1)")
     parser.add_argument("--output", required=True, help="output .csv (tables) or .npz (images; a .png grid is written beside it)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the latent draws")
@@ -88,7 +88,7 @@ def evaluate_command(argv: Sequence[str]) -> int:
                     "splits and attach the report to the checkpoint's MLflow run (metrics utility/*, quality/*; "
                     "artifacts under evaluation/).",
     )
-    parser.add_argument("--ckpt_path", required=True, help="checkpoint of a lightning-gpate model")
+    parser.add_argument("--ckpt_path", required=True, help="release artifact of a run (or a private training checkpoint)")
     parser.add_argument("--data", default=None, help="YAML data config (or the fit config) or a CSV replacing the stored data path "
                         "(default: the DataModule stored in the checkpoint)")
     parser.add_argument("--run_id", default=None, help="MLflow run to attach the report to (default: the checkpoint's run)")

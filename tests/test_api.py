@@ -50,8 +50,8 @@ def test_fit_and_sample_a_dataframe_with_the_run_in_mlflow(mixed_frame):
     assert "utility/ranking_agreement_AC" in run.data.metrics
     call = json.loads(Path(client.download_artifacts(run.info.run_id, "synthesizer.json")).read_text())
     assert call["model"] == "lightning_gpate.models.gan.GAN" and call["label"] == "outcome"
-    assert synth.checkpoint_path == run.data.tags["final_checkpoint"]
-    again = Synthesizer.load(synth.checkpoint_path)
+    assert synth.release_path == run.data.tags["release_artifact"]
+    again = Synthesizer.load(synth.release_path)
     assert again.sample(30, seed=3).equals(out)
 
 
@@ -68,7 +68,7 @@ def test_private_model_epsilon_in_mlflow_and_live_on_the_progress_bar(mixed_fram
     run, client = query_run("api-private")
     history = client.get_metric_history(run.info.run_id, "epsilon")
     assert len(history) == synth.trainer.global_step and history[-1].value == pytest.approx(spent, rel=1e-6)
-    loaded = Synthesizer.load(synth.checkpoint_path)
+    loaded = Synthesizer.load(synth.release_path)
     assert loaded.epsilon == pytest.approx(spent) and len(loaded.sample(5)) == 5
 
 

@@ -27,12 +27,12 @@ def test_fit_then_sample_digits(capsys):
     assert {"d_loss", "g_loss"} <= set(run.data.metrics)
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 4  # one per generator step
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "checkpoints", "samples"} <= artifacts
+    assert {"config.yaml", "release", "samples"} <= artifacts
     config = Path(client.download_artifacts(run.info.run_id, "config.yaml")).read_text()
     assert "ImageDataModule" in config and "max_steps: 4" in config
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/samples_final.png"]
 
-    ckpt = run.data.tags["final_checkpoint"]
+    ckpt = run.data.tags["release_artifact"]
     assert main(["sample", "--ckpt_path", ckpt, "--num_samples", "25", "--output", "out/s.npz", "--seed", "1"]) == 0
     data = np.load("out/s.npz")
     assert data["images"].shape == (25, 1, 8, 8) and data["labels"].shape == (25,)
@@ -52,7 +52,7 @@ def test_fit_then_sample_table_in_original_schema(tmp_path, mixed_frame):
     assert "g_loss" in run.data.metrics
     table_artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "samples")]
     assert table_artifacts == ["samples/samples_final.csv"]
-    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "40", "--output", "s.csv"]) == 0
+    assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "40", "--output", "s.csv"]) == 0
     out = pd.read_csv("s.csv")
     assert list(out.columns) == list(mixed_frame.columns) and len(out) == 40
     assert (out.dtypes == pd.read_csv("table.csv").dtypes).all()
@@ -75,6 +75,6 @@ def test_sample_errors_are_clear_and_write_nothing(tmp_path, capsys):
 def test_wrong_output_kind_writes_nothing(capsys):
     _fit("gan_digits.yaml", "--trainer.max_steps", "1")
     run, _ = query_run("digits")
-    assert main(["sample", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "5", "--output", "x.csv"]) == 2
+    assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "5", "--output", "x.csv"]) == 2
     assert ".npz" in capsys.readouterr().err
     assert not Path("x.csv").exists()

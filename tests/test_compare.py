@@ -27,8 +27,8 @@ def _fit_table(mixed_frame, experiment="table", steps="2"):
 def test_evaluate_attaches_the_report_to_the_checkpoints_run(mixed_frame, capsys):
     run, client = _fit_table(mixed_frame)
     assert not any(k.startswith("utility/") for k in run.data.metrics)
-    ckpt = run.data.tags["final_checkpoint"]
-    assert torch.load(ckpt, weights_only=False)["mlflow_run"]["run_id"] == run.info.run_id  # the checkpoint knows its run
+    ckpt = run.data.tags["release_artifact"]
+    assert torch.load(ckpt, weights_only=True)["mlflow_run"]["run_id"] == run.info.run_id  # the release knows its run
     assert main(["evaluate", "--ckpt_path", ckpt, "--classifiers", FAST, "--output", "report.json"]) == 0
     out = capsys.readouterr().out
     assert f"logged to MLflow run {run.info.run_id}" in out and "utility/B/auroc_mean" in out
@@ -51,7 +51,7 @@ def test_evaluate_attaches_the_report_to_the_checkpoints_run(mixed_frame, capsys
 
 def test_evaluate_finds_the_run_by_its_checkpoint_tag(mixed_frame):
     run, client = _fit_table(mixed_frame)
-    ckpt = run.data.tags["final_checkpoint"]
+    ckpt = run.data.tags["release_artifact"]
     checkpoint = torch.load(ckpt, weights_only=False)
     del checkpoint["mlflow_run"]  # a checkpoint from before run ids were stored
     torch.save(checkpoint, ckpt)
@@ -62,7 +62,7 @@ def test_evaluate_finds_the_run_by_its_checkpoint_tag(mixed_frame):
 def test_evaluate_of_an_in_memory_table_needs_the_data(mixed_frame, capsys):
     synth = Synthesizer("gan", max_steps=1, experiment="api", progress_bar=False, evaluate=False, log_samples=False, hidden=(8,))
     synth.fit(mixed_frame, label="outcome", batch_size=16)
-    ckpt = synth.checkpoint_path
+    ckpt = synth.release_path
     assert main(["evaluate", "--ckpt_path", ckpt]) == 2
     assert "in-memory DataFrame: pass --data" in capsys.readouterr().err
     mixed_frame.to_csv("same.csv", index=False)
@@ -77,7 +77,7 @@ def test_evaluate_an_image_run_and_compare_the_runs(capsys, mixed_frame):
     main(["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--model.z_dim", "8", "--model.gf_dim", "8", "--model.df_dim", "8",
           "--model.fc_dim", "16", "--trainer.max_steps", "2", "--trainer.logger.init_args.run_name", "gan-a", *NO_EVAL])
     run, client = query_run("digits")
-    assert main(["evaluate", "--ckpt_path", run.data.tags["final_checkpoint"], "--num_samples", "400"]) == 0
+    assert main(["evaluate", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "400"]) == 0
     m = query_run("digits")[0].data.metrics
     for key in ("quality/inception_score", "quality/fid", "quality/inception_score_real", "utility/cnn_accuracy_val_selected"):
         assert key in m, key

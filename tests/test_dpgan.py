@@ -125,10 +125,12 @@ def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
     sizes = [len(y) for item in steps for _, y in item]
     assert len(set(sizes)) > 3 and abs(np.mean(sizes) - 32) < 6  # Poisson: variable, about 32
     assert int(model.critic_steps_taken) == 10
-    trainer.save_checkpoint(tmp_path / "m.ckpt")
-    loaded = load_generator(str(tmp_path / "m.ckpt"))
-    assert loaded.opacus_accountant.history == model.opacus_accountant.history
-    images, labels = loaded.generate(5, seed=0)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")  # a (private) training checkpoint: resuming restores opacus' accountant
+    resumed = DPGAN.load_from_checkpoint(tmp_path / "m.ckpt")
+    assert resumed.opacus_accountant.history == model.opacus_accountant.history
+    released = load_generator(str(tmp_path / "m.ckpt"))  # its release: the generator and the project's accountant
+    assert released.accountant.epsilon() == pytest.approx(model.accountant.epsilon())
+    images, labels = released.generate(5, seed=0)
     assert images.shape == (5, 1, 8, 8) and labels.shape == (5,)
 
     with pytest.raises(ValueError, match="Poisson"):  # no DataModule: no known sampling rate

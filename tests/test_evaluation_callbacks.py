@@ -8,7 +8,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from callbacks import DownstreamUtility, FinalCheckpoint, ImageQuality, SampleLogger
+from callbacks import DownstreamUtility, ImageQuality, ReleaseArtifact, SampleLogger
 from conftest import query_run
 from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.models import GAN
@@ -34,7 +34,7 @@ def test_digits_run_has_is_fid_and_cnn_accuracy_every_n_steps_and_at_the_end():
     model = GAN(dm.spec, z_dim=8, gf_dim=8, df_dim=8, fc_dim=16)
     utility = DownstreamUtility(every_n_steps=2, cnn_epochs=2)
     quality = ImageQuality(every_n_steps=2)
-    _fit(model, dm, [utility, quality, SampleLogger(), FinalCheckpoint()], "digits-eval")
+    _fit(model, dm, [utility, quality, SampleLogger(), ReleaseArtifact()], "digits-eval")
     run, client = query_run("digits-eval")
     m = run.data.metrics
     for key in ("quality/inception_score", "quality/fid", "quality/inception_score_real", "quality/fid_real_train_vs_reference",
@@ -63,7 +63,7 @@ def test_table_run_has_the_utility_report_figures_and_marginals(mixed_frame):
     dm = _table_dm(mixed_frame)
     model = GAN(dm.spec, z_dim=8, hidden=(16,))
     utility = DownstreamUtility(classifiers=FAST)
-    _fit(model, dm, [utility, SampleLogger(num_samples=50), FinalCheckpoint()], "table-eval")
+    _fit(model, dm, [utility, SampleLogger(num_samples=50), ReleaseArtifact()], "table-eval")
     run, client = query_run("table-eval")
     m = run.data.metrics
     for s in "ABC":
@@ -102,14 +102,14 @@ def test_evaluation_leaves_the_training_run_unchanged(mixed_frame):
 def test_disabled_and_failing_evaluation_never_break_the_fit(mixed_frame):
     dm = _table_dm(mixed_frame)
     model = GAN(dm.spec, z_dim=8, hidden=(16,))
-    _fit(model, dm, [DownstreamUtility(enabled=False), FinalCheckpoint()], "off", max_steps=1)
+    _fit(model, dm, [DownstreamUtility(enabled=False), ReleaseArtifact()], "off", max_steps=1)
     run, _ = query_run("off")
     assert not any(k.startswith("utility/") for k in run.data.metrics)
     with pytest.warns(UserWarning, match="DownstreamUtility failed"):
-        _fit(model, dm, [DownstreamUtility(settings=("Z",)), FinalCheckpoint()], "broken", max_steps=1)
+        _fit(model, dm, [DownstreamUtility(settings=("Z",)), ReleaseArtifact()], "broken", max_steps=1)
     run, _ = query_run("broken")
     assert "unknown settings" in run.data.tags["utility_error"]
-    assert "final_checkpoint" in run.data.tags  # the checkpoint is still saved
+    assert "release_artifact" in run.data.tags  # the release is still written
 
 
 def test_image_quality_ignores_tables(mixed_frame):

@@ -1,64 +1,176 @@
+"""Teacher partitions and splits decided per record (add/remove-one stability), and per-teacher batches
+that depend only on the teacher's own records, the seed and the step."""
+
+import warnings
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from datamodules import DataError, ImageDataModule, TeacherBatches, TeacherPartition
+from datamodules import DataError, ImageDataModule, TabularDataModule, TeacherBatches, TeacherPartition
+from datamodules.partition import record_keys
+
+
+def _keys(n, width=3, seed=0):
+    x = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (n, width), dtype=np.uint8))
+    return record_keys(x, torch.zeros(n, dtype=torch.long))
+
+
+def _contents(dm, teacher):
+    x, y = dm.splits["train"]
+    rows = dm.partition.rows_of(teacher)
+    return sorted((x[i].numpy().tobytes(), int(y[i])) for i in rows)
 
 
 @pytest.mark.parametrize("num_rows,num_teachers", [(100, 7), (1000, 1000), (1797, 250), (10, 3)])
-def test_spread_partition_is_disjoint_and_covers_every_row(num_rows, num_teachers):
-    part = TeacherPartition.create(num_rows, num_teachers, seed=3, remainder="spread")
+def test_partition_is_disjoint_and_covers_every_row(num_rows, num_teachers):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty teachers when rows per teacher are few
+        part = TeacherPartition.create(_keys(num_rows), num_teachers, seed=3)
     sets = [set(part.rows_of(t).tolist()) for t in range(num_teachers)]
     assert sum(len(s) for s in sets) == num_rows == len(set().union(*sets))  # disjoint + covering
-    assert part.sizes.max() - part.sizes.min() <= 1
-    assert (part.sizes[: num_rows % num_teachers] == num_rows // num_teachers + 1).all()
+    assert part.num_empty == int((part.sizes == 0).sum())
 
 
-def test_drop_partition_leaves_the_remainder_unused():
-    part = TeacherPartition.create(103, 10, seed=0, remainder="drop")
-    assert (part.sizes == 10).all()
-    assert (part.assignment == -1).sum() == 3
+def test_shares_are_binomial_and_empty_teachers_are_announced():
+    part = TeacherPartition.create(_keys(30_000), 100, seed=0)
+    assert part.num_empty == 0 and abs(part.sizes.mean() - 300) < 1e-9 and part.sizes.std() < 2 * np.sqrt(300)
+    with pytest.warns(UserWarning, match="teachers received no record"):
+        few = TeacherPartition.create(_keys(200), 100, seed=0)
+    assert few.num_empty > 0
 
 
-def test_partition_is_a_pure_function_of_its_seed():
-    a = TeacherPartition.create(500, 20, seed=1)
-    assert a.fingerprint() == TeacherPartition.create(500, 20, seed=1).fingerprint()
-    assert a.fingerprint() != TeacherPartition.create(500, 20, seed=2).fingerprint()
+def test_partition_is_a_pure_function_of_the_records_and_the_seed():
+    keys = _keys(500)
+    a = TeacherPartition.create(keys, 20, seed=1)
+    assert a.fingerprint() == TeacherPartition.create(keys, 20, seed=1).fingerprint()
+    assert a.fingerprint() != TeacherPartition.create(keys, 20, seed=2).fingerprint()
+    perm = np.random.default_rng(0).permutation(500)  # the same records in another order: the same partition
+    b = TeacherPartition.create(keys[perm], 20, seed=1)
+    assert b.fingerprint() == a.fingerprint()
+    assert all(sorted(keys[a.rows_of(t)].tolist()) == sorted(keys[perm][b.rows_of(t)].tolist()) for t in range(20))
+    assert "assignment" not in a.state_dict()  # no per-row data in checkpoints
 
 
 def test_too_few_rows_per_teacher_is_a_clear_error():
     with pytest.raises(ValueError, match="too few rows per teacher"):
-        TeacherPartition.create(50, 100, seed=0)
+        TeacherPartition.create(_keys(50), 100, seed=0)
 
 
-def test_state_dict_round_trip_and_corruption_detected():
-    part = TeacherPartition.create(300, 11, seed=5)
-    state = part.state_dict()
-    assert TeacherPartition.from_state_dict(state).fingerprint() == part.fingerprint()
-    state["assignment"] = state["assignment"].clone()
-    state["assignment"][[0, 1]] = state["assignment"][[1, 0]] + 0  # swap two rows' teachers
-    if int(state["assignment"][0]) != int(state["assignment"][1]):
-        with pytest.raises(ValueError, match="fingerprint"):
-            TeacherPartition.from_state_dict(state)
+def _digits(rows, **kw):
+    """A digits DataModule over a chosen list of rows of the embedded digits (CSV data)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    frame = pd.DataFrame(np.round(digits.images.reshape(len(digits.images), -1) * (255 / 16)).astype(int)[rows])
+    frame["label"] = digits.target[rows]
+    path = f"digits_{len(rows)}_{hash(tuple(rows)) & 0xFFFF}.csv"
+    frame.to_csv(path, index=False)
+    return ImageDataModule("csv", path=path, **kw)
 
 
-def test_teacher_batches_only_draw_from_the_teachers_own_rows():
+def test_adding_or_removing_a_record_changes_one_teacher_and_moves_no_other_record():
+    """The add/remove-one neighbouring relation every ε refers to: D' = D + one record (inserted in
+    the middle of the file), D'' = D - one record. Exactly one teacher's data differ, and no other
+    record changes split."""
+    base = list(range(0, 1500))
+    new_row = 1600
+    kw = dict(num_teachers=40, teacher_batch_size=8, val_fraction=0.1, test_fraction=0.2)
+    d = _digits(base, **kw)
+    d_plus = _digits(base[:700] + [new_row] + base[700:], **kw)
+    d_minus = _digits(base[:300] + base[301:], **kw)
+    for dm in (d, d_plus, d_minus):
+        dm.setup("fit")
+
+    def split_contents(dm, split):
+        x, y = dm.splits[split]
+        return {(x[i].numpy().tobytes(), int(y[i])) for i in range(len(y))}
+
+    for split in ("train", "val", "test"):
+        grown = split_contents(d_plus, split) - split_contents(d, split)
+        assert split_contents(d, split) <= split_contents(d_plus, split) and len(grown) <= 1
+        assert split_contents(d_minus, split) <= split_contents(d, split)
+    for other in (d_plus, d_minus):
+        changed = [t for t in range(40) if _contents(d, t) != _contents(other, t)]
+        assert len(other.splits["train"][1]) != len(d.splits["train"][1])  # both records are training records
+        assert len(changed) == 1, changed
+
+
+def test_duplicates_spread_over_teachers_and_one_more_copy_changes_one_teacher():
+    x = torch.zeros(60, 4, dtype=torch.uint8)  # 60 identical records
+    y = torch.zeros(60, dtype=torch.long)
+    part = TeacherPartition.create(record_keys(x, y), 6, seed=0)
+    assert (part.sizes > 0).sum() == 6  # not all on one teacher
+    more = TeacherPartition.create(record_keys(torch.zeros(61, 4, dtype=torch.uint8), torch.zeros(61, dtype=torch.long)), 6, seed=0)
+    assert int(np.abs(more.sizes - part.sizes).sum()) == 1
+
+
+def test_a_teachers_batches_depend_only_on_its_own_records():
+    """Teacher t's stream of batches is a function of its own records, the seed and the step: the
+    same in D and D + one record for every teacher whose records did not change (also when the
+    largest teacher grows), and the same on any DDP shard."""
+    base = list(range(0, 1200))
+    kw = dict(num_teachers=30, teacher_batch_size=7, val_fraction=0.0, test_fraction=0.0)
+    d, d_plus = _digits(base, **kw), _digits(base + [1700], **kw)
+    for dm in (d, d_plus):
+        dm.setup("fit")
+    changed = [t for t in range(30) if _contents(d, t) != _contents(d_plus, t)]
+    assert len(changed) == 1
+
+    def stream(dm, teachers, steps=40):
+        x, y = dm.splits["train"]
+        batches = TeacherBatches(x, y, dm.partition, teachers, batch_size=7, seed=3, steps_per_epoch=steps)
+        return [xb for xb, _ in batches]
+
+    a, b = stream(d, list(range(30))), stream(d_plus, list(range(30)))
+    same = [t for t in range(30) if t not in changed]
+    assert all(torch.equal(xa[same], xb[same]) for xa, xb in zip(a, b))
+    shard = stream(d, [1, 3, 5])  # rank 1 of 2 owning teachers 1, 3, 5
+    assert all(torch.equal(xa[[1, 3, 5]], xs) for xa, xs in zip(a, shard))
+
+
+def test_teacher_batches_only_draw_from_the_teachers_own_rows_and_cover_each_pass():
     n, teachers = 230, 9
     x = torch.arange(n, dtype=torch.float32).unsqueeze(1)  # feature = row id
     y = torch.zeros(n, dtype=torch.long)
-    part = TeacherPartition.create(n, teachers, seed=0)
-    before = part.fingerprint()
+    part = TeacherPartition.create(record_keys(x, y), teachers, seed=0)
     owned = [1, 4, 7]
-    batches = TeacherBatches(x, y, part, owned, batch_size=30, seed=0)  # 30 > rows per teacher: cycles
-    for _ in range(3):  # several passes
-        for xb, yb in batches:
-            assert xb.shape == (3, 30, 1)
-            for i, t in enumerate(owned):
-                assert set(xb[i, :, 0].long().tolist()) <= set(part.rows_of(t).tolist())
-    assert part.fingerprint() == before
+    batches = TeacherBatches(x, y, part, owned, batch_size=30, seed=0, steps_per_epoch=5)  # 30 > rows per teacher
+    for xb, yb in batches:
+        assert xb.shape == (3, 30, 1)
+        for i, t in enumerate(owned):
+            assert set(xb[i, :, 0].long().tolist()) <= set(part.rows_of(t).tolist())
+    b = 4
+    stream = TeacherBatches(x, y, part, range(teachers), batch_size=b, seed=1)
+    t = int(np.argmax(part.sizes))
+    size = int(part.sizes[t])
+    seen = torch.cat([stream.indices(s)[t] for s in range(size)])  # b passes over teacher t's records
+    for k in range(b):
+        assert sorted(seen[k * size:(k + 1) * size].tolist()) == sorted(part.rows_of(t).tolist())
 
 
-def test_datamodule_partition_is_fixed_and_restored_from_state():
+def test_resumed_batches_continue_the_stream():
+    n = 300
+    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    y = torch.zeros(n, dtype=torch.long)
+    part = TeacherPartition.create(record_keys(x, y), 6, seed=0)
+    whole = [xb for xb, _ in TeacherBatches(x, y, part, range(6), batch_size=7, seed=3, steps_per_epoch=10)]
+    resumed = [xb for xb, _ in TeacherBatches(x, y, part, range(6), batch_size=7, seed=3, steps_per_epoch=4, start_step=6)]
+    assert all(torch.equal(a, b) for a, b in zip(whole[6:], resumed))
+
+
+def test_empty_teachers_get_a_constant_batch():
+    x = torch.arange(1, 13, dtype=torch.float32).unsqueeze(1)
+    y = torch.ones(12, dtype=torch.long)
+    with pytest.warns(UserWarning, match="no record"):
+        part = TeacherPartition.create(record_keys(x, y), 10, seed=0)
+    empty = np.flatnonzero(part.sizes == 0)
+    xb, yb = next(iter(TeacherBatches(x, y, part, range(10), batch_size=3, seed=0)))
+    assert (xb[empty] == 0).all() and (yb[empty] == 0).all() and (xb[part.sizes > 0] > 0).all()
+
+
+def test_datamodule_partition_is_fixed_and_checked_on_resume():
     dm = ImageDataModule("digits", num_teachers=40, teacher_batch_size=8)
     dm.setup("fit")
     first = dm.partition.fingerprint()
@@ -68,37 +180,21 @@ def test_datamodule_partition_is_fixed_and_restored_from_state():
     assert dm.partition.fingerprint() == first  # never re-drawn during a run
     state = dm.state_dict()
 
-    other = ImageDataModule("digits", num_teachers=40, teacher_batch_size=8, partition_seed=99)
-    other.setup("fit")
-    other.load_state_dict(state)  # resume: the checkpoint's partition wins
-    assert other.partition.fingerprint() == first
-
-    wrong = ImageDataModule("digits", num_teachers=41)
-    wrong.setup("fit")
-    with pytest.raises(DataError, match="does not fit this data"):
-        wrong.load_state_dict(state)
+    same = ImageDataModule("digits", num_teachers=40, teacher_batch_size=8)
+    same.load_state_dict(state)  # resume on the same data and settings: accepted
+    assert same.partition.fingerprint() == first
+    for wrong in (ImageDataModule("digits", num_teachers=41), ImageDataModule("digits", num_teachers=40, partition_seed=99)):
+        with pytest.raises(DataError, match="does not fit this data"):
+            wrong.load_state_dict(state)
 
 
-def test_teacher_batches_cover_each_partition_once_per_pass():
-    n, teachers, b = 120, 4, 10
-    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
-    part = TeacherPartition.create(n, teachers, seed=0)
-    batches = TeacherBatches(x, torch.zeros(n, dtype=torch.long), part, range(teachers), batch_size=b, seed=1)
-    seen = [[] for _ in range(teachers)]
-    for xb, _ in batches:
-        for t in range(teachers):
-            seen[t] += xb[t, :, 0].long().tolist()
-    for t in range(teachers):
-        assert sorted(seen[t]) == sorted(part.rows_of(t).tolist())
-    assert np.array_equal(part.sizes, [30] * 4)
-
-
-def test_a_teachers_batches_do_not_depend_on_which_teachers_a_process_owns():
-    n = 300
-    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
-    y = torch.zeros(n, dtype=torch.long)
-    part = TeacherPartition.create(n, 6, seed=0)
-    everyone = list(TeacherBatches(x, y, part, range(6), batch_size=7, seed=3))
-    rank1_of_2 = list(TeacherBatches(x, y, part, [1, 3, 5], batch_size=7, seed=3))
-    for (xa, _), (xb, _) in zip(everyone, rank1_of_2):
-        assert torch.equal(xa[[1, 3, 5]], xb)
+def test_tabular_records_are_keyed_by_their_content(mixed_frame):
+    schema = {"age": {"min": 18, "max": 90}, "income": {"min": 0, "max": 120000}, "smoker": {"categories": ["no", "yes"]},
+              "region": {"categories": ["east", "north", "south", "west"]}, "visits": {"min": 0, "max": 2},
+              "flag": {"categories": [False, True]}, "outcome": {"categories": [0, 1]}}
+    kw = dict(label="outcome", schema=schema, class_ratio=[0.7, 0.3], num_teachers=4, teacher_batch_size=4)
+    a = TabularDataModule(frame=mixed_frame, **kw)
+    b = TabularDataModule(frame=mixed_frame.sample(frac=1.0, random_state=1), **kw)  # rows shuffled
+    a.setup("fit"), b.setup("fit")
+    assert a.partition.fingerprint() == b.partition.fingerprint()
+    assert len(a.splits["test"][1]) == len(b.splits["test"][1])

@@ -116,6 +116,7 @@ def test_too_few_rows_per_teacher(mixed_frame):
 def test_split_frames_are_disjoint_rows_of_the_original(mixed_frame):
     dm = TabularDataModule(frame=mixed_frame, label="outcome", val_fraction=0.1, test_fraction=0.2)
     parts = [dm.split_frame(s) for s in ("train", "val", "test")]
-    assert [len(p) for p in parts] == [84, 12, 24]
+    sizes = [len(p) for p in parts]  # decided per record: binomial around 70/10/20%
+    assert sum(sizes) == 120 and all(abs(k - 120 * f) <= 3 * (120 * f * (1 - f)) ** 0.5 for k, f in zip(sizes, (0.7, 0.1, 0.2)))
     merged = pd.concat(parts).sort_values(list(mixed_frame.columns)).reset_index(drop=True)
     pd.testing.assert_frame_equal(merged, mixed_frame.sort_values(list(mixed_frame.columns)).reset_index(drop=True))

@@ -1,5 +1,6 @@
-"""Evaluation after the fact: a finished checkpoint's report attached to its MLflow run, and a table
-comparing the runs of an experiment. Behind ``lightning-gpate evaluate`` and ``lightning-gpate compare``."""
+"""Evaluation after the fact: a finished run's report (from its release artifact) attached to its MLflow
+run, and a table comparing the runs of an experiment. Behind ``lightning-gpate evaluate`` and
+``lightning-gpate compare``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
-import torch
 
 from lightning_gpate.evaluation.report import (
     QUALITY_PREFIX, UTILITY_PREFIX, generated_images, image_quality_evaluator, image_utility, log_files, log_metrics,
@@ -19,7 +19,8 @@ from lightning_gpate.evaluation.report import (
 )
 from lightning_gpate.evaluation.tabular import SETTINGS
 
-MLFLOW_RUN_KEY = "mlflow_run"  # written by callbacks.artifacts.FinalCheckpoint
+MLFLOW_RUN_KEY = "mlflow_run"  # written by callbacks.artifacts.ReleaseArtifact (release and training checkpoints)
+RELEASE_TAGS = ("release_artifact", "final_checkpoint")  # the run's tag with the file's path (final_checkpoint: older runs)
 DATA_CLASSES = {"tabular": "datamodules.TabularDataModule", "image": "datamodules.ImageDataModule"}
 DATA_FILE_SUFFIXES = (".csv", ".gz", ".tsv", ".txt")
 
@@ -30,23 +31,23 @@ def _import(class_path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def datamodule_for(checkpoint: dict[str, Any], model, data: str | None = None):
-    """The DataModule a checkpoint was trained on, rebuilt from its stored hyperparameters.
+def datamodule_for(release: dict[str, Any], model, data: str | None = None):
+    """The DataModule a release was trained on, rebuilt from its stored data config.
 
     Args:
-        checkpoint: the loaded checkpoint dict.
+        release: the release artifact (:func:`lightning_gpate.release.load_release`).
         model: the loaded model (its ``data_spec`` must match the data).
         data: ``None`` (the stored DataModule), a YAML file (a fit config with a ``data:`` section, or
             that section itself: ``class_path`` + ``init_args``, or bare init args) whose arguments
             override the stored ones, or a data file (CSV) replacing the stored ``path``.
 
     Raises:
-        ValueError: the checkpoint has no stored DataModule and no ``data`` was given, or the data
+        ValueError: the release has no stored DataModule and no ``data`` was given, or the data
             does not match the model.
     """
-    stored = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    class_path = stored.pop("_class_path", None) or DATA_CLASSES[model.data_spec["kind"]]
-    stored.pop("_instantiator", None)
+    section = release.get("datamodule") or {}
+    stored = dict(section.get("init_args") or {})
+    class_path = section.get("class_path") or DATA_CLASSES[model.data_spec["kind"]]
     if data is not None:
         path = Path(data)
         if not path.is_file():
@@ -71,7 +72,7 @@ def datamodule_for(checkpoint: dict[str, Any], model, data: str | None = None):
         else:
             raise ValueError(f"--data must be a YAML config or a CSV data file, got {path.name!r}")
     elif not stored:
-        raise ValueError("the checkpoint does not say which data it was trained on: pass --data (a YAML data config or a CSV)")
+        raise ValueError("the release does not say which data it was trained on: pass --data (a YAML data config or a CSV)")
     if class_path.endswith("TabularDataModule") and not stored.get("path") and not stored.get("builtin"):
         raise ValueError("this model was trained on an in-memory DataFrame: pass --data with the table (CSV) or a data config")
     datamodule = _import(class_path)(**stored)
@@ -146,7 +147,7 @@ def evaluate_generator(
 
 # ----------------------------------------------------------------------------- runs in the store
 def tracking_uri_for(explicit: str | None = None, checkpoint: dict[str, Any] | None = None) -> str:
-    """``explicit`` > ``MLFLOW_TRACKING_URI`` > the checkpoint's store (if reachable) > the default store."""
+    """``explicit`` > ``MLFLOW_TRACKING_URI`` > the release's store (if reachable) > the default store."""
     from lightning_gpate.tracking import default_tracking_uri
 
     if explicit:
@@ -160,8 +161,8 @@ def tracking_uri_for(explicit: str | None = None, checkpoint: dict[str, Any] | N
 
 
 def find_run_of_checkpoint(client, ckpt_path: str | Path, checkpoint: dict[str, Any]) -> str | None:
-    """The MLflow run that produced a checkpoint: the run id stored in it, else the run whose
-    ``final_checkpoint`` tag is this file."""
+    """The MLflow run that produced a release (or checkpoint): the run id stored in it, else the run
+    whose ``release_artifact`` tag is this file."""
     from mlflow.exceptions import MlflowException
 
     run_id = (checkpoint.get(MLFLOW_RUN_KEY) or {}).get("run_id")
@@ -175,8 +176,11 @@ def find_run_of_checkpoint(client, ckpt_path: str | Path, checkpoint: dict[str, 
     experiments = client.search_experiments()
     if not experiments:
         return None
-    runs = client.search_runs([e.experiment_id for e in experiments], filter_string=f"tags.final_checkpoint = '{target}'")
-    return runs[0].info.run_id if runs else None
+    for tag in RELEASE_TAGS:
+        runs = client.search_runs([e.experiment_id for e in experiments], filter_string=f"tags.{tag} = '{target}'")
+        if runs:
+            return runs[0].info.run_id
+    return None
 
 
 def _fmt_seconds(seconds: float | None) -> str:
@@ -251,10 +255,6 @@ def runs_table(experiment: str, *, tracking_uri: str | None = None) -> pd.DataFr
     return table[keep]
 
 
-def load_checkpoint_dict(ckpt_path: str | Path) -> dict[str, Any]:
-    return torch.load(ckpt_path, map_location="cpu", weights_only=False)
-
-
 def evaluate_checkpoint(
     ckpt_path: str | Path,
     *,
@@ -264,11 +264,12 @@ def evaluate_checkpoint(
     new_run_experiment: str | None = None,
     **options: Any,
 ) -> tuple[dict[str, float], str, list[str]]:
-    """Compute :func:`evaluate_generator` for a checkpoint and attach it to its MLflow run (metrics at
-    the checkpoint's step, files under the artifact folder ``evaluation/``, tag ``evaluated_checkpoint``).
+    """Compute :func:`evaluate_generator` for a release artifact and attach it to its MLflow run (metrics
+    at the release's step, files under the artifact folder ``evaluation/``, tag ``evaluated_checkpoint``).
 
     Args:
-        ckpt_path: a lightning-gpate checkpoint.
+        ckpt_path: a release artifact (a private training checkpoint works too: its release is
+            extracted in memory; nothing of it is logged).
         data: see :func:`datamodule_for`.
         run_id: the run to attach to (default: the checkpoint's run).
         tracking_uri: the MLflow store (default: see :func:`tracking_uri_for`).
@@ -281,10 +282,10 @@ def evaluate_checkpoint(
     """
     import mlflow
 
-    from lightning_gpate.models.base import load_generator
+    from lightning_gpate.release import load_release, model_from_release
 
-    model = load_generator(str(ckpt_path))
-    checkpoint = load_checkpoint_dict(ckpt_path)
+    checkpoint = load_release(ckpt_path)
+    model = model_from_release(checkpoint, source=str(ckpt_path))
     datamodule = datamodule_for(checkpoint, model, data)
     client = mlflow.MlflowClient(tracking_uri=tracking_uri_for(tracking_uri, checkpoint))
     run_id = run_id or find_run_of_checkpoint(client, ckpt_path, checkpoint)

@@ -7,7 +7,6 @@ sampling alike: a prior that differs between the two is one of the known PATE-GA
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytorch_lightning as pl
@@ -15,14 +14,11 @@ import torch
 from torch import nn
 
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator, ConditionalMLPGenerator
+from lightning_gpate.release import CHECKPOINT_KEY, CheckpointError, load_release, model_from_release
 
-CHECKPOINT_KEY = "lightning_gpate"
 CHECKPOINT_FORMAT = 1
 LATENT_PRIORS = ("normal", "uniform")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, or not a lightning-gpate generator."""
+__all__ = ["CHECKPOINT_KEY", "CheckpointError", "GenerativeModel", "load_generator"]
 
 
 class GenerativeModel(pl.LightningModule):
@@ -48,6 +44,7 @@ class GenerativeModel(pl.LightningModule):
         self.z_dim = z_dim
         self.latent_prior = latent_prior
         self.num_classes = int(data_spec["num_classes"])
+        self.is_release = False  # True for a model loaded from a release artifact: it cannot train
         self.register_buffer("class_ratio", torch.tensor(self.sampling_class_ratio(), dtype=torch.float32))
 
     # ----------------------------------------------------------------- building blocks
@@ -118,8 +115,18 @@ class GenerativeModel(pl.LightningModule):
         net.train(was_training)
         return torch.cat(out).cpu(), labels.cpu()
 
+    def on_train_start(self) -> None:
+        if self.is_release:
+            raise RuntimeError(
+                f"this {type(self).__name__} was loaded from a release artifact ({getattr(self, 'release_source', '?')}): "
+                f"it holds the generator only, not the state training needs (teachers, discriminators, optimizers). "
+                f"Resume from the run's private training checkpoint instead (--ckpt_path private/.../last.ckpt)."
+            )
+
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Every Lightning checkpoint of a lightning-gpate model is a (private) training checkpoint;
+        # what is released is built separately (lightning_gpate.release).
         checkpoint[CHECKPOINT_KEY] = {
             "format": CHECKPOINT_FORMAT,
             "model_class": f"{type(self).__module__}.{type(self).__qualname__}",
@@ -127,25 +134,14 @@ class GenerativeModel(pl.LightningModule):
 
 
 def load_generator(ckpt_path: str, map_location: str = "cpu") -> GenerativeModel:
-    """Load any lightning-gpate model from a checkpoint, with a clear error for anything else."""
-    from pathlib import Path
+    """Load a trained generator for sampling, with a clear error for anything else.
 
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path.resolve()}")
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint: {err}") from err
-    meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
-    if not meta or "model_class" not in meta:
-        raise CheckpointError(f"{path} is not a lightning-gpate generator checkpoint (no '{CHECKPOINT_KEY}' entry)")
-    module_name, _, class_name = meta["model_class"].rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as err:
-        raise CheckpointError(f"{path} holds a {meta['model_class']} that this version cannot load") from err
-    model = cls.load_from_checkpoint(path, map_location=map_location)
-    model.eval()
-    return model
+    Args:
+        ckpt_path: a release artifact (``release/release.pt`` of a run, what ``fit`` prints), or a
+            run's private training checkpoint, whose release is extracted in memory.
+        map_location: device of the returned model.
 
+    Returns:
+        The model with its released generator and privacy state, in eval mode; it refuses to train.
+    """
+    return model_from_release(load_release(ckpt_path), source=str(ckpt_path), map_location=map_location)

@@ -14,7 +14,8 @@ critic, so it is post-processing of a DP critic. What makes the accounting a gua
   model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
   assumes it.
 * **noise and accounting**: opacus' ``DPOptimizer`` adds N(0, σ²C²) to the summed clipped gradients
-  and divides by the expected batch size qN. Every critic step is charged as
+  and divides by the expected batch size qN; the noise and the Poisson draws come from OS-seeded
+  mechanism generators (:mod:`lightning_gpate.privacy.randomness`), never from ``seed_everything``. Every critic step is charged as
   ``SubsampledGaussianEvent(σ, q, 1)`` *before* it is applied (budget stop), and opacus' own
   ``RDPAccountant`` follows the same steps as a cross-check (logged as ``epsilon_opacus``).
 * **no BatchNorm in the critic** (per-sample gradients need per-sample normalisation): the FC
@@ -39,6 +40,7 @@ from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.generators import ConditionalMLPGenerator
 from lightning_gpate.privacy import SubsampledGaussianEvent
+from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 ARCHITECTURES = ("mlp", "dcgan")
 ACCOUNTANTS = ("rdp", "pld")
@@ -107,6 +109,11 @@ class DPGAN(PrivateGenerativeModel):
             loss distribution of the same steps, dp-accounting: also a guarantee, about 30% smaller ε,
             hence more steps for a budget; :mod:`lightning_gpate.privacy.pld`). The RDP accountant
             records the steps either way (logged as ``epsilon_final_rdp``).
+        log_private_diagnostics: also log the critic's Wasserstein estimate on the real batch and the
+            Poisson batch size (functions of the private data without noise) under ``private/*``.
+        noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
+            both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
+            and the batches: for tests only.
     """
 
     def __init__(
@@ -132,9 +139,12 @@ class DPGAN(PrivateGenerativeModel):
         fc_dim: int = 1024,
         secure_mode: bool = False,
         accountant: str = "rdp",
+        log_private_diagnostics: bool = False,
+        noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         log_private_diagnostics=log_private_diagnostics)
         from opacus import GradSampleModule
         from opacus.accountants import RDPAccountant
 
@@ -163,7 +173,8 @@ class DPGAN(PrivateGenerativeModel):
             critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
-        self.train_sampling = {"kind": "poisson", "batches": d_steps}  # one Poisson batch per critic step
+        # one Poisson batch per critic step, drawn from its own OS-seeded generator (DataModule)
+        self.train_sampling = {"kind": "poisson", "batches": d_steps, "mechanism_seed": derived_seed(noise_seed, "poisson")}
         self.opacus_accountant = RDPAccountant()
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
 
@@ -191,7 +202,7 @@ class DPGAN(PrivateGenerativeModel):
             torch.optim.RMSprop(self.discriminator.parameters(), lr=lr),
             noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
             expected_batch_size=self.expected_batch_size, loss_reduction="mean",
-            secure_mode=self.hparams.secure_mode,
+            generator=mechanism_generator(self.device, self.hparams.noise_seed), secure_mode=self.hparams.secure_mode,
         )
         opt_d.attach_step_hook(self.opacus_accountant.get_optimizer_hook_fn(sample_rate=self.sampling_rate))
         return opt_g, opt_d
@@ -321,8 +332,9 @@ class DPGAN(PrivateGenerativeModel):
             estimates.append(self.discriminator_step(real_x, real_y))
             self.critic_steps_taken += 1
         g_loss = self.generator_step()
-        self.log_dict({"wasserstein_estimate": torch.stack(estimates).mean(), "g_loss": g_loss,
-                       "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
+        self.log_dict({"g_loss": g_loss})  # through the DP critic: post-processing
+        self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(),
+                          "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
 
     def on_train_epoch_end(self) -> None:
         self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)

@@ -69,6 +69,8 @@ class GPATE(PrivateGenerativeModel):
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
             knows it — for tests only.
+        log_private_diagnostics: also log the teachers' loss (a function of the private data without
+            noise) as ``private/teacher_loss``; debugging only.
     """
 
     def __init__(
@@ -102,10 +104,11 @@ class GPATE(PrivateGenerativeModel):
         fc_dim: int = 1024,
         hidden: Sequence[int] = (256, 256),
         noise_seed: int | None = None,
+        log_private_diagnostics: bool = False,
     ) -> None:
         super().__init__(
             data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-            conversion=conversion, z_dim=z_dim, latent_prior="uniform",
+            conversion=conversion, z_dim=z_dim, latent_prior="uniform", log_private_diagnostics=log_private_diagnostics,
         )
         self.num_teachers = int(data_spec.get("num_teachers", 0))
         if self.num_teachers < 1:
@@ -228,11 +231,9 @@ class GPATE(PrivateGenerativeModel):
             opt_g.zero_grad()
             self.manual_backward(g_loss)
             opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
-        self.log_dict({
-            "teacher_loss": teacher_loss / self.num_teachers,
-            "g_loss": g_loss.detach(),
-            "answered_fraction": answered.float().mean(),
-        }, prog_bar=True)
+        # released: the answered mask (noisy threshold) and the loss towards the noisy target x̂
+        self.log_dict({"g_loss": g_loss.detach(), "answered_fraction": answered.float().mean()}, prog_bar=True)
+        self.log_private({"teacher_loss": teacher_loss / self.num_teachers})
 
     def _event(self, votes: np.ndarray, answered: np.ndarray) -> ConfidentGNMaxEvent:
         hp = self.hparams

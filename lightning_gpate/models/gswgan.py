@@ -8,8 +8,9 @@ gradient. Two stages, each its own resumable, logged ``lightning-gpate fit``:
    its own throwaway generator (2000 iterations in the paper). A throwaway generator shared between
    discriminators would carry one subset's information into another's discriminator, breaking the
    disjointness the analysis relies on, so each has its own; all of them train at once as stacked
-   modules under ``torch.func.vmap``. The checkpoint of this stage holds non-private models: keep it
-   private (only the generator of stage 2 is a DP release).
+   modules under ``torch.func.vmap``. This stage has no release: its output is its private training
+   checkpoint (``private/<experiment>/<run>/last.ckpt``, never logged to MLflow), which holds
+   non-private models (only the generator of stage 2 is a DP release).
 2. ``stage: train`` (``pretrained_checkpoint`` from stage 1) — each generator step draws one
    discriminator uniformly (the DataModule's one-teacher sampling, with its real batches), runs
    ``critic_steps`` WGAN-GP steps on it (λ_GP = 10 plus 0.001·mean D(real)², Adam lr 1e-4,
@@ -41,7 +42,9 @@ from lightning_gpate.models.dpgan import build_mlp_generator, frozen
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.privacy import GSWGANStepEvent
+from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 from lightning_gpate.privacy.sanitizer import GradientSanitizer
+from lightning_gpate.release import RELEASE_KEY
 
 STAGES = ("pretrain", "train")
 GSWGAN_CHECKPOINT_KEY = "gswgan"
@@ -206,7 +209,7 @@ class GSWGAN(PrivateGenerativeModel):
         clip_bound: C, per-sample L2 bound of the gradient from the discriminator into a sample.
         generator_batch_size: B, generated samples per generator step (enters ε: σ/√B in the sound analysis).
         stage: ``"pretrain"`` (non-private discriminator pretraining) or ``"train"``.
-        pretrained_checkpoint: checkpoint of a ``pretrain`` run on the same data and partition
+        pretrained_checkpoint: private training checkpoint of a ``pretrain`` run on the same data and partition
             (stage ``train``; without it the discriminators start untrained, with a warning).
         pretrain_iterations: stage ``pretrain`` stops after this many iterations (each:
             ``critic_steps`` steps of every discriminator, one step of every throwaway generator;
@@ -227,6 +230,14 @@ class GSWGAN(PrivateGenerativeModel):
             discriminators for images (no normalisation).
         pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
             ``None`` uses the main generator's architecture (N_D copies of it are held at once).
+        log_private_diagnostics: also log what is computed from the private data without noise: the
+            discriminator drawn (the secret GS-WGAN's subsampling rests on), the critic and generator
+            losses through non-private discriminators, pretraining losses; under ``private/*``.
+        secure_mode: draw the sanitiser's noise as opacus' ``secure_mode`` does (robust to
+            floating-point attacks, 4× the draws).
+        noise_seed: seed of the sanitiser's noise and of the choice of discriminator (and its real
+            batches). ``None`` (default) seeds both from the OS at every start, never from
+            ``seed_everything``; a fixed seed lets anyone who knows it replay them: for tests only.
     """
 
     def __init__(
@@ -257,9 +268,13 @@ class GSWGAN(PrivateGenerativeModel):
         df_dim: int = 32,
         fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
+        log_private_diagnostics: bool = False,
+        secure_mode: bool = False,
+        noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         log_private_diagnostics=log_private_diagnostics)
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         num_discriminators = int(data_spec.get("num_teachers", 0))
@@ -281,7 +296,8 @@ class GSWGAN(PrivateGenerativeModel):
         self.automatic_optimization = False
         self.num_discriminators = num_discriminators
         self.stage = stage
-        self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier)
+        self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier, secure_mode=secure_mode)
+        self._noise_generator: torch.Generator | None = None  # OS-seeded at each start, never checkpointed
 
         self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim)
         self.discriminators = StackedModules([self._new_discriminator() for _ in range(num_discriminators)])
@@ -291,7 +307,10 @@ class GSWGAN(PrivateGenerativeModel):
         else:
             self.discriminator = self._new_discriminator()  # the member being trained, one at a time
             self.discriminator_adam = StackedAdamState(self.discriminators)
-            self.train_sampling = {"kind": "one_teacher", "batches": critic_steps}
+            # the discriminator drawn per step (the subsampling GS-WGAN's amplification rests on) comes
+            # from an OS-seeded generator in the DataModule, as does the sanitiser's noise here
+            self.train_sampling = {"kind": "one_teacher", "batches": critic_steps,
+                                   "mechanism_seed": derived_seed(noise_seed, "discriminator choice")}
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
@@ -355,6 +374,11 @@ class GSWGAN(PrivateGenerativeModel):
         except FileNotFoundError as err:
             raise FileNotFoundError(f"pretrained_checkpoint not found: {path}") from err
         meta = checkpoint.get(GSWGAN_CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+        if isinstance(checkpoint, dict) and RELEASE_KEY in checkpoint:
+            raise ValueError(
+                f"{path} is a release artifact: it holds a generator, not the pretrained discriminators. Pass the "
+                f"private training checkpoint of the stage: pretrain run (printed at its end; MLflow tag training_checkpoint)"
+            )
         if not meta or meta.get("stage") != "pretrain":
             raise ValueError(f"{path} is not a GS-WGAN stage: pretrain checkpoint")
         if meta["num_discriminators"] != self.num_discriminators:
@@ -403,7 +427,7 @@ class GSWGAN(PrivateGenerativeModel):
         self.manual_backward(d_loss)
         self.step_uncounted(opt_d)
         self.critic_steps_taken += 1
-        logs = {"pretrain/d_loss": d_loss.detach() / n_d}
+        logs = {"pretrain/d_loss": d_loss.detach() / n_d}  # non-private networks on private data: opt-in only
         if int(self.critic_steps_taken) % self.hparams.critic_steps == 0:
             labels = self.sample_labels(n_d * b).view(n_d, b)
             fake = self.pretrain_generators(self.latent(n_d * b).view(n_d, b, -1), labels)
@@ -416,7 +440,7 @@ class GSWGAN(PrivateGenerativeModel):
             if self.trainer.global_step >= self.hparams.pretrain_iterations:
                 self.stop_reason = f"pretraining done ({self.hparams.pretrain_iterations} iterations)"
                 self.trainer.should_stop = True
-        self.log_dict(logs)
+        self.log_private(logs)
 
     def _train_step(self, teacher: torch.Tensor, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
         if not self.charge(self.privacy_event()):
@@ -424,7 +448,8 @@ class GSWGAN(PrivateGenerativeModel):
         k = int(teacher)
         d_loss = self.train_critic(k, real_x, real_y)
         g_loss = self.generator_step(self.discriminator)
-        self.log_dict({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
+        # the sanitised gradient is the step's only release: these are not (opt-in diagnostics)
+        self.log_private({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
 
     def train_critic(self, k: int, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
         """Plain (non-private) WGAN-GP steps of discriminator ``k`` on its own batches
@@ -464,10 +489,17 @@ class GSWGAN(PrivateGenerativeModel):
         labels = self.sample_labels(b)
         fake = self.generator(self.latent(b), labels)
         with frozen(critic):
-            grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake)
+            grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake, generator=self.noise_generator())
         opt_g.zero_grad()
         self.manual_backward(fake, grad)
         return loss
+
+    def noise_generator(self) -> torch.Generator:
+        """The sanitiser's noise generator: seeded from the OS (unless ``noise_seed``) when first
+        used in a process, on the module's device; never saved, so a resumed run draws fresh noise."""
+        if self._noise_generator is None or self._noise_generator.device != self.device:
+            self._noise_generator = mechanism_generator(self.device, self.hparams.noise_seed)
+        return self._noise_generator
 
     @torch.no_grad()
     def _update_ema(self) -> None:

@@ -186,7 +186,8 @@ class PATEGAN(PrivateGenerativeModel):
         if z_dim is None:
             z_dim = 100 if image else width
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior)
+                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         log_private_diagnostics=log_private_diagnostics)
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.num_teachers = num_teachers
@@ -207,7 +208,6 @@ class PATEGAN(PrivateGenerativeModel):
                 num_teachers, in_features=d, num_classes=self.num_classes,
                 hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
         self._noise_generator: torch.Generator | None = None
-        self._noise_state: torch.Tensor | None = None
         self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
 
     # ----------------------------------------------------------------- budget planning
@@ -249,14 +249,11 @@ class PATEGAN(PrivateGenerativeModel):
 
     # ----------------------------------------------------------------- the vote
     def noise_generator(self) -> torch.Generator:
-        """The torch.Generator of the vote noise (seeded from OS entropy unless ``noise_seed`` is set;
-        its state is saved in checkpoints so a resumed run never replays noise)."""
+        """The torch.Generator of the vote noise: seeded from OS entropy (unless ``noise_seed`` is set)
+        when first used in a process, never saved: its state would let anyone holding a checkpoint
+        recover past noise, and a resumed run seeded afresh never replays it."""
         if self._noise_generator is None or self._noise_generator.device != self.device:
-            gen = mechanism_generator(self.device, self.hparams.noise_seed)
-            if self._noise_state is not None:
-                gen.set_state(self._noise_state)
-                self._noise_state = None
-            self._noise_generator = gen
+            self._noise_generator = mechanism_generator(self.device, self.hparams.noise_seed)
         return self._noise_generator
 
     def vote_noise(self, shape: Sequence[int]) -> torch.Tensor:
@@ -362,8 +359,7 @@ class PATEGAN(PrivateGenerativeModel):
         # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
         self.log_dict({"s_loss": s_loss.detach(), "g_loss": g_loss.detach(),
                        "noisy_real_fraction": torch.stack(real_fraction).mean()}, prog_bar=True)
-        if hp.log_private_diagnostics:
-            self.log_dict({"private/t_loss": t_loss, "private/vote_margin": torch.stack(margins).mean().float()})
+        self.log_private({"t_loss": t_loss, "vote_margin": torch.stack(margins).mean().float()})
         return None
 
     # ----------------------------------------------------------------- reporting
@@ -386,15 +382,3 @@ class PATEGAN(PrivateGenerativeModel):
         split["lam"] = self.lam
         return split
 
-    # ----------------------------------------------------------------- checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self._noise_generator is not None:
-            checkpoint[NOISE_STATE_KEY] = self._noise_generator.get_state()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        state = checkpoint.get(NOISE_STATE_KEY)
-        if state is not None:
-            self._noise_state = state
-            self._noise_generator = None

@@ -6,7 +6,11 @@
 * The accountant's state is saved in and restored from every checkpoint, so resuming never resets ε.
 * Metadata read from the private data (bounds, categories, the class ratio) is refused unless it was
   declared public or paid for; what was paid (``data_spec["metadata_cost"]``) is recorded as pure-DP
-  events in the same accountant.
+  events in the same accountant, under the model's neighbouring relation.
+* One neighbouring relation for every model: **add/remove one record** (``neighbouring_relation``).
+  The DataModules make it hold (splits and teacher partitions decided per record by a keyed hash of
+  its content, :mod:`datamodules.partition`); the accountant records it and refuses events analysed
+  under another relation unless they convert soundly.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from lightning_gpate.models.base import GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
+from lightning_gpate.privacy.accountant import ADD_REMOVE
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper")
@@ -41,6 +46,9 @@ class PrivateGenerativeModel(GenerativeModel):
     update, and skip the update when it returns ``False`` (or :meth:`reserve` a worst case before
     the mechanism runs, then record the actual event).
 
+    Every ε it reports refers to datasets that differ by adding or removing one record
+    (:attr:`neighbouring_relation`).
+
     Args:
         data_spec: the DataModule's spec.
         epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
@@ -51,7 +59,14 @@ class PrivateGenerativeModel(GenerativeModel):
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size.
         latent_prior: ``"normal"`` or ``"uniform"``.
+        log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
+            (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
+            ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
+            released or noised quantities reach the logger (:meth:`log_private`).
     """
+
+    #: The neighbouring relation of every ε a private model reports: D and D' differ by one record.
+    neighbouring_relation = ADD_REMOVE
 
     def __init__(
         self,
@@ -63,6 +78,7 @@ class PrivateGenerativeModel(GenerativeModel):
         conversion: str = "improved",
         z_dim: int = 100,
         latent_prior: str = "normal",
+        log_private_diagnostics: bool = False,
     ) -> None:
         if not epsilon > 0:
             raise ValueError(f"epsilon must be > 0, got {epsilon}")
@@ -75,11 +91,13 @@ class PrivateGenerativeModel(GenerativeModel):
         self.epsilon_budget = float(epsilon)
         self.delta = float(delta)
         self.budget_accounting = budget_accounting
-        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion)
-        for cost in data_spec.get("metadata_cost", []):
-            self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata"))))
+        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=self.neighbouring_relation)
+        for cost in data_spec.get("metadata_cost", []):  # converted to the model's relation by the accountant
+            self.accountant.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
+                                               neighbouring=cost.get("neighbouring", ADD_REMOVE)))
         self.budget_exhausted = False
         self.stop_reason: str | None = None
+        self.log_private_diagnostics = bool(log_private_diagnostics)
         if self.spent_epsilon() > self.epsilon_budget:
             raise ValueError(
                 f"the metadata estimated with DP already costs ε={self.spent_epsilon():.4g}, "
@@ -94,6 +112,15 @@ class PrivateGenerativeModel(GenerativeModel):
         for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
             if "data_spec" in hparams:
                 hparams["data_spec"] = release_spec(hparams["data_spec"], warn=False)
+
+    # ----------------------------------------------------------------- logging
+    def log_private(self, metrics: dict[str, Any], **kwargs) -> None:
+        """Log ``metrics`` computed from the private data without noise (losses of non-private
+        networks, secret sampling choices, batch sizes) as ``private/<name>``, only when
+        ``log_private_diagnostics`` is on. Everything else a private model logs must be a released
+        (noised, paid-for) quantity or post-processing of one."""
+        if self.log_private_diagnostics:
+            self.log_dict({f"private/{k}": v for k, v in metrics.items()}, **kwargs)
 
     # ----------------------------------------------------------------- budget
     def guarantee_epsilon(self) -> float:
@@ -145,6 +172,13 @@ class PrivateGenerativeModel(GenerativeModel):
         return True
 
     def on_train_start(self) -> None:
+        super().on_train_start()
+        for logger in self.trainer.loggers:
+            if getattr(logger, "_log_model", False):  # MLFlowLogger(log_model=...) uploads every checkpoint
+                raise RuntimeError(
+                    f"{type(logger).__name__} has log_model enabled: it would upload training checkpoints (private "
+                    f"state) to the tracking server. Use log_model=False: the release artifact is what gets logged."
+                )
         if self.budget_exhausted:
             raise BudgetExhaustedError(
                 f"this model's privacy budget is spent (epsilon={self.spent_epsilon():.4f} of "
@@ -186,6 +220,12 @@ class PrivateGenerativeModel(GenerativeModel):
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
         self.stop_reason = state["stop_reason"]
+
+    def load_released_privacy(self, privacy: dict[str, Any]) -> None:
+        """Restore the privacy state of a release artifact (``callbacks.privacy.released_privacy``)."""
+        self.accountant.load_state_dict(privacy["accountant"])
+        self.budget_exhausted = bool(privacy.get("budget_exhausted", False))
+        self.stop_reason = privacy.get("stop_reason")
 
 
 def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:

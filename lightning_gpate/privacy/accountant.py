@@ -14,6 +14,16 @@ on its grid of orders and adds them (Mironov 2017, Proposition 1):
   Events without a separate paper analysis add their guarantee curve.
 
 ε(δ) comes from :func:`~lightning_gpate.privacy.rdp.rdp_to_epsilon`.
+
+Every accountant declares the **neighbouring relation** its ε refers to (``neighbouring``; the models
+use ``"add_remove"``: D and D' differ by one record). An event analysed under another relation is
+converted where that is sound (a pure ε-DP release under add/remove is 2ε-DP under replace-one: a
+replacement is a removal and an addition) and refused otherwise. PATE events (Confident-GNMax,
+Laplace votes) hold under add/remove because the DataModule assigns a record to its teacher by a
+keyed hash of its content (one record more or less changes one teacher's data, hence one vote);
+a GS-WGAN step is a subsampled Gaussian over N_D discriminators under *discriminator-level*
+replace-one, which is what *record-level* add/remove induces with that partition (see
+:class:`GSWGANStepEvent`).
 """
 
 from __future__ import annotations
@@ -36,6 +46,9 @@ from .rdp import (
 )
 
 __all__ = [
+    "ADD_REMOVE",
+    "REPLACE_ONE",
+    "NEIGHBOURING_RELATIONS",
     "ConfidentGNMaxEvent",
     "LaplaceVoteEvent",
     "SubsampledGaussianEvent",
@@ -49,6 +62,9 @@ __all__ = [
     "GUARANTEE",
 ]
 
+ADD_REMOVE = "add_remove"
+REPLACE_ONE = "replace_one"
+NEIGHBOURING_RELATIONS = (ADD_REMOVE, REPLACE_ONE)
 DATA_DEPENDENT = "data_dependent"
 PER_SAMPLE_COMPOSITION = "per_sample_composition"
 GUARANTEE = "guarantee"
@@ -169,6 +185,16 @@ class SubsampledGaussianEvent:
 class GSWGANStepEvent:
     """``steps`` GS-WGAN generator steps (Chen et al. 2020).
 
+    Neighbouring relation: record-level add/remove. The DataModule assigns each record to one of the
+    N_D discriminators by a keyed hash of its content, so adding or removing a record changes the
+    data (and so the whole trajectory) of exactly one discriminator while N_D stays fixed: at the
+    level of discriminators that is a *replacement* of one of N_D elements. A step picks one of them
+    uniformly, i.e. samples 1 of N_D without replacement, and releases the B sanitised gradients,
+    whose stacked L2 sensitivity to swapping the chosen discriminator is 2C·√B against N(0, (2Cσ)²)
+    noise per coordinate. Hence one step is ``SampledWithoutReplacementDpEvent(N_D, 1,
+    GaussianDpEvent(σ/√B))`` under REPLACE_ONE (Wang, Balle & Kasiviswanathan 2019, Theorem 27),
+    and that ε holds for adding or removing one record.
+
     Attributes:
         noise_multiplier: σ of the gradient sanitiser.
         num_discriminators: N_D (one drawn per step).
@@ -193,17 +219,22 @@ class PureDPEvent:
     """A pure ε-DP release (e.g. a Laplace label ratio, DP bounds).
 
     Attributes:
-        epsilon: Its ε.
+        epsilon: Its ε, under ``neighbouring``.
         description: Free text for logs.
+        neighbouring: The relation its ε was computed for (``"add_remove"``: the Laplace histogram and
+            the exponential-mechanism bounds of :mod:`~lightning_gpate.privacy.dp_stats`).
     """
 
     epsilon: float
     description: str = ""
+    neighbouring: str = ADD_REMOVE
 
     def __post_init__(self):
         eps = float(self.epsilon)
         if not (0.0 <= eps < math.inf):
             raise ValueError(f"epsilon must be finite and >= 0, got {self.epsilon}")
+        if self.neighbouring not in NEIGHBOURING_RELATIONS:
+            raise ValueError(f"neighbouring must be one of {NEIGHBOURING_RELATIONS}, got {self.neighbouring!r}")
 
 
 @dataclass(frozen=True)
@@ -254,8 +285,32 @@ class _Cost:
     counts: dict = field(default_factory=dict)
 
 
-def _event_cost(event, orders: np.ndarray) -> _Cost:
-    """RDP curves (guarantee, paper-style) and counters of one event."""
+def pure_epsilon_under(epsilon: float, *, computed_under: str, relation: str) -> float:
+    """ε of a pure ε-DP release (computed under ``computed_under``) under ``relation``.
+
+    Add/remove → replace-one: 2ε (a replacement is one removal and one addition: group privacy of
+    two; e.g. a Laplace histogram moves two counts when a record changes class). Replace-one →
+    add/remove does not follow in general and is refused.
+    """
+    if computed_under == relation:
+        return float(epsilon)
+    if computed_under == ADD_REMOVE and relation == REPLACE_ONE:
+        return 2.0 * float(epsilon)
+    raise ValueError(f"a pure-DP release analysed under {computed_under} has no bound under {relation}: "
+                     f"analyse it under {relation}")
+
+
+def _check_relation(event, relation: str) -> None:
+    if isinstance(event, SubsampledGaussianEvent) and event.neighboring != relation:
+        raise ValueError(
+            f"this accountant's ε refers to {relation} neighbours, but the event is analysed under "
+            f"{event.neighboring} ({event.sampling} sampling)"
+        )
+
+
+def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
+    """RDP curves (guarantee, paper-style) and counters of one event, under ``relation``."""
+    _check_relation(event, relation)
     if isinstance(event, ConfidentGNMaxEvent):
         kw = dict(
             threshold=event.threshold,
@@ -306,9 +361,10 @@ def _event_cost(event, orders: np.ndarray) -> _Cost:
             {"gswgan_events": 1, "gswgan_steps": int(event.steps)},
         )
     if isinstance(event, PureDPEvent):
-        return _Cost(pure_dp_rdp(event.epsilon, orders), None, None, {
+        eps = pure_epsilon_under(event.epsilon, computed_under=event.neighbouring, relation=relation)
+        return _Cost(pure_dp_rdp(eps, orders), None, None, {
             "pure_dp_events": 1,
-            "pure_dp_epsilon": float(event.epsilon),
+            "pure_dp_epsilon": eps,
         })
     if isinstance(event, ExponentialMechanismEvent):
         return _Cost(exponential_mechanism_rdp(event.epsilon, orders), None, None, {"exponential_mechanism_events": 1})
@@ -329,6 +385,8 @@ class PrivacyAccountant:
         conversion: ``"improved"`` (dp-accounting's RDP→DP conversion) or
             ``"classic"`` (Mironov 2017, Proposition 3), see
             :func:`~lightning_gpate.privacy.rdp.rdp_to_epsilon`.
+        neighbouring: The neighbouring relation every ε of this accountant refers to
+            (``"add_remove"``, the models' choice, or ``"replace_one"``).
         paper_analysis: Which paper-style (non-guarantee) analysis feeds
             ``rdp_paper``. ``None``: each event's own (data-dependent for PATE
             events, per-sample composition for GS-WGAN). ``"data_dependent"`` or
@@ -354,6 +412,7 @@ class PrivacyAccountant:
         orders=DEFAULT_ORDERS,
         conversion: str = "improved",
         paper_analysis: Optional[str] = None,
+        neighbouring: str = ADD_REMOVE,
     ):
         delta = float(delta)
         if not (0.0 < delta < 1.0):
@@ -364,8 +423,11 @@ class PrivacyAccountant:
             raise ValueError(
                 f"paper_analysis must be None or one of {_PAPER_ANALYSES}, got {paper_analysis!r}"
             )
+        if neighbouring not in NEIGHBOURING_RELATIONS:
+            raise ValueError(f"neighbouring must be one of {NEIGHBOURING_RELATIONS}, got {neighbouring!r}")
         self.delta = delta
         self.conversion = conversion
+        self.neighbouring = neighbouring
         self.paper_analysis = paper_analysis
         self._orders = _readonly(validate_orders(orders))
         self._rdp = np.zeros_like(self._orders)
@@ -415,14 +477,14 @@ class PrivacyAccountant:
 
     def rdp_of(self, event) -> tuple[np.ndarray, np.ndarray]:
         """(guarantee, paper-style) RDP curves of one event, without recording it."""
-        cost = _event_cost(event, self._orders)
+        cost = _event_cost(event, self._orders, self.neighbouring)
         return cost.guarantee, self._paper_curve(cost)
 
     # -- recording ------------------------------------------------------------------
 
     def record(self, event) -> "PrivacyAccountant":
         """Adds the event's curves to ``rdp`` and ``rdp_paper``; returns ``self``."""
-        cost = _event_cost(event, self._orders)
+        cost = _event_cost(event, self._orders, self.neighbouring)
         self._rdp = self._rdp + cost.guarantee
         self._rdp_paper = self._rdp_paper + self._paper_curve(cost)
         if cost.paper is not None and self.paper_analysis in (None, cost.label):
@@ -468,6 +530,7 @@ class PrivacyAccountant:
             "delta": self.delta,
             "conversion": self.conversion,
             "paper_analysis": self.paper_analysis,
+            "neighbouring": self.neighbouring,
             "orders": [float(x) for x in self._orders],
             "rdp": [float(x) for x in self._rdp],
             "rdp_paper": [float(x) for x in self._rdp_paper],
@@ -493,7 +556,7 @@ class PrivacyAccountant:
             raise ValueError(f"unknown paper_analysis {paper_analysis!r} in accountant state")
         new = PrivacyAccountant(
             delta=state["delta"], orders=orders, conversion=state["conversion"],
-            paper_analysis=paper_analysis,
+            paper_analysis=paper_analysis, neighbouring=state.get("neighbouring", ADD_REMOVE),
         )
         self.__dict__.update(new.__dict__)
         self._rdp = rdp.copy()
@@ -515,6 +578,7 @@ class PrivacyAccountant:
             "epsilon_paper": eps_p,
             "best_order_paper": order_p,
             "analysis": self.paper_label,
+            "neighbouring_relation": self.neighbouring,
             "conversion": self.conversion,
             "num_orders": int(self._orders.size),
             "orders": ",".join(f"{x:g}" for x in self._orders),

@@ -1,9 +1,16 @@
 """Privacy accounting of GS-WGAN (Chen, Orekondy & Fritz, NeurIPS 2020).
 
 Each generator step picks one of N_D discriminators uniformly (a subsample of
-size 1 out of N_D, without replacement, replace-one neighbouring: the number of
-discriminators is public) and sanitises the gradient flowing into each of the
-B generated samples (clip C, noise N(0, (2Cσ)²) per sample, summed/averaged).
+size 1 out of N_D, without replacement) and sanitises the gradient flowing into
+each of the B generated samples (clip C, noise N(0, (2Cσ)²) per sample,
+summed/averaged).
+
+Neighbouring relation. The ε refers to adding or removing one *record*. The
+DataModule assigns each record to a discriminator by a keyed hash of its
+content, so adding or removing one changes the data of exactly one
+discriminator and leaves N_D unchanged: at the level of discriminators that is
+replace-one, which is the relation the subsampled-without-replacement bound
+below is computed under (Wang, Balle & Kasiviswanathan 2019, Theorem 27).
 
 Two analyses (see ``REFERENCE.md``):
 

@@ -9,11 +9,12 @@ checkpointed. A fixed ``seed`` exists for tests only.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 import torch
 
-__all__ = ["secret_seed", "mechanism_generator"]
+__all__ = ["secret_seed", "mechanism_generator", "derived_seed"]
 
 
 def secret_seed() -> int:
@@ -31,3 +32,12 @@ def mechanism_generator(device: torch.device | str = "cpu", seed: int | None = N
             :func:`secret_seed` on rank 0, broadcast it, and pass it here on every rank.
     """
     return torch.Generator(device=device).manual_seed(secret_seed() if seed is None else int(seed))
+
+
+def derived_seed(seed: int | None, purpose: str) -> int | None:
+    """A fixed test seed turned into an independent one per ``purpose`` (e.g. the noise and the
+    sampling of one mechanism); ``None`` stays ``None`` (each generator then seeds from the OS)."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{int(seed)}:{purpose}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

@@ -44,6 +44,9 @@ class GradientSanitizer:
             for tests only — the sensitivity is then unbounded).
         noise_multiplier: σ (≥ 0); the noise standard deviation is ``2·C·σ`` per coordinate
             (``0`` for tests only: no privacy).
+        secure_mode: draw each noise value as opacus' ``secure_mode`` does (the sum of four
+            Gaussians of the same std, halved, after one discarded draw: robust to floating-point
+            attacks on the Gaussian sampler, Holohan et al. 2021, arXiv 2107.10138), at 4× the cost.
 
     Example::
 
@@ -55,6 +58,7 @@ class GradientSanitizer:
 
     clip_bound: float
     noise_multiplier: float
+    secure_mode: bool = False
 
     def __post_init__(self):
         c, s = float(self.clip_bound), float(self.noise_multiplier)
@@ -90,7 +94,9 @@ class GradientSanitizer:
             reduction: how L was reduced over the batch: ``"mean"`` (row j is g_j / B; the result is
                 ``(clip_C(g_j) + N(0, (2Cσ)²)) / B``) or ``"sum"`` (row j is g_j; the result is
                 ``clip_C(g_j) + N(0, (2Cσ)²)``).
-            generator: random generator of the noise (default: torch's global one).
+            generator: random generator of the noise: a mechanism generator
+                (:func:`~lightning_gpate.privacy.randomness.mechanism_generator`); ``None`` uses
+                torch's global one (tests only: ``seed_everything`` would make the noise public).
 
         Returns:
             The sanitised gradient, same shape as ``grad``.
@@ -102,9 +108,17 @@ class GradientSanitizer:
         scale = float(grad.shape[0]) if reduction == "mean" else 1.0
         out = self.clip(grad * scale)
         if self.noise_multiplier > 0:
-            noise = torch.randn(grad.shape, generator=generator, device=grad.device, dtype=grad.dtype)
-            out = out + self.noise_std * noise
+            out = out + self.noise_std * self._standard_normal(grad, generator)
         return out / scale
+
+    def _standard_normal(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        def draw(shape):
+            return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
+
+        if not self.secure_mode:
+            return draw(like.shape)
+        draw((1,))  # discarded, as opacus does
+        return sum(draw(like.shape) for _ in range(4)) / 2.0
 
     def sample_gradient(
         self,

@@ -1,0 +1,65 @@
+"""Small, fast instances of every model on a table whose metadata is all declared public, for the tests
+that must hold for every model (release artifact, mechanism randomness, what reaches MLflow)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytorch_lightning as pl
+
+from datamodules import TabularDataModule
+from lightning_gpate.models import DPGAN, GAN, GPATE, GSWGAN, PATEGAN
+
+PRIVATE = ("gpate", "pategan", "dpgan", "gswgan")
+ALL = ("gan", *PRIVATE)
+HIDDEN = (96, 96)  # a generator of ~12k parameters: the accountant's state is small beside it
+
+
+def public_table(num_teachers: int = 0, rows: int = 240) -> TabularDataModule:
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.uniform(0, 1, rows).round(4), "b": rng.normal(0, 1, rows).clip(-3, 3).round(4),
+                          "c": rng.integers(0, 10, rows)})
+    frame["y"] = (frame["a"] + 0.3 * frame["b"] > 0.5).astype(int)
+    schema = {"a": {"min": 0, "max": 1}, "b": {"min": -3, "max": 3}, "c": {"min": 0, "max": 9}, "y": {"categories": [0, 1]}}
+    return TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=num_teachers,
+                             teacher_batch_size=8, batch_size=32, test_fraction=0.0)
+
+
+def build(kind: str, **options):
+    """``(model, datamodule)`` of a small ``kind`` model; ``options`` override model arguments."""
+    if kind == "gan":
+        dm = public_table()
+        return GAN(dm.spec, z_dim=8, hidden=HIDDEN, **options), dm
+    if kind == "gpate":
+        dm = public_table(num_teachers=12)
+        kw = dict(epsilon=50.0, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
+                  threshold_fraction=0.3, hidden=HIDDEN, teacher_hidden=(8,), z_dim=8, target_scale=1e3)
+        return GPATE(dm.spec, **{**kw, **options}), dm
+    if kind == "pategan":
+        dm = public_table(num_teachers=6)
+        kw = dict(epsilon=10.0, lam=0.05, teacher_steps=1, student_steps=1, query_batch_size=16, z_dim=8,
+                  generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8])
+        return PATEGAN(dm.spec, **{**kw, **options}), dm
+    if kind == "dpgan":
+        dm = public_table()
+        kw = dict(epsilon=50.0, delta=1e-5, noise_multiplier=1.0, d_steps=2, z_dim=8, generator_hidden=HIDDEN,
+                  discriminator_hidden=(8,))
+        return DPGAN(dm.spec, **{**kw, **options}), dm
+    if kind == "gswgan":
+        dm = public_table(num_teachers=5)
+        kw = dict(epsilon=1e4, delta=1e-5, noise_multiplier=4.0, generator_batch_size=8, z_dim=8,
+                  generator_hidden=HIDDEN, discriminator_hidden=(8,), critic_steps=2)
+        return GSWGAN(dm.spec, **{**kw, **options}), dm
+    raise ValueError(kind)
+
+
+def fit(model, dm, *, steps: int = 3, callbacks=(), logger=False, ckpt_path=None, **trainer_kw):
+    trainer_kw.setdefault("enable_checkpointing", False)
+    trainer = pl.Trainer(max_steps=steps, logger=logger, callbacks=list(callbacks), enable_progress_bar=False,
+                         enable_model_summary=False, log_every_n_steps=1, accelerator="cpu", devices=1, **trainer_kw)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="GS-WGAN trains without pretrained discriminators")
+        trainer.fit(model, dm, ckpt_path=ckpt_path)
+    return trainer
