@@ -79,6 +79,8 @@ class TreeSampler(nn.Module):
         self.register_buffer("order", torch.arange(n, dtype=torch.long))
         # cpt[i, v, :cards[i]] = P(node i | parent = v); row 0 for a node without a parent.
         self.register_buffer("cpt", torch.zeros(n, width, width, dtype=torch.float64))
+        # The measured (noisy) class ratio: part of the generator, so that it travels in the release.
+        self.register_buffer("label_ratio", torch.zeros(num_classes, dtype=torch.float32))
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         b = z.shape[0]
@@ -346,9 +348,16 @@ class MarginalTree(PrivateGenerativeModel):
                     g.cpt[c, :counts.shape[0], :cards[c]] = torch.from_numpy(counts / counts.sum(1, keepdims=True))
             g.parents.copy_(torch.tensor(parent, dtype=torch.long))
             g.order.copy_(torch.tensor(_topological(parent), dtype=torch.long))
-            if self.data_spec.get("class_ratio_source") not in ("public", "dp"):
-                self.class_ratio.copy_(torch.from_numpy(p_label).float())
+            g.label_ratio.copy_(torch.from_numpy(p_label).float())
             self.fitted.fill_(True)
+
+    def sample_labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Labels from the declared class ratio if it is public or paid for, else from the ratio the
+        fit measured (the generator's ``label_ratio``), else uniform (before a fit)."""
+        ratio = self.class_ratio
+        if self.data_spec.get("class_ratio_source") not in ("public", "dp") and float(self.generator.label_ratio.sum()) > 0:
+            ratio = self.generator.label_ratio
+        return torch.multinomial(ratio, n, replacement=True, generator=generator).to(self.device)
 
     # ----------------------------------------------------------------- reporting
     def tree_edges(self) -> list[tuple[str, str]]:
