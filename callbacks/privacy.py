@@ -37,6 +37,8 @@ def released_epsilons(pl_module) -> dict[str, float]:
     data-dependent ε leaves the run only once, noised)."""
     acc = pl_module.accountant
     out = {"epsilon": pl_module.epsilon_in_force()}
+    if out["epsilon"] != acc.epsilon() and pl_module.smooth_sensitivity is None:
+        out["epsilon_rdp"] = acc.epsilon()  # a tighter analysis than RDP is in force (DP-GAN's PLD): RDP beside it
     if paper_analysis_released(pl_module):
         out[f"epsilon_{acc.paper_label}"] = acc.epsilon_paper()
     return out
@@ -59,6 +61,8 @@ def released_summary(pl_module) -> dict[str, Any]:
     """The accountant's summary (ε, δ, analysis, best order, counts) as it may be released."""
     acc = pl_module.accountant
     summary = acc.summary()
+    if pl_module.smooth_sensitivity is None and pl_module.guarantee_epsilon() != summary["epsilon"]:
+        summary.update(epsilon=pl_module.guarantee_epsilon(), epsilon_rdp=summary["epsilon"])
     if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
         summary.update(epsilon_paper=summary["epsilon"], best_order_paper=summary["best_order"],
                        analysis=GUARANTEE, withheld_analysis=acc.paper_label)

@@ -14,7 +14,8 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 
 #: How a LightningModule may ask for its training batches (its ``train_sampling`` attribute, a dict
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
-TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher")
+#: A mechanism that reads every record once (noisy marginals) asks for ``"full"``: the whole split as one batch.
+TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
 
 
 class DataError(UserError, ValueError):
@@ -295,9 +296,20 @@ class GenerativeDataModule(pl.LightningDataModule):
                                     transform=self._transform, generator=mechanism_generator("cpu", mechanism_seed))
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
+    def full_dataloader(self):
+        """The whole training split as one batch ``(x, y)`` per epoch, for a mechanism that reads every
+        record once (e.g. :class:`~lightning_gpate.models.MarginalTree`'s noisy marginals)."""
+        self.setup("fit")
+        if self.num_teachers > 0:
+            raise DataError("full-split sampling reads the whole training split: set num_teachers: 0")
+        x, y = self.splits["train"]
+        return DataLoader([(self._transform(x) if self._transform else x.float(), y)], batch_size=None, num_workers=0)
+
     def train_dataloader(self):
         self.setup("fit")
         sampling = self.requested_sampling()
+        if sampling["kind"] == "full":
+            return self.full_dataloader()
         if sampling["kind"] == "poisson":
             if sampling.get("sample_rate") is None:
                 raise DataError("Poisson sampling needs the model's declared public rate: train_sampling['sample_rate']")

@@ -221,7 +221,7 @@ class Synthesizer:
     def epsilon(self) -> float | None:
         """ε spent (the guarantee in force); ``None`` for a non-private model."""
         model = self._require_model()
-        return model.accountant.epsilon() if hasattr(model, "accountant") else None
+        return model.guarantee_epsilon() if hasattr(model, "accountant") else None
 
     @property
     def privacy(self) -> dict[str, Any]:

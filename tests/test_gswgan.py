@@ -305,7 +305,11 @@ def test_cardio_config_declares_all_metadata_public():
     dm = TabularDataModule(**data)
     assert dm.spec["private_metadata"] == [] and dm.spec["class_ratio_source"] == "public"
     model = GSWGAN(dm.spec, **config["model"]["init_args"])
-    assert model.num_discriminators == 100 and model.budget_accounting == "guarantee"
+    # the thesis' subsampling rate 1/1500 and batch 32, and a run length the sound analysis can pay for
+    assert model.num_discriminators == 1500 and model.hparams.generator_batch_size == 32
+    assert model.budget_accounting == "guarantee"
+    assert gswgan_epsilon(noise_multiplier=model.hparams.noise_multiplier, num_discriminators=1500, batch_size=32,
+                          steps=config["trainer"]["max_steps"], delta=1e-5) <= config["model"]["init_args"]["epsilon"]
     assert config["utility"]["classifiers"] == ["LogisticRegression"]
     assert any(cb["class_path"].endswith("ModelCheckpoint") and cb["init_args"]["every_n_train_steps"] == 1000
                for cb in config["trainer"]["callbacks"])

@@ -192,6 +192,20 @@ def test_vote_histograms_count_teachers():
     assert torch.equal(counts.sum(1), torch.full((10,), 4.0, dtype=torch.float64))
 
 
+def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes():
+    dm = id_datamodule(teachers=6)
+    model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="relative", **SMALL)
+    with torch.no_grad():  # make every teacher call everything fake: paper votes would be unanimous
+        model.teachers.forward_shared = (lambda f: (lambda x, y: f(x, y) - 100.0))(model.teachers.forward_shared)
+    x, y = model.generate(400, seed=0)
+    counts = model.teacher_votes(x, y)
+    assert counts.sum(1).eq(6).all()
+    share_real = counts[:, 1].sum() / (6 * 400)
+    assert 0.4 < share_real < 0.6  # each teacher: about half of the generated samples beat its median
+    with pytest.raises(ValueError, match="teacher_vote"):
+        PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="soft", **SMALL)
+
+
 # ----------------------------------------------------------------------------- accounting
 
 
@@ -454,3 +468,16 @@ def test_cervical_config_declares_every_bound():
     assert abs(spec["num_train"] - 0.8 * 668) < 3 * math.sqrt(668 * 0.16)  # 80/20, decided per record
     model = PATEGAN(spec, **config["model"]["init_args"])
     assert model.accountant.counts["pure_dp_epsilon"] == pytest.approx(data["label_ratio_epsilon"])
+
+
+def test_a_budget_that_pays_for_no_step_is_an_error_not_a_trained_model():
+    from lightning_gpate.models.private import NoPrivateStepError
+
+    dm = id_datamodule()
+    model = PATEGAN(dm.spec, epsilon=0.5, delta=1e-5, lam=5.0, **SMALL)  # one batch of 8 votes at λ=5 costs far more
+    logger = GPATEMLFlowLogger(experiment_name="pategan-no-step")
+    with pytest.raises(NoPrivateStepError, match="took no training step"):
+        fit(model, dm, steps=10, logger=logger)
+    assert model.accountant.counts["laplace_vote_events"] == 0 and model.spent_epsilon() == 0.0
+    run, _ = query_run("pategan-no-step")  # the run still says why it stopped
+    assert run.data.tags["stop_reason"].startswith("privacy budget reached")

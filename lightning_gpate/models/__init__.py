@@ -5,6 +5,7 @@ from lightning_gpate.models.dpgan import DPGAN
 from lightning_gpate.models.gan import GAN
 from lightning_gpate.models.gpate import GPATE
 from lightning_gpate.models.gswgan import GSWGAN
+from lightning_gpate.models.marginal import MarginalTree
 from lightning_gpate.models.pategan import PATEGAN
 
-__all__ = ["CheckpointError", "DPGAN", "GAN", "GPATE", "GSWGAN", "GenerativeModel", "PATEGAN", "load_generator"]
+__all__ = ["CheckpointError", "DPGAN", "GAN", "GPATE", "GSWGAN", "GenerativeModel", "MarginalTree", "PATEGAN", "load_generator"]

@@ -50,6 +50,8 @@ from lightning_gpate.privacy import LaplaceVoteEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 QUERY_LABELS = ("ratio", "uniform")
+TEACHER_VOTES = ("logit", "relative")
+NOISE_STATE_KEY = "pategan_vote_noise"
 FAKE, REAL = 0, 1  # vote classes
 
 
@@ -108,6 +110,12 @@ class PATEGAN(PrivateGenerativeModel):
         query_labels: labels of the generated samples the teachers vote on and the generator trains
             on: ``"ratio"`` (the sampling class ratio) or ``"uniform"`` (every class equally often, so
             that a rare class gets its share of the queries; sampling still uses the class ratio).
+        teacher_vote: ``"logit"`` (the paper: a teacher votes "real" when its logit is positive) or
+            ``"relative"``: it votes "real" when its logit exceeds its own median logit on a fresh batch
+            of generated samples ("more real than the generator's typical output"). Teachers trained
+            on a few rows each call every generated sample fake, so paper votes are unanimous and teach
+            the student nothing (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a
+            signal. Each vote still depends on one teacher's partition only: the analysis is unchanged.
         gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
@@ -149,6 +157,7 @@ class PATEGAN(PrivateGenerativeModel):
         replay_capacity: int = 0,
         student_batch_size: int | None = None,
         query_labels: str = "ratio",
+        teacher_vote: str = "logit",
         gf_dim: int = 64,
         df_dim: int = 64,
         fc_dim: int = 1024,
@@ -163,6 +172,8 @@ class PATEGAN(PrivateGenerativeModel):
         num_teachers = int(data_spec.get("num_teachers", 0))
         if num_teachers < 1:
             raise ValueError("PATE-GAN needs teachers: set data.num_teachers (e.g. about N/1000 ... N/10 of the training rows)")
+        if teacher_vote not in TEACHER_VOTES:
+            raise ValueError(f"teacher_vote must be one of {TEACHER_VOTES}, got {teacher_vote!r}")
         if query_labels not in QUERY_LABELS:
             raise ValueError(f"query_labels must be one of {QUERY_LABELS}, got {query_labels!r}")
         counts = {"teacher_steps": teacher_steps, "student_steps": student_steps, "query_batch_size": query_batch_size,
@@ -270,8 +281,12 @@ class PATEGAN(PrivateGenerativeModel):
         """
         counts = torch.zeros(x.shape[0], 2, device=x.device, dtype=torch.float64 if x.device.type != "mps" else torch.float32)
         chunk = int(self.hparams.vote_chunk_size)
+        threshold = 0.0
+        if self.hparams.get("teacher_vote", "logit") == "relative":  # each teacher's median logit on fresh fakes
+            ref_y = self.query_labels(max(x.shape[0], 64))
+            threshold = self.teachers.forward_shared(self._fakes(ref_y), ref_y).median(dim=1, keepdim=True).values  # [T, 1]
         for s in range(0, x.shape[0], chunk):
-            votes = (self.teachers.forward_shared(x[s:s + chunk], y[s:s + chunk]) > 0).long()  # [T, c]
+            votes = (self.teachers.forward_shared(x[s:s + chunk], y[s:s + chunk]) > threshold).long()  # [T, c]
             counts[s:s + chunk].scatter_add_(1, votes.t(), torch.ones_like(votes.t(), dtype=counts.dtype))
         return counts
 

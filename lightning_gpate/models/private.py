@@ -185,13 +185,19 @@ class PrivateGenerativeModel(GenerativeModel):
             return ()
         return (GNSSEvent(ss.params.beta, ss.params.sigma),)
 
+    def guarantee_epsilon(self) -> float:
+        """ε of the guarantee in force: the accountant's RDP bound, unless a subclass has a tighter
+        valid one (DP-GAN's ``accountant: pld``); in smooth_sensitivity mode
+        including the GNSS release still to come."""
+        return self.accountant.epsilon_if(*self._gnss_reservation())
+
     def spent_epsilon(self) -> float:
         """ε spent so far under the accounting the budget uses. In smooth_sensitivity mode: the
         data-independent ε of everything the run releases, the GNSS release included (reserved
         before it is made)."""
         if self.budget_accounting == "paper":
             return self.accountant.epsilon_paper()
-        return self.accountant.epsilon_if(*self._gnss_reservation())
+        return self.guarantee_epsilon()
 
     def epsilon_if(self, event) -> float:
         """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""
@@ -208,7 +214,7 @@ class PrivateGenerativeModel(GenerativeModel):
         ss = self.smooth_sensitivity
         if ss is not None and ss.released is not None:
             return self.released_epsilon()[0]
-        return self.accountant.epsilon_if(*self._gnss_reservation())
+        return self.guarantee_epsilon()
 
     def record(self, event) -> None:
         """Record ``event`` (a mechanism's actual cost) in the accountant and, in smooth_sensitivity

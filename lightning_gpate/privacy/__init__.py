@@ -1,6 +1,6 @@
 """Privacy mechanisms' accounting: RDP curves, PATE analyses, GS-WGAN, DP metadata.
 
-* :mod:`.rdp` – RDP curves (Gaussian, pure DP, subsampled Gaussian via
+* :mod:`.rdp` – RDP curves (Gaussian, pure DP, exponential mechanism, subsampled Gaussian via
   dp-accounting) and RDP → (ε, δ) conversion.
 * :mod:`.pate` – Confident-GNMax (Papernot et al. 2018) and PATE-GAN's Laplace
   vote moments (Papernot et al. 2017; Yoon et al. 2019).
@@ -11,6 +11,7 @@
 
 from .accountant import (
     ConfidentGNMaxEvent,
+    ExponentialMechanismEvent,
     GSWGANStepEvent,
     LaplaceVoteEvent,
     PrivacyAccountant,
@@ -29,6 +30,7 @@ from .pate import (
 )
 from .rdp import (
     DEFAULT_ORDERS,
+    exponential_mechanism_rdp,
     gaussian_rdp,
     pure_dp_rdp,
     rdp_to_epsilon,
@@ -40,6 +42,7 @@ __all__ = [
     "rdp_to_epsilon",
     "gaussian_rdp",
     "pure_dp_rdp",
+    "exponential_mechanism_rdp",
     "subsampled_gaussian_rdp",
     "confident_gnmax_rdp",
     "gnmax_logq",
@@ -54,6 +57,7 @@ __all__ = [
     "SubsampledGaussianEvent",
     "GSWGANStepEvent",
     "PureDPEvent",
+    "ExponentialMechanismEvent",
     "PrivacyAccountant",
     "dp_histogram_ratio",
     "dp_bounds",

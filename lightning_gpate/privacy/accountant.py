@@ -38,6 +38,7 @@ from .gswgan import gswgan_rdp
 from .pate import _to_numpy, _validate_votes, confident_gnmax_rdp, laplace_vote_rdp
 from .rdp import (
     DEFAULT_ORDERS,
+    exponential_mechanism_rdp,
     pure_dp_rdp,
     rdp_to_epsilon,
     subsampled_gaussian_rdp,
@@ -54,6 +55,7 @@ __all__ = [
     "GSWGANStepEvent",
     "PureDPEvent",
     "GNSSEvent",
+    "ExponentialMechanismEvent",
     "PrivacyEvent",
     "PrivacyAccountant",
     "DATA_DEPENDENT",
@@ -256,8 +258,28 @@ class GNSSEvent:
         _positive("sigma", self.sigma)
 
 
+@dataclass(frozen=True)
+class ExponentialMechanismEvent:
+    """One ε-DP exponential mechanism (selection ∝ exp(ε·q/(2Δ))), accounted as ε-bounded range:
+    RDP ``min(ε, λε²/8)`` (see :func:`~lightning_gpate.privacy.rdp.exponential_mechanism_rdp`).
+
+    Attributes:
+        epsilon: Its ε.
+        description: Free text for logs.
+    """
+
+    epsilon: float
+    description: str = ""
+
+    def __post_init__(self):
+        eps = float(self.epsilon)
+        if not (0.0 <= eps < math.inf):
+            raise ValueError(f"epsilon must be finite and >= 0, got {self.epsilon}")
+
+
 PrivacyEvent = (
     ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | PureDPEvent | GNSSEvent
+    | ExponentialMechanismEvent
 )
 
 _COUNT_KEYS = (
@@ -273,6 +295,7 @@ _COUNT_KEYS = (
     "pure_dp_events",
     "pure_dp_epsilon",
     "gnss_events",
+    "exponential_mechanism_events",
 )
 
 
@@ -369,6 +392,8 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
         from .smooth_sensitivity import gnss_rdp_curve  # deferred: smooth_sensitivity imports this module
 
         return _Cost(gnss_rdp_curve(beta=event.beta, sigma=event.sigma, orders=orders), None, None, {"gnss_events": 1})
+    if isinstance(event, ExponentialMechanismEvent):
+        return _Cost(exponential_mechanism_rdp(event.epsilon, orders), None, None, {"exponential_mechanism_events": 1})
     raise ValueError(f"unsupported privacy event type {type(event).__name__}")
 
 

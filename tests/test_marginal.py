@@ -1,0 +1,130 @@
+"""MarginalTree: the exponential mechanism's law and accounting, the planned budget is what is recorded,
+the tree finds the feature that the label drives and reproduces its conditional table, and the usual
+private-model contract (one fit spends the budget, a second refuses, checkpoints sample the same)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from datamodules import TabularDataModule
+from lightning_gpate.models import MarginalTree, load_generator
+from lightning_gpate.models.marginal import _exponential_mechanism
+from lightning_gpate.models.private import BudgetExhaustedError
+from lightning_gpate.privacy import ExponentialMechanismEvent, PrivacyAccountant, exponential_mechanism_rdp
+from lightning_gpate.evaluation.report import synthetic_table
+
+
+def test_exponential_mechanism_rdp_is_bounded_range_zcdp_and_pure_dp():
+    # eps-bounded range => eps^2/8-zCDP (Cesar & Rogers 2021): RDP alpha*eps^2/8, capped by eps (pure DP)
+    np.testing.assert_allclose(exponential_mechanism_rdp(0.5, [2, 10, 1000]), [0.0625, 0.3125, 0.5])
+    acc = PrivacyAccountant(delta=1e-5)
+    for _ in range(4):
+        acc.record(ExponentialMechanismEvent(0.5))
+    rho = 4 * 0.5**2 / 8  # zCDP composes additively; Bun & Steinke 2016, Prop. 1.3: eps <= rho + 2 sqrt(rho ln 1/delta)
+    assert acc.epsilon() <= rho + 2 * math.sqrt(rho * math.log(1e5))
+    assert acc.counts["exponential_mechanism_events"] == 4
+
+
+def test_exponential_mechanism_samples_its_law():
+    gen = torch.Generator().manual_seed(0)
+    q = np.array([0.0, 1.0, 3.0])
+    draws = np.bincount([_exponential_mechanism(q, 2.0, gen, sensitivity=1.0) for _ in range(20000)], minlength=3)
+    expected = np.exp(q) / np.exp(q).sum()  # exp(eps q / (2 sensitivity)) = exp(q)
+    np.testing.assert_allclose(draws / draws.sum(), expected, atol=0.012)
+
+
+def _table(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.binomial(1, 0.3, n)
+    return pd.DataFrame({
+        "age": rng.integers(20, 80, n),
+        "marker": np.where(rng.random(n) < 0.9, y, 1 - y),  # the label drives it: P(marker = y) = 0.9
+        "noise": rng.integers(0, 2, n),
+        "colour": rng.choice(["red", "green", "blue"], n),
+        "y": y,
+    })
+
+
+def _datamodule(frame):
+    schema = {"age": {"min": 18, "max": 90}, "marker": {"type": "binary", "categories": [0, 1]},
+              "noise": {"type": "binary", "categories": [0, 1]}, "colour": {"categories": ["blue", "green", "red"]},
+              "y": {"categories": [0, 1]}}
+    return TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)
+
+
+def _fit(model, dm):
+    trainer = pl.Trainer(max_steps=100, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False)
+    trainer.fit(model, dm)
+    return trainer
+
+
+def test_plan_is_what_is_recorded_and_spends_the_budget():
+    dm = _datamodule(_table())
+    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, label_edges=2, feature_edges=1, one_way_fraction=0.1, noise_seed=1)
+    plan = model.plan
+    # the zCDP of the planned events adds up to the plan's rho (Gaussian 1/(2 z^2), EM eps^2/8)
+    d = 4
+    rho = (1 / (2 * plan["sigma_label"] ** 2) + d / (2 * plan["sigma_one_way"] ** 2)
+           + 3 * (plan["epsilon_select"] ** 2 / 8 + 1 / (2 * plan["sigma_two_way"] ** 2)))
+    assert rho == pytest.approx(plan["rho"], rel=1e-9)
+    _fit(model, dm)
+    counts = model.accountant.counts
+    assert counts["exponential_mechanism_events"] == 3 and counts["subsampled_gaussian_events"] == 2 + 3
+    assert 0.999 * 2.0 < model.spent_epsilon() <= 2.0
+    assert model.budget_exhausted and model.stop_reason.startswith("all planned marginals measured")
+    with pytest.raises(BudgetExhaustedError):
+        _fit(model, dm)
+
+
+def test_tree_finds_the_label_driven_feature_and_reproduces_its_table(tmp_path):
+    dm = _datamodule(_table())
+    model = MarginalTree(dm.spec, epsilon=50.0, delta=1e-5, label_edges=1, one_way_fraction=0.1, noise_seed=0)
+    _fit(model, dm)
+    assert model.tree_edges() == [("y", "marker")]
+    synthetic = synthetic_table(model, 20000, seed=3)
+    agree = (synthetic["marker"] == synthetic["y"]).mean()
+    assert agree == pytest.approx(0.9, abs=0.02)
+    assert synthetic["y"].mean() == pytest.approx(0.3, abs=0.02)  # the measured class ratio
+    assert synthetic["age"].between(18, 90).all() and set(synthetic["colour"]) <= {"red", "green", "blue"}
+    # columns outside the tree follow their own (noisy) one-way marginal, independently of the label
+    assert abs(synthetic.loc[synthetic.y == 1, "noise"].mean() - synthetic.loc[synthetic.y == 0, "noise"].mean()) < 0.03
+
+    path = tmp_path / "tree.ckpt"
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    loaded = load_generator(str(path))
+    pd.testing.assert_frame_equal(synthetic_table(loaded, 500, seed=7), synthetic_table(model, 500, seed=7))
+    assert loaded.spent_epsilon() == pytest.approx(model.spent_epsilon())
+
+
+def test_little_budget_gives_noisy_tables_and_bad_input_is_refused():
+    dm = _datamodule(_table(n=300))
+    with pytest.raises(ValueError, match="fractions|fraction"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_fraction=0.6, selection_fraction=0.5)
+    with pytest.raises(ValueError, match="num_bins"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, num_bins=1)
+    model = MarginalTree(dm.spec, epsilon=0.05, delta=1e-5, label_edges=1, noise_seed=0)
+    assert model.plan["sigma_two_way"] > 50  # at eps = 0.05 the two-way table drowns in noise
+    _fit(model, dm)
+    assert model.spent_epsilon() <= 0.05
+
+
+def test_needs_a_table_read_whole_without_teachers():
+    from datamodules import ImageDataModule
+    from datamodules.base import DataError
+
+    with pytest.raises(ValueError, match="tables"):
+        MarginalTree(ImageDataModule("digits").spec, epsilon=1.0, delta=1e-5)
+    frame = _table(n=200)
+    dm = TabularDataModule(frame=frame, label="y", schema={"age": {"min": 18, "max": 90}, "marker": {"type": "binary", "categories": [0, 1]},
+                                                           "noise": {"type": "binary", "categories": [0, 1]},
+                                                           "colour": {"categories": ["blue", "green", "red"]}, "y": {"categories": [0, 1]}},
+                           num_teachers=4, test_fraction=0.0, val_fraction=0.0)
+    with pytest.raises(DataError, match="num_teachers: 0"):
+        _fit(MarginalTree(dm.spec, epsilon=1.0, delta=1e-5), dm)
