@@ -128,7 +128,8 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
         # 256/56000 on cardio (where 3000 generator steps = 15000 critic steps is the compute cap).
         sigma = {(True, True): 6.0, (True, False): 3.0, (False, True): 1.5, (False, False): 0.6}[(cervical, epsilon <= 1)]
         model = dict(noise_multiplier=sigma, max_grad_norm=1.0, z_dim=32, lr=5e-4, d_steps=5, weight_clip=0.1,
-                     generator_hidden=(128, 128), discriminator_hidden=(64, 64), accountant="pld")
+                     generator_hidden=(128, 128), discriminator_hidden=(64, 64), accountant="pld",
+                     sampling_rate=64 / 534 if cervical else 256 / 56000)  # declared public: the tables' published sizes
         return {"data": dict(batch_size=64 if cervical else 256), "model": model, "max_steps": 3000}
     if system == "gswgan":
         if cervical:  # 534 rows: 100 discriminators of ~5 rows; sound ε of one step is that of σ/√32

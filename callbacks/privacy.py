@@ -145,6 +145,18 @@ class PrivacyBudget(pl.Callback):
         client.log_dict(run_id, released_accountant_state(pl_module), "privacy/accountant.json")
 
 
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # A budget that refused the first step (NoPrivateStepError) fails the run: it still says why.
+        # The reason is computed from public settings and the accountant only (never from data values).
+        from lightning_gpate.models.private import NoPrivateStepError
+
+        logger = mlflow_logger_of(trainer)
+        if (not isinstance(exception, NoPrivateStepError) or logger is None or trainer.global_rank != 0
+                or getattr(logger, "_run_id", None) is None or not pl_module.stop_reason):
+            return
+        logger.experiment.set_tag(logger.run_id, "stop_reason", pl_module.stop_reason)
+
+
 def log_smooth_sensitivity_release(client, run_id: str, pl_module, *, step: int) -> None:
     """MLflow record of a smooth-sensitivity release (:func:`released_smooth_sensitivity`): only
     public or noised values.

@@ -48,7 +48,7 @@ def test_dpgan_with_pld_takes_more_steps_and_reports_the_pld_epsilon():
     dm = ImageDataModule("digits", batch_size=32)
     steps = {}
     for accountant in ("rdp", "pld"):
-        model = DPGAN(dm.spec, epsilon=1.0, delta=1e-5, noise_multiplier=1.2, z_dim=8, generator_hidden=(16,),
+        model = DPGAN(dm.spec, epsilon=1.0, delta=1e-5, noise_multiplier=1.2, sampling_rate=32 / 1150, z_dim=8, generator_hidden=(16,),
                       discriminator_hidden=(16, 16), accountant=accountant)
         pl.Trainer(max_steps=2000, logger=GPATEMLFlowLogger(experiment_name=f"dpgan-{accountant}"), enable_progress_bar=False,
                    enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1).fit(model, dm)
@@ -58,7 +58,7 @@ def test_dpgan_with_pld_takes_more_steps_and_reports_the_pld_epsilon():
         if accountant == "pld":
             exact = _independent(q, 1.2, steps["pld"], 1e-5)
             assert exact <= 1.0 < _independent(q, 1.2, steps["pld"] + 1, 1e-5)
-            assert exact <= model.guarantee_epsilon() <= 1.0
+            assert exact <= model.guarantee_epsilon() + 1e-9 and model.guarantee_epsilon() <= 1.0  # same PLD, float noise
             assert model.accountant.epsilon() > 1.0  # the RDP bound of the same steps is looser
             run, _ = query_run("dpgan-pld")  # the logged epsilon is the one in force, RDP beside it
             assert run.data.metrics["epsilon_final"] == pytest.approx(model.guarantee_epsilon())
