@@ -133,6 +133,10 @@ class GenerativeDataModule(pl.LightningDataModule):
         batch_size: rows per batch for non-teacher models.
         num_teachers: teachers to partition the training split among (0: no partition).
         teacher_batch_size: rows per teacher per step.
+        teacher_steps_per_epoch: at least this many teacher batches per training epoch (whole passes
+            over the partitions; the batches are the same for any value, 1 = one pass per epoch).
+            Every epoch costs the trainer a start and an end, and with few rows per teacher a pass
+            is a single step.
         partition_seed: seed of the teacher partition (fixed for the whole run).
         remainder: ``"spread"`` or ``"drop"`` the rows left over after equal shares.
         val_fraction: share of the training data held out for validation (model selection).
@@ -147,6 +151,7 @@ class GenerativeDataModule(pl.LightningDataModule):
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
+        teacher_steps_per_epoch: int = 100,
         partition_seed: int = 0,
         remainder: str = "spread",
         val_fraction: float = 0.1,
@@ -157,6 +162,8 @@ class GenerativeDataModule(pl.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
+        if teacher_steps_per_epoch < 1:
+            raise DataError(f"teacher_steps_per_epoch must be >= 1, got {teacher_steps_per_epoch}")
         if num_teachers < 0:
             raise DataError(f"num_teachers must be >= 0, got {num_teachers}")
         if remainder not in REMAINDER_POLICIES:
@@ -167,6 +174,7 @@ class GenerativeDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_teachers = num_teachers
         self.teacher_batch_size = teacher_batch_size
+        self.teacher_steps_per_epoch = teacher_steps_per_epoch
         self.partition_seed = partition_seed
         self.remainder = remainder
         self.val_fraction = val_fraction
@@ -286,6 +294,7 @@ class GenerativeDataModule(pl.LightningDataModule):
             batches = TeacherBatches(
                 x, y, self.partition, self.owned_teachers(),
                 batch_size=self.teacher_batch_size, seed=self.partition_seed, transform=self._transform,
+                min_steps_per_epoch=self.teacher_steps_per_epoch,
             )
             return DataLoader(batches, batch_size=None, num_workers=0)
         if len(y) < self.batch_size:

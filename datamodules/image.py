@@ -43,7 +43,8 @@ class ImageDataModule(GenerativeDataModule):
     Args:
         dataset: ``digits`` (scikit-learn's 8×8 digits, embedded, no download), ``mnist``,
             ``fashion_mnist``, ``celeba`` (label: ``celeba_attribute``, default gender) or ``csv``
-            (``path`` to a CSV of flattened square grey images, last column the label, e.g.
+            (``path`` to a CSV of flattened square grey images, last column the label, with or without a
+            header row, e.g.
             ``../shared/data/mnist_5k.csv.gz``).
         root: folder of the torchvision datasets.
         download: let torchvision download a missing dataset.
@@ -65,6 +66,7 @@ class ImageDataModule(GenerativeDataModule):
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
+        teacher_steps_per_epoch: int = 100,
         partition_seed: int = 0,
         remainder: str = "spread",
         val_fraction: float = 0.1,
@@ -73,7 +75,7 @@ class ImageDataModule(GenerativeDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(
-            batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size,
+            batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size, teacher_steps_per_epoch=teacher_steps_per_epoch,
             partition_seed=partition_seed, remainder=remainder, val_fraction=val_fraction,
             test_fraction=test_fraction, split_seed=split_seed, num_workers=num_workers,
         )
@@ -170,7 +172,10 @@ class ImageDataModule(GenerativeDataModule):
         path = Path(self.path)
         if not path.is_file():
             raise DataError(f"data file not found: {path.resolve()}")
-        frame = pd.read_csv(path)
+        # A header row is optional (mnist_*.csv.gz have none): the first row is data when every field is a number.
+        first = pd.read_csv(path, header=None, nrows=1)
+        has_header = not pd.to_numeric(first.iloc[0], errors="coerce").notna().all()
+        frame = pd.read_csv(path, header=0 if has_header else None)
         pixels = frame.iloc[:, :-1].to_numpy()
         side = int(round(np.sqrt(pixels.shape[1])))
         if side * side != pixels.shape[1]:

@@ -139,6 +139,11 @@ class TeacherBatches(IterableDataset):
     teachers: rows are gathered with one index tensor. A teacher's batches depend only on the seed,
     the pass and its global id, not on which other teachers this process owns.
 
+    One iteration over the dataset (a training epoch) runs as many whole passes as make at least
+    ``min_steps_per_epoch`` steps. A pass is short when teachers hold few rows (one step for 2 rows
+    per teacher) and every epoch costs the trainer an epoch's start and end; passes are numbered
+    across epochs, so the sequence of batches is the same for any ``min_steps_per_epoch``.
+
     Args:
         features: all training rows (any storage; ``transform`` maps a gathered batch to model space).
         labels: ``[num_rows]`` class labels.
@@ -147,6 +152,7 @@ class TeacherBatches(IterableDataset):
         batch_size: rows per teacher per step.
         seed: seed of the per-pass shuffles.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
+        min_steps_per_epoch: at least this many steps per iteration over the dataset (see above).
     """
 
     def __init__(
@@ -159,9 +165,12 @@ class TeacherBatches(IterableDataset):
         batch_size: int,
         seed: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        min_steps_per_epoch: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"teacher batch size must be >= 1, got {batch_size}")
+        if min_steps_per_epoch < 1:
+            raise ValueError(f"min_steps_per_epoch must be >= 1, got {min_steps_per_epoch}")
         self.features = features
         self.labels = labels
         self.teacher_ids = list(teacher_ids)
@@ -169,13 +178,18 @@ class TeacherBatches(IterableDataset):
         self.batch_size = batch_size
         self.seed = seed
         self.transform = transform
-        self.epoch = 0
+        self.epoch = 0  # passes drawn so far (the shuffle of pass p depends on p)
         self.steps_per_pass = max(1, int(np.ceil(self.sizes.max().item() / batch_size)))
+        self.passes_per_epoch = -(-int(min_steps_per_epoch) // self.steps_per_pass)
 
     def __len__(self) -> int:
-        return self.steps_per_pass
+        return self.steps_per_pass * self.passes_per_epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.passes_per_epoch):
+            yield from self._one_pass()
+
+    def _one_pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         num_teachers, max_rows = self.rows.shape
         keys = torch.from_numpy(hashed_uniform(self.seed, self.epoch, np.asarray(self.teacher_ids), max_rows))
         self.epoch += 1

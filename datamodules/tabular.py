@@ -352,6 +352,7 @@ class TabularDataModule(GenerativeDataModule):
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
+        teacher_steps_per_epoch: int = 100,
         partition_seed: int = 0,
         remainder: str = "spread",
         val_fraction: float = 0.0,
@@ -360,7 +361,7 @@ class TabularDataModule(GenerativeDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__(
-            batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size,
+            batch_size=batch_size, num_teachers=num_teachers, teacher_batch_size=teacher_batch_size, teacher_steps_per_epoch=teacher_steps_per_epoch,
             partition_seed=partition_seed, remainder=remainder, val_fraction=val_fraction,
             test_fraction=test_fraction, split_seed=split_seed, num_workers=num_workers,
         )
