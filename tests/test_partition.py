@@ -102,3 +102,31 @@ def test_a_teachers_batches_do_not_depend_on_which_teachers_a_process_owns():
     rank1_of_2 = list(TeacherBatches(x, y, part, [1, 3, 5], batch_size=7, seed=3))
     for (xa, _), (xb, _) in zip(everyone, rank1_of_2):
         assert torch.equal(xa[[1, 3, 5]], xb)
+
+
+def test_many_steps_per_epoch_give_the_same_batches_as_one_pass_per_epoch():
+    """An epoch of several passes yields exactly the batches that as many one-pass epochs yield, in order."""
+    n = 50
+    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    y = torch.arange(n) % 3
+    part = TeacherPartition.create(n, 20, seed=0)  # 2-3 rows per teacher, batch 2: 2 steps per pass
+    one = TeacherBatches(x, y, part, range(20), batch_size=2, seed=4)
+    many = TeacherBatches(x, y, part, range(20), batch_size=2, seed=4, min_steps_per_epoch=7)
+    assert len(one) == 2 and len(many) == 8  # whole passes: 4 of them
+    reference = [b for _ in range(8) for b in one]  # 8 one-pass epochs
+    got = [b for _ in range(2) for b in many]  # 2 epochs of 4 passes
+    assert len(got) == len(reference) == 16
+    for (xa, ya), (xb, yb) in zip(reference, got):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(reference[0][0], reference[2][0])  # passes differ: the pass counter runs on
+
+
+def test_datamodule_teacher_loader_has_many_steps_per_epoch():
+    from datamodules import ImageDataModule
+
+    dm = ImageDataModule("digits", num_teachers=700, teacher_batch_size=2, teacher_steps_per_epoch=100)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) >= 100
+    single = ImageDataModule("digits", num_teachers=700, teacher_batch_size=2, teacher_steps_per_epoch=1)
+    single.setup("fit")
+    assert len(single.train_dataloader()) == -(-int(single.partition.sizes.max()) // 2)  # one pass per epoch

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.privacy import ConfidentGNMaxEvent, TopAggEvent
-from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
+from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.randomness import mechanism_generator, secret_seed
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
@@ -346,9 +346,7 @@ class GPATE(PrivateGenerativeModel):
         votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
         with self._teacher_autocast():
             for _, _, grads in self.teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
-                grads = grads.float()
-                if hp.normalize_directions:  # each teacher's own direction, unit length: still its own data only
-                    grads = grads / grads.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(grads.dtype).tiny)
+                grads = unit_directions(grads.float()) if hp.normalize_directions else grads.float()
                 votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins)
         if _distributed():
             dist.all_reduce(votes)

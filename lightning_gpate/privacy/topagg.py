@@ -103,5 +103,4 @@ def topagg_release(
         raise ValueError(f"sigma must be > 0, got {sigma}")
     noisy = votes.to(torch.float64) + float(sigma) * torch.randn(
         votes.shape, generator=generator, device=votes.device, dtype=torch.float64)
-    released = torch.sign(noisy) * (noisy.abs() > float(threshold))
-    return released.to(torch.float32)
+    return torch.where(noisy.abs() > float(threshold), torch.sign(noisy), 0.0).to(torch.float32)
