@@ -199,3 +199,14 @@ def test_unit_directions_make_the_clip_relative():
     assert torch.equal(a, b)
     U = project(unit_directions(big), P)
     assert 0.2 < float(U.pow(2).mean() * 10) < 5  # E[u²] ≈ 1/k
+
+
+def test_abstaining_teachers_cast_no_vote():
+    U = torch.tensor([[[0.5], [-0.5]], [[0.5], [0.5]], [[-0.5], [-0.5]]])  # [T=3, m=2, k=1]
+    voting = torch.tensor([[True, False], [True, True], [False, True]])
+    votes = vote_histograms(U, clip=1.0, num_bins=2, voting=voting)
+    assert votes[:, 0].tolist() == [[0, 2], [1, 1]]  # sample 0: teachers 0, 1; sample 1: teachers 1, 2
+    full = vote_histograms(U, clip=1.0, num_bins=2)
+    assert full.sum(-1).eq(3).all()
+    with pytest.raises(ValueError, match="voting"):
+        vote_histograms(U, clip=1.0, num_bins=2, voting=voting[:2])

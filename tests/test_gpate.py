@@ -269,9 +269,20 @@ def test_ema_generator_is_what_samples(public_table):
 
 
 @pytest.mark.parametrize("option", [{"normalize_directions": True, "clip": 0.5, "num_bins": 2},
-                                    {"teacher_precision": "bf16"}])
+                                    {"teacher_precision": "bf16"},
+                                    {"own_label_votes": True, "threshold_fraction": 0.05},
+                                    {"own_label_votes": True, "aggregator": "topagg", "topk": 2, "sigma_topagg": 5.0}])
 def test_vote_options_train_and_pay(public_table, option):
     model = GPATE(public_table.spec, epsilon=50.0, **{**SMALL, **option})
     before = model.teachers.w0.detach().clone()
     _trainer(2).fit(model, public_table)
-    assert model.accountant.counts["confident_gnmax_events"] == 2 and not torch.equal(model.teachers.w0, before)
+    events = "topagg_events" if option.get("aggregator") == "topagg" else "confident_gnmax_events"
+    assert model.accountant.counts[events] == 2 and not torch.equal(model.teachers.w0, before)
+
+
+def test_own_label_voting_mask():
+    from lightning_gpate.models.gpate import own_label_voting
+
+    real_y = torch.tensor([[0, 0], [1, 2], [2, 2]])
+    assert own_label_voting(real_y, torch.tensor([2, 0, 1])).tolist() == [[False, True, False], [True, False, True],
+                                                                           [True, False, False]]

@@ -93,3 +93,10 @@ def test_input_validation():
     # an all-zero direction votes fair coins, never NaN
     _, sign = topk_stochastic_signs(g, 2, torch.tensor([[[0.3, 0.7]]]))
     assert sign.tolist() == [[[1, -1]]]
+
+
+def test_abstaining_teachers_vote_zero():
+    g = torch.tensor([[[1.0, -2.0]], [[3.0, 1.0]]])  # [T=2, m=1, d=2], sure signs with u = 0.5? b = max|g|
+    index, sign = topk_stochastic_signs(g, 1, torch.full((2, 1, 1), 0.5))
+    assert topagg_votes(index, sign, 2).tolist() == [[1, -1]]
+    assert topagg_votes(index, sign, 2, voting=torch.tensor([[False], [True]])).tolist() == [[1, 0]]

@@ -23,6 +23,11 @@ TEACHER_FAKE_LABELS = ("teacher", "class_ratio")
 TEACHER_PRECISIONS = ("32", "bf16")
 
 
+def own_label_voting(real_y: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
+    """``[T, m]`` bool: teacher ``t`` (real labels ``real_y[t]``, ``[T, b]``) has fake ``j``'s label ``fake_y[j]``."""
+    return (real_y.long().unsqueeze(-1) == fake_y.long().to(real_y.device).view(1, 1, -1)).any(dim=1)
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -93,6 +98,11 @@ class GPATE(PrivateGenerativeModel):
         teacher_fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as
             the official code) or ``"class_ratio"`` (one fake batch, labels from the class ratio,
             shared by all teachers).
+        own_label_votes: a teacher votes on a fake only if the fake's label occurs in its current real
+            batch, and abstains otherwise (``False``: every teacher votes on every fake, the paper).
+            With few images per teacher most teachers have never seen a fake's class; the
+            abstention depends on the teacher's own data only, so the sensitivity is unchanged.
+            The threshold (``threshold_fraction`` × all teachers) then counts only voters.
         teacher_steps: teacher Adam steps per iteration (each on new fakes, the same real batch).
         teacher_warmup_steps: teacher steps before the first aggregation (no privacy cost).
         teacher_precision: ``"32"`` or ``"bf16"`` (autocast of the teachers' forward and backward;
@@ -136,6 +146,7 @@ class GPATE(PrivateGenerativeModel):
         sigma_topagg: float = 5000.0,
         topagg_max_grad: float | None = None,
         teacher_fake_labels: str = "teacher",
+        own_label_votes: bool = False,
         teacher_steps: int = 1,
         teacher_warmup_steps: int = 0,
         teacher_precision: str = "32",
@@ -313,10 +324,13 @@ class GPATE(PrivateGenerativeModel):
         fakes = x.detach()
 
         # 3. private aggregation of the teachers' directions on the fakes (None: over budget)
+        voting = None
+        if hp.own_label_votes:  # [T_local, m]: teacher t has fake j's label in its own real batch
+            voting = own_label_voting(real_y.to(self.device), y)
         if hp.aggregator == "topagg":
-            delta, released = self._aggregate_topagg(fakes, y, gen)
+            delta, released = self._aggregate_topagg(fakes, y, gen, voting)
         else:
-            delta, released = self._aggregate_dpgradagg(fakes, y, gen)
+            delta, released = self._aggregate_dpgradagg(fakes, y, gen, voting)
         if delta is None:
             return None
 
@@ -337,7 +351,7 @@ class GPATE(PrivateGenerativeModel):
             ("released_fraction" if hp.aggregator == "topagg" else "answered_fraction"): released,
         }, prog_bar=True)
 
-    def _aggregate_dpgradagg(self, fakes: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
+    def _aggregate_dpgradagg(self, fakes: torch.Tensor, y: torch.Tensor, gen: torch.Generator, voting=None):
         """DPGradAgg (G-PATE Alg. 2): ``(Δx [m, d], answered fraction)``, or ``(None, None)`` when the
         worst case of this step does not fit the budget (nothing is recorded then)."""
         hp = self.hparams
@@ -345,9 +359,10 @@ class GPATE(PrivateGenerativeModel):
         P = random_projection(m, d, hp.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
         votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
         with self._teacher_autocast():
-            for _, _, grads in self.teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
+            for t0, t1, grads in self.teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
                 grads = unit_directions(grads.float()) if hp.normalize_directions else grads.float()
-                votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins)
+                votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
+                                         voting=None if voting is None else voting[t0:t1])
         if _distributed():
             dist.all_reduce(votes)
 
@@ -362,7 +377,7 @@ class GPATE(PrivateGenerativeModel):
         self.accountant.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
         return delta, answered.float().mean()
 
-    def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, gen: torch.Generator):
+    def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, gen: torch.Generator, voting=None):
         """TopAgg (DataLens Alg. 2): ``(Δx [m, d] in {−1, 0, 1}, released fraction)``, or ``(None, None)``
         when its (data-independent) cost does not fit the budget."""
         hp = self.hparams
@@ -374,7 +389,7 @@ class GPATE(PrivateGenerativeModel):
         with self._teacher_autocast():
             for t0, t1, grads in self.teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
                 index, sign = topk_stochastic_signs(grads.float(), hp.topk, uniforms[ids[t0:t1]], max_grad=hp.topagg_max_grad)
-                votes += topagg_votes(index, sign, d)
+                votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
         if _distributed():
             dist.all_reduce(votes)
         if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg)):

@@ -74,14 +74,23 @@ def topk_stochastic_signs(
     return index, sign
 
 
-def topagg_votes(index: torch.Tensor, sign: torch.Tensor, d: int) -> torch.Tensor:
-    """Summed votes ``[m, d]`` (int64) of teachers' top-k signs; sums of chunks / ranks add."""
+def topagg_votes(index: torch.Tensor, sign: torch.Tensor, d: int, voting: torch.Tensor | None = None) -> torch.Tensor:
+    """Summed votes ``[m, d]`` (int64) of teachers' top-k signs; sums of chunks / ranks add.
+
+    ``voting`` (optional bool ``[T, m]``): teacher ``t`` votes on sample ``j`` only where true; an
+    abstaining teacher's vote is 0 (which keeps one teacher's L2 change of the sum ≤ 2√k).
+    """
     if index.shape != sign.shape or index.ndim != 3:
         raise ValueError("index and sign must both be [T, m, k]")
-    _, m, _ = index.shape
+    T, m, _ = index.shape
     flat = (index + torch.arange(m, device=index.device).view(1, m, 1) * int(d)).reshape(-1)
+    weight = sign.long()
+    if voting is not None:
+        if voting.shape != (T, m):
+            raise ValueError(f"expected voting [T, m] = {(T, m)}, got {tuple(voting.shape)}")
+        weight = weight * voting.to(device=index.device, dtype=torch.long).unsqueeze(-1)
     votes = torch.zeros(m * int(d), dtype=torch.long, device=index.device)
-    votes.scatter_add_(0, flat, sign.reshape(-1).long())
+    votes.scatter_add_(0, flat, weight.reshape(-1))
     return votes.view(m, int(d))
 
 
