@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--note", default="")
     p.add_argument("--tag", default="digits")
     p.add_argument("--table", action="store_true", help="only rewrite the markdown table")
+    p.add_argument("--grid", default=None, help="also write a PNG grid of samples (one row per class) here")
     a = p.parse_args(argv)
     if a.table:
         print(write_table(a.tag))
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     record = {"name": a.name or "+".join(a.set) or "base", "base": a.base, "changes": changes, "note": a.note}
     try:
         record.update(fit_and_evaluate(load_config(a.base), model_overrides=model_over, data_overrides=data_over,
-                                       device=a.device, max_steps=a.max_steps, quality=False, cnn=not a.no_cnn))
+                                       device=a.device, max_steps=a.max_steps, quality=False, cnn=not a.no_cnn,
+                                       grid=a.grid))
     except Exception as err:  # noqa: BLE001 - record the failure in the ladder too
         record["error"] = f"{type(err).__name__}: {err}"
     RESULTS.mkdir(parents=True, exist_ok=True)

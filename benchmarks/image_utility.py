@@ -135,6 +135,7 @@ def fit_and_evaluate(
     config: dict[str, Any], *, model_overrides: dict | None = None, data_overrides: dict | None = None,
     device: str = "cpu", max_steps: int | None = None, quality: bool = True, cnn: bool = True,
     num_samples: int | None = None, progress: bool = False, out_dir: str | Path | None = None,
+    grid: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train one config (no logger, no checkpoints) and evaluate it. Returns a flat record."""
     import pytorch_lightning as pl
@@ -168,6 +169,11 @@ def fit_and_evaluate(
         record["budget_accounting"] = model.budget_accounting
     model.eval()
     record["logreg_2000"] = logistic_regression_accuracy(model, dm)
+    if grid is not None:
+        from lightning_gpate.sampling import image_grid, save_png
+
+        x, y = model.generate(200, labels=torch.arange(model.num_classes).repeat_interleave(20), seed=0)
+        save_png(image_grid(x, y, model.num_classes), Path(grid))
     if cnn or quality:
         out = Path(out_dir or (ROOT / "outputs" / "image_utility"))
         metrics, _, notes = evaluate_generator(model, dm, out, utility=cnn, quality=quality, figures=False,

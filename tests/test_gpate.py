@@ -271,7 +271,8 @@ def test_ema_generator_is_what_samples(public_table):
 @pytest.mark.parametrize("option", [{"normalize_directions": True, "clip": 0.5, "num_bins": 2},
                                     {"teacher_precision": "bf16"},
                                     {"own_label_votes": True, "threshold_fraction": 0.05},
-                                    {"own_label_votes": True, "aggregator": "topagg", "topk": 2, "sigma_topagg": 5.0}])
+                                    {"own_label_votes": True, "aggregator": "topagg", "topk": 2, "sigma_topagg": 5.0},
+                                    {"aggregator": "topagg", "topk": 3, "sigma_topagg": 5.0, "topagg_stochastic": False}])
 def test_vote_options_train_and_pay(public_table, option):
     model = GPATE(public_table.spec, epsilon=50.0, **{**SMALL, **option})
     before = model.teachers.w0.detach().clone()
@@ -286,3 +287,23 @@ def test_own_label_voting_mask():
     real_y = torch.tensor([[0, 0], [1, 2], [2, 2]])
     assert own_label_voting(real_y, torch.tensor([2, 0, 1])).tolist() == [[False, True, False], [True, False, True],
                                                                            [True, False, False]]
+
+
+def test_grouping_fakes_by_label_votes_on_each_labels_mean_direction(public_table):
+    from lightning_gpate.models.gpate import _VoteUnits
+
+    units = _VoteUnits(torch.tensor([2, 0, 2, 1]), by_label=True)
+    assert units.labels.tolist() == [0, 1, 2] and units.count == 3
+    grads = torch.arange(2 * 4 * 2, dtype=torch.float32).view(2, 4, 2)  # [T=2, m=4, d=2]
+    reduced = units.reduce(grads)
+    torch.testing.assert_close(reduced[:, 2], (grads[:, 0] + grads[:, 2]) / 2)  # label 2: fakes 0 and 2
+    torch.testing.assert_close(reduced[:, 0], grads[:, 1])
+    assert units.expand(torch.tensor([[0.0], [1.0], [2.0]])).flatten().tolist() == [2.0, 0.0, 2.0, 1.0]
+    plain = _VoteUnits(torch.tensor([2, 0]), by_label=False)
+    assert plain.count == 2 and torch.equal(plain.reduce(grads[:, :2]), grads[:, :2])
+
+    model = GPATE(public_table.spec, epsilon=50.0, group_fakes_by_label=True, **SMALL)  # 2 classes, 8 fakes
+    _trainer(3).fit(model, public_table)
+    counts = model.accountant.counts
+    assert counts["confident_gnmax_events"] == 3
+    assert counts["confident_gnmax_queries"] <= 3 * 2 * SMALL["projection_dim"]  # one query set per label, not per fake

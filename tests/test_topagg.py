@@ -100,3 +100,9 @@ def test_abstaining_teachers_vote_zero():
     index, sign = topk_stochastic_signs(g, 1, torch.full((2, 1, 1), 0.5))
     assert topagg_votes(index, sign, 2).tolist() == [[1, -1]]
     assert topagg_votes(index, sign, 2, voting=torch.tensor([[False], [True]])).tolist() == [[1, 0]]
+
+
+def test_plain_signs_without_stochastic_rounding():
+    g = torch.tensor([[[0.5, -1.0, 0.1, 0.0]]])
+    index, sign = topk_stochastic_signs(g, 3, None)
+    assert index.tolist() == [[[1, 0, 2]]] and sign.tolist() == [[[-1, 1, 1]]]

@@ -32,6 +32,32 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+class _VoteUnits:
+    """What one aggregation query set is about: every fake (the paper), or every label of the fake
+    batch (``group_fakes_by_label``: a teacher's directions averaged over the fakes of the label)."""
+
+    def __init__(self, y: torch.Tensor, *, by_label: bool) -> None:
+        self.by_label = by_label
+        if by_label:
+            self.labels, self.inverse = torch.unique(y, sorted=True, return_inverse=True)
+            onehot = torch.nn.functional.one_hot(self.inverse, len(self.labels)).to(torch.float32)  # [m, G]
+            self.mean = (onehot / onehot.sum(0, keepdim=True)).t()  # [G, m]: the mean over each label's fakes
+        else:
+            self.labels = y
+
+    @property
+    def count(self) -> int:
+        return int(self.labels.numel())
+
+    def reduce(self, grads: torch.Tensor) -> torch.Tensor:
+        """``[T, m, d]`` per-fake directions → ``[T, units, d]``."""
+        return torch.einsum("gm,tmd->tgd", self.mean.to(grads.dtype), grads) if self.by_label else grads
+
+    def expand(self, delta: torch.Tensor) -> torch.Tensor:
+        """``[units, d]`` released directions → ``[m, d]`` (every fake gets its unit's)."""
+        return delta[self.inverse] if self.by_label else delta
+
+
 class GPATE(PrivateGenerativeModel):
     """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), or DataLens'
     TopAgg (Wang, Wu, Long et al. 2021) as the aggregator.
@@ -95,6 +121,9 @@ class GPATE(PrivateGenerativeModel):
         sigma_topagg: σ of the noise on TopAgg's summed votes.
         topagg_max_grad: cap on the scale ``b`` of TopAgg's stochastic signs (``None``: each
             teacher's largest ``|g|`` on the sample).
+        topagg_stochastic: TopAgg votes stochastic signs (``True``, DataLens' ``--stochastic``,
+            unbiased) or the plain signs of the top-k coordinates (``False``; same sensitivity, far
+            more agreement between teachers when ``|g|`` is small against ``b``).
         teacher_fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as
             the official code) or ``"class_ratio"`` (one fake batch, labels from the class ratio,
             shared by all teachers).
@@ -103,6 +132,12 @@ class GPATE(PrivateGenerativeModel):
             With few images per teacher most teachers have never seen a fake's class; the
             abstention depends on the teacher's own data only, so the sensitivity is unchanged.
             The threshold (``threshold_fraction`` × all teachers) then counts only voters.
+        group_fakes_by_label: aggregate one direction per label of the fake batch instead of one per
+            fake: each teacher averages its directions over the fakes of a label, the aggregation runs
+            on these averages (one query set per label, so fewer queries per step), and every fake of
+            the label moves by its label's released direction (``False``: one per fake, the paper).
+            Under heavy noise the generator then learns class templates instead of fitting each
+            fake's noise. A teacher's average depends on its own data only: the sensitivity holds.
         teacher_steps: teacher Adam steps per iteration (each on new fakes, the same real batch).
         teacher_warmup_steps: teacher steps before the first aggregation (no privacy cost).
         teacher_precision: ``"32"`` or ``"bf16"`` (autocast of the teachers' forward and backward;
@@ -145,8 +180,10 @@ class GPATE(PrivateGenerativeModel):
         topk: int = 200,
         sigma_topagg: float = 5000.0,
         topagg_max_grad: float | None = None,
+        topagg_stochastic: bool = True,
         teacher_fake_labels: str = "teacher",
         own_label_votes: bool = False,
+        group_fakes_by_label: bool = False,
         teacher_steps: int = 1,
         teacher_warmup_steps: int = 0,
         teacher_precision: str = "32",
@@ -324,15 +361,15 @@ class GPATE(PrivateGenerativeModel):
         fakes = x.detach()
 
         # 3. private aggregation of the teachers' directions on the fakes (None: over budget)
+        units = _VoteUnits(y, by_label=hp.group_fakes_by_label)
         voting = None
-        if hp.own_label_votes:  # [T_local, m]: teacher t has fake j's label in its own real batch
-            voting = own_label_voting(real_y.to(self.device), y)
-        if hp.aggregator == "topagg":
-            delta, released = self._aggregate_topagg(fakes, y, gen, voting)
-        else:
-            delta, released = self._aggregate_dpgradagg(fakes, y, gen, voting)
+        if hp.own_label_votes:  # [T_local, units]: teacher t has the unit's label in its own real batch
+            voting = own_label_voting(real_y.to(self.device), units.labels)
+        aggregate_ = self._aggregate_topagg if hp.aggregator == "topagg" else self._aggregate_dpgradagg
+        delta, released = aggregate_(fakes, y, units, gen, voting)
         if delta is None:
             return None
+        delta = units.expand(delta)
 
         # 4. generator step(s) towards x̂ = x + Δx (x̂ a constant)
         target = (fakes.flatten(1) + hp.target_scale * delta).view_as(fakes)
@@ -351,18 +388,30 @@ class GPATE(PrivateGenerativeModel):
             ("released_fraction" if hp.aggregator == "topagg" else "answered_fraction"): released,
         }, prog_bar=True)
 
-    def _aggregate_dpgradagg(self, fakes: torch.Tensor, y: torch.Tensor, gen: torch.Generator, voting=None):
-        """DPGradAgg (G-PATE Alg. 2): ``(Δx [m, d], answered fraction)``, or ``(None, None)`` when the
-        worst case of this step does not fit the budget (nothing is recorded then)."""
+    def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):
+        """``(t0, t1, directions [t1 − t0, units, d])`` per chunk of this process's teachers: the teachers
+        run under the teacher precision, what follows (projections, votes) in fp32."""
+        chunks = self.teachers.iter_input_grads(fakes, y, chunk_size=self.hparams.teacher_chunk_size)
+        while True:
+            with self._teacher_autocast():
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            t0, t1, grads = chunk
+            yield t0, t1, units.reduce(grads.float())
+
+    def _aggregate_dpgradagg(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
+                             voting=None):
+        """DPGradAgg (G-PATE Alg. 2): ``(Δx [units, d], answered fraction)``, or ``(None, None)`` when
+        the worst case of this step does not fit the budget (nothing is recorded then)."""
         hp = self.hparams
-        m, d = fakes.shape[0], fakes[0].numel()
+        m, d = units.count, fakes[0].numel()
         P = random_projection(m, d, hp.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
         votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
-        with self._teacher_autocast():
-            for t0, t1, grads in self.teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
-                grads = unit_directions(grads.float()) if hp.normalize_directions else grads.float()
-                votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
-                                         voting=None if voting is None else voting[t0:t1])
+        for t0, t1, grads in self._directions(fakes, y, units):
+            grads = unit_directions(grads) if hp.normalize_directions else grads
+            votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
+                                     voting=None if voting is None else voting[t0:t1])
         if _distributed():
             dist.all_reduce(votes)
 
@@ -377,19 +426,20 @@ class GPATE(PrivateGenerativeModel):
         self.accountant.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
         return delta, answered.float().mean()
 
-    def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, gen: torch.Generator, voting=None):
-        """TopAgg (DataLens Alg. 2): ``(Δx [m, d] in {−1, 0, 1}, released fraction)``, or ``(None, None)``
-        when its (data-independent) cost does not fit the budget."""
+    def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
+                          voting=None):
+        """TopAgg (DataLens Alg. 2): ``(Δx [units, d] in {−1, 0, 1}, released fraction)``, or
+        ``(None, None)`` when its (data-independent) cost does not fit the budget."""
         hp = self.hparams
-        m, d = fakes.shape[0], fakes[0].numel()
+        m, d = units.count, fakes[0].numel()
         # uniforms of the stochastic signs for ALL teachers (same draws on every rank), rows by global id
-        uniforms = sign_uniforms(self.num_teachers, m, hp.topk, generator=gen, device=self.device)
+        uniforms = sign_uniforms(self.num_teachers, m, hp.topk, generator=gen, device=self.device) if hp.topagg_stochastic else None
         votes = torch.zeros(m, d, dtype=torch.long, device=self.device)
         ids = self.teachers.teacher_ids
-        with self._teacher_autocast():
-            for t0, t1, grads in self.teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
-                index, sign = topk_stochastic_signs(grads.float(), hp.topk, uniforms[ids[t0:t1]], max_grad=hp.topagg_max_grad)
-                votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
+        for t0, t1, grads in self._directions(fakes, y, units):
+            u = None if uniforms is None else uniforms[ids[t0:t1]]
+            index, sign = topk_stochastic_signs(grads, hp.topk, u, max_grad=hp.topagg_max_grad)
+            votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
         if _distributed():
             dist.all_reduce(votes)
         if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg)):

@@ -40,14 +40,16 @@ def sign_uniforms(
 
 
 def topk_stochastic_signs(
-    grads: torch.Tensor, k: int, uniforms: torch.Tensor, *, max_grad: float | None = None
+    grads: torch.Tensor, k: int, uniforms: torch.Tensor | None, *, max_grad: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every teacher's top-k coordinates and their stochastic signs (DataLens ``stochastic`` top-k).
 
     Args:
         grads: ``[T, m, d]`` teachers' descent directions (a chunk of teachers is fine).
         k: coordinates kept per teacher and sample (``1 ≤ k ≤ d``).
-        uniforms: ``[T, m, k]`` U(0, 1) draws (rows of :func:`sign_uniforms` for these teachers).
+        uniforms: ``[T, m, k]`` U(0, 1) draws (rows of :func:`sign_uniforms` for these teachers), or
+            ``None`` for the plain signs of the coordinates (DataLens without ``--stochastic``; a
+            zero coordinate then votes +1). Either way a vote has exactly ``k`` entries ±1.
         max_grad: cap on ``b`` (DataLens ``max_grad``); ``None``: ``b`` = the teacher's largest
             ``|g|`` on the sample.
 
@@ -59,12 +61,14 @@ def topk_stochastic_signs(
     T, m, d = grads.shape
     if not 1 <= int(k) <= d:
         raise ValueError(f"topk must be in [1, {d}], got {k}")
-    if uniforms.shape != (T, m, int(k)):
+    if uniforms is not None and uniforms.shape != (T, m, int(k)):
         raise ValueError(f"expected uniforms of shape {(T, m, int(k))}, got {tuple(uniforms.shape)}")
     if max_grad is not None and not max_grad > 0:
         raise ValueError(f"max_grad must be > 0, got {max_grad}")
     g = grads.float()
     top, index = g.abs().topk(int(k), dim=-1)  # [T, m, k]
+    if uniforms is None:
+        return index, torch.where(g.gather(-1, index) >= 0, 1, -1).to(torch.int8)
     b = top[..., :1]  # the row's largest |g|
     if max_grad is not None:
         b = b.clamp(max=float(max_grad))
