@@ -8,6 +8,15 @@ projection, vote histograms, Confident-GNMax, back-projection); (4) one generato
 Also reported: the median process CPU time per iteration (``*_cpu_s``), which is far less sensitive
 than wall time to other processes competing for the cores of a shared machine.
 
+``--fit`` adds, per case, the time of one iteration inside a real ``Trainer.fit`` of ``GPATE`` on random
+data of the same shapes (``fit_s``: median interval between consecutive training batches, so it includes
+the data loader, Lightning's loop and hooks, the accountant and G-PATE's own DCGAN generator, which is
+larger than this benchmark's generator) beside the kernel-only time ``vectorized_s``.
+
+``--precision bf16`` runs the vectorized teachers under bf16 autocast and reports how often their votes
+agree with fp32 on the same teachers, fakes and projections: ``vote_agree`` (a teacher's bin, over all
+teachers and queries) and ``argmax_agree`` (the histogram's top bin, i.e. the noise-free answer, per query).
+
 Each (kind, teachers, implementation) case runs in its own subprocess, so the reported peak memory
 is that case's alone: ``torch.cuda.max_memory_allocated`` on a GPU (``mem=cuda_max_allocated``),
 the process's peak resident set size from ``resource.getrusage`` on CPU (``mem=cpu_maxrss``; it
@@ -18,6 +27,7 @@ Usage::
 
     python benchmarks/teacher_throughput.py --kinds mlp conv --teachers 500 1000 2000 --threads 2
     python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 500 1000 2000 4000
+    python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 2000 --impls vectorized --fit --precision bf16
 
 Output, one line per case::
 
@@ -94,6 +104,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _autocast(device: torch.device, precision: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def _bins(U: torch.Tensor, clip: float, bins: int) -> torch.Tensor:
+    """Each teacher's bin per query (the rule of ``vote_histograms``)."""
+    return torch.floor((U.clamp(-clip, clip) + clip) * (bins / (2.0 * clip))).long().clamp_(0, bins - 1)
+
+
+def vote_agreement(ens, x, y, P, *, chunk, clip: float, bins: int, device: torch.device) -> dict:
+    """How often bf16 teachers vote as fp32 teachers do, on the same teachers, fakes and projection."""
+    with _autocast(device, "bf16"):
+        low = [g for _, _, g in ens.iter_input_grads(x, y, chunk_size=chunk)]
+    agree = total = 0
+    hist = {"32": 0, "bf16": 0}
+    for (_, _, g32), g16 in zip(ens.iter_input_grads(x, y, chunk_size=chunk), low):
+        b32, b16 = _bins(project(g32.float(), P), clip, bins), _bins(project(g16.float(), P), clip, bins)
+        agree += int((b32 == b16).sum())
+        total += b32.numel()
+        for key, b_ in (("32", b32), ("bf16", b16)):
+            hist[key] = hist[key] + F.one_hot(b_, bins).sum(0)
+    return {"vote_agree": agree / total, "argmax_agree": float((hist["32"].argmax(-1) == hist["bf16"].argmax(-1)).float().mean())}
+
+
 def run_case(kind: str, T: int, impl: str, a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -136,7 +170,8 @@ def run_case(kind: str, T: int, impl: str, a: argparse.Namespace) -> dict:
         # (1) teacher step
         if loop is None:
             t_opt.zero_grad(set_to_none=True)
-            ens.accumulate_teacher_grads(real_x, real_y, xd, fy, chunk_size=chunk)
+            with _autocast(device, a.precision):
+                ens.accumulate_teacher_grads(real_x, real_y, xd, fy, chunk_size=chunk)
             t_opt.step()
         else:
             loop.teacher_step(real_x, real_y, xd, fy)
@@ -145,9 +180,10 @@ def run_case(kind: str, T: int, impl: str, a: argparse.Namespace) -> dict:
         P = random_projection(m, dim, k, generator=cg, device=device)
         if loop is None:
             votes = None
-            for _, _, g in ens.iter_input_grads(xd, fy, chunk_size=chunk):
-                v = vote_histograms(project(g, P), clip=a.clip, num_bins=a.bins)
-                votes = v if votes is None else votes + v
+            with _autocast(device, a.precision):
+                for _, _, g in ens.iter_input_grads(xd, fy, chunk_size=chunk):
+                    v = vote_histograms(project(g.float(), P), clip=a.clip, num_bins=a.bins)
+                    votes = v if votes is None else votes + v
         else:
             votes = vote_histograms(project(loop.per_teacher_input_grads(xd, fy), P), clip=a.clip, num_bins=a.bins)
         _sync(device); ts.append(time.perf_counter())
@@ -184,10 +220,79 @@ def run_case(kind: str, T: int, impl: str, a: argparse.Namespace) -> dict:
     else:
         mem, mem_kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_maxrss"
     n = len(times)
-    return {"time": statistics.median(times), "cpu": statistics.median(cpu_times), "n": n, "mem": mem, "mem_kind": mem_kind,
+    extra = {}
+    if loop is None and a.precision == "bf16":  # after training a few iterations: teachers that have moved
+        z = torch.rand(m, z_dim, device=device) * 2 - 1
+        fy = torch.randint(0, Y, (m,), device=device)
+        with torch.no_grad():
+            xd = gen(z, fy)
+        P = random_projection(m, dim, k, generator=cg, device=device)
+        extra = vote_agreement(ens, xd, fy, P, chunk=chunk, clip=a.clip, bins=a.bins, device=device)
+    return {**extra, "time": statistics.median(times), "cpu": statistics.median(cpu_times), "n": n, "mem": mem, "mem_kind": mem_kind,
             "phases": {k_: statistics.median(v[-n:]) for k_, v in phases.items()},
             "params_per_teacher": (ConvTeacherEnsemble if kind == "conv" else MLPTeacherEnsemble)(
                 1, **({} if kind == "conv" else dict(in_features=30, num_classes=2))).params_per_teacher()}
+
+
+def run_fit_case(kind: str, T: int, a: argparse.Namespace) -> dict:
+    """Seconds per iteration inside ``Trainer.fit`` of ``GPATE`` with the case's shapes and settings."""
+    import numpy as np
+    import pandas as pd
+    import pytorch_lightning as pl
+
+    from datamodules.base import GenerativeDataModule
+    from datamodules.tabular import TabularDataModule
+    from lightning_gpate.models import GPATE
+
+    torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    d = DEFAULTS[kind]
+    b, m, k = a.batch or d["batch"], a.m or d["m"], a.k or d["k"]
+    chunk = a.chunk if a.chunk is not None else d["chunk"][device.type]
+    rows = T * b  # one batch per teacher and pass
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        frame = pd.DataFrame(rng.uniform(0, 1, (rows, 30)), columns=[f"c{i}" for i in range(30)])
+        frame["y"] = rng.integers(0, 2, rows)
+        schema = {**{f"c{i}": {"min": 0, "max": 1} for i in range(30)}, "y": {"categories": [0, 1]}}
+        dm = TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=T,
+                               teacher_batch_size=b, val_fraction=0.0, test_fraction=0.0)
+        model_kw = dict(z_dim=32, teacher_hidden=(64,))
+    else:
+        class RandomImages(GenerativeDataModule):
+            def _load(self):
+                x = torch.from_numpy(rng.integers(0, 256, (rows, 1, 28, 28), dtype=np.uint8))
+                y = torch.from_numpy(rng.integers(0, 10, rows))
+                spec = {"kind": "image", "dataset": "random", "shape": [1, 28, 28], "num_classes": 10,
+                        "class_names": [str(i) for i in range(10)], "class_ratio": [0.1] * 10,
+                        "class_ratio_source": "uniform", "private_metadata": [], "value_max": 255.0}
+                return {"splits": {"train": (x, y)}, "spec": spec}
+
+        from datamodules.image import uint8_to_model_space
+
+        dm = RandomImages(num_teachers=T, teacher_batch_size=b, val_fraction=0.0, test_fraction=0.0)
+        dm._transform = uint8_to_model_space
+        model_kw = dict(z_dim=100)
+    model = GPATE(dm.spec, epsilon=1e9, fake_batch_size=m, projection_dim=k, clip=a.clip, num_bins=a.bins,
+                  sigma_threshold=a.sigma_threshold or d["sigma_threshold"], sigma_gnmax=a.sigma_gnmax or d["sigma_gnmax"],
+                  teacher_chunk_size=chunk or None, teacher_fake_labels="class_ratio", teacher_precision=a.precision,
+                  noise_seed=1, **model_kw)
+
+    class Clock(pl.Callback):
+        def __init__(self):
+            self.stamps = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            _sync(device)
+            self.stamps.append(time.perf_counter())
+
+    clock = Clock()
+    steps = a.warmup + a.repeats + 1
+    trainer = pl.Trainer(max_steps=steps, accelerator=device.type, devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])
+    trainer.fit(model, dm)
+    gaps = [t1 - t0 for t0, t1 in zip(clock.stamps[:-1], clock.stamps[1:])][a.warmup:]
+    return {"time": statistics.median(gaps), "n": len(gaps)}
 
 
 def _case_in_subprocess(kind: str, T: int, impl: str, argv: list[str]) -> dict:
@@ -217,24 +322,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sigma-gnmax", type=float, default=0.0)
     p.add_argument("--fused-adam", type=int, default=1, help="fused Adam for the vectorized ensemble (1/0)")
     p.add_argument("--chunk", type=int, default=None, help="teachers per chunk (0 = all; default conv 50 cpu / 500 cuda, mlp 250 cpu / all cuda)")
+    p.add_argument("--precision", default="32", choices=["32", "bf16"], help="vectorized teachers under bf16 autocast (with vote agreement)")
+    p.add_argument("--fit", action="store_true", help="also time one iteration inside a real Trainer.fit of GPATE")
     p.add_argument("--_case", nargs=3, default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     if a._case:
         kind, T, impl = a._case
-        print(json.dumps(run_case(kind, int(T), impl, a)))
+        print(json.dumps(run_fit_case(kind, int(T), a) if impl == "fit" else run_case(kind, int(T), impl, a)))
         return
-    print(f"# device={a.device} threads={a.threads} torch={torch.__version__} warmup={a.warmup} repeats={a.repeats}",
-          flush=True)
+    print(f"# device={a.device} threads={a.threads} torch={torch.__version__} warmup={a.warmup} repeats={a.repeats} "
+          f"precision={a.precision}", flush=True)
     for kind in a.kinds:
         for T in a.teachers:
-            res = {impl: _case_in_subprocess(kind, T, impl, argv) for impl in a.impls}
-            vec, loop = res.get("vectorized", {}), res.get("loop", {})
+            res = {impl: _case_in_subprocess(kind, T, impl, argv) for impl in a.impls + (["fit"] if a.fit else [])}
+            vec, loop, fit = res.get("vectorized", {}), res.get("loop", {}), res.get("fit", {})
             fields = [f"kind={kind}", f"teachers={T}"]
             vt, lt = vec.get("time"), loop.get("time")
             fields.append(f"vectorized_s={vt:.4f}" if vt is not None else "vectorized_s=NA")
             fields.append(f"loop_s={lt:.4f}" if lt is not None else "loop_s=NA")
             fields.append(f"ratio={lt / vt:.2f}" if vt and lt else "ratio=NA")
+            if a.fit:
+                fields.append(f"fit_s={fit['time']:.4f}" if "time" in fit else f"fit_error={fit.get('error')!r}")
+            if "vote_agree" in vec:
+                fields.append(f"vote_agree={vec['vote_agree']:.4f} argmax_agree={vec['argmax_agree']:.4f}")
             fields.append(f"peak_mem_mb={vec['mem']:.0f}" if "mem" in vec else "peak_mem_mb=NA")
             fields.append(f"loop_peak_mem_mb={loop['mem']:.0f}" if "mem" in loop else "loop_peak_mem_mb=NA")
             fields.append(f"mem={(vec or loop).get('mem_kind', 'NA')}")

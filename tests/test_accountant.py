@@ -220,3 +220,47 @@ def test_events_are_frozen_copies():
         ev.threshold = 5
     with pytest.raises(ValueError):
         ev.votes[0, 0] = 1
+
+
+def test_budget_check_uses_the_data_independent_guarantee_only_and_equals_the_full_computation():
+    """epsilon_if skips the data-dependent analysis (and caches the per-query curves); its value is
+    exactly the one computed from confident_gnmax_rdp(data_independent=True) without any cache."""
+    from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+    rng = np.random.default_rng(0)
+    acc = PrivacyAccountant(delta=1e-5)
+    acc.record(PureDPEvent(0.1))
+    for step in range(3):
+        votes = rng.multinomial(200, rng.dirichlet(np.ones(10)), size=64)
+        answered = rng.random(64) < 0.6
+        event = ConfidentGNMaxEvent(votes, answered, 100, 150.0 + step, 40.0)
+        independent = confident_gnmax_rdp(votes, answered, threshold=100, sigma_threshold=150.0 + step, sigma_gnmax=40.0,
+                                          orders=acc.orders, data_independent=True)
+        expected = rdp_to_epsilon(acc.rdp + independent, acc.orders, 1e-5)[0]
+        assert acc.epsilon_if(event) == expected  # bit for bit
+        g, _ = acc.rdp_of(event)
+        np.testing.assert_array_equal(g, independent)
+        acc.record(event)
+        assert acc.epsilon() == expected
+
+
+def test_topagg_event_is_a_gaussian_mechanism_with_sensitivity_two_sqrt_k():
+    from lightning_gpate.privacy.accountant import TopAggEvent
+
+    m, k, sigma = 32, 200, 5000.0
+    acc = PrivacyAccountant(delta=1e-5)
+    for _ in range(50):
+        acc.record(TopAggEvent(num_samples=m, topk=k, sigma=sigma))
+    # closed form: 2kλ/σ² per sample (DataLens, CCS 2021; Mironov 2017 Cor. 3 with Δ = 2√k)
+    np.testing.assert_allclose(acc.rdp, 50 * m * 2 * k * DEFAULT_ORDERS / sigma**2, rtol=1e-12)
+    # dp-accounting's Gaussian mechanism with noise multiplier σ/Δ, composed 50·m times
+    ref = dp_accounting.rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
+    ref.compose(dp_accounting.GaussianDpEvent(sigma / (2 * np.sqrt(k))), 50 * m)
+    assert acc.epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+    assert acc.counts["topagg_events"] == 50 and acc.counts["topagg_samples"] == 50 * m
+    np.testing.assert_array_equal(acc.rdp, acc.rdp_paper)  # no data-dependent analysis: the paper curve is the guarantee
+    assert acc.paper_label == "guarantee"
+    with pytest.raises(ValueError):
+        TopAggEvent(num_samples=1, topk=0, sigma=1.0)
+    with pytest.raises(ValueError):
+        TopAggEvent(num_samples=1, topk=3, sigma=0.0)

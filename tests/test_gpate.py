@@ -146,18 +146,164 @@ def _ddp_table() -> TabularDataModule:
                              teacher_batch_size=8, test_fraction=0.0)
 
 
-def _ddp_model(dm):
+def _ddp_model(dm, **kw):
     torch.manual_seed(0)
-    return GPATE(dm.spec, epsilon=1e6, **SMALL)
+    return GPATE(dm.spec, epsilon=1e6, **{**SMALL, **kw})
 
 
-@pytest.mark.timeout(300) if hasattr(pytest.mark, "timeout") else (lambda f: f)
-def test_two_ddp_processes_train_the_same_generator_as_one():
+@pytest.mark.parametrize("aggregator", [{}, {"aggregator": "topagg", "topk": 1, "sigma_topagg": 2.0, "target_scale": 0.1}])
+def test_two_ddp_processes_train_the_same_generator_as_one(aggregator):
     dm1, dm2 = _ddp_table(), _ddp_table()
-    single = _ddp_model(dm1)
+    single = _ddp_model(dm1, **aggregator)
     _trainer(4).fit(single, dm1)
-    double = _ddp_model(dm2)
+    double = _ddp_model(dm2, **aggregator)
     _trainer(4, devices=2, strategy="ddp_spawn").fit(double, dm2)
     for (name, a), b in zip(single.generator.state_dict().items(), double.generator.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-5), name
     assert math.isclose(single.accountant.epsilon(), double.accountant.epsilon(), rel_tol=1e-9)
+
+
+class _Trace(pl.Callback):
+    """Records, after every training batch, the step, the privacy counts and copies of the networks."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, model, outputs, batch, batch_idx):
+        self.rows.append({
+            "step": trainer.global_step,
+            "events": sum(v for k, v in model.accountant.counts.items() if k.endswith("_events")),
+            "epsilon": model.accountant.epsilon(),
+            "generator": [p.detach().clone() for p in model.generator.parameters()],
+            "teacher": getattr(model.teachers, model.teachers.param_names[0]).detach().clone(),
+        })
+
+
+def test_warmup_trains_only_teachers_and_records_no_privacy_event(public_table):
+    model = GPATE(public_table.spec, epsilon=50.0, teacher_warmup_steps=3, **SMALL)
+    initial = [p.detach().clone() for p in model.generator.parameters()]
+    trace = _Trace()
+    _trainer(2, callbacks=[trace]).fit(model, public_table)
+    warm, train = trace.rows[:3], trace.rows[3:]
+    for i, row in enumerate(warm):
+        assert row["step"] == 0 and row["events"] == 0 and row["epsilon"] == 0.0
+        assert all(torch.equal(a, b) for a, b in zip(row["generator"], initial))  # generator untouched
+        previous = trace.rows[i - 1]["teacher"] if i else None
+        assert previous is None or not torch.equal(row["teacher"], previous)  # teachers train
+    assert [r["step"] for r in train] == [1, 2] and train[-1]["events"] == 2  # then the usual iterations, paid
+    assert not torch.equal(train[0]["generator"][0], initial[0])
+    assert model.teacher_warmup_done == 3
+    assert int(model._teacher_opt.state_dict()["state"][0]["step"]) == 3 + 2  # one teacher step per iteration
+
+
+def test_warmup_is_not_repeated_on_resume(tmp_path, public_table):
+    model = GPATE(public_table.spec, epsilon=50.0, teacher_warmup_steps=2, **SMALL)
+    trainer = _trainer(1)
+    trainer.fit(model, public_table)
+    trainer.save_checkpoint(tmp_path / "w.ckpt")
+    resumed = GPATE(public_table.spec, epsilon=50.0, teacher_warmup_steps=2, **SMALL)
+    trace = _Trace()
+    _trainer(2, callbacks=[trace]).fit(resumed, public_table, ckpt_path=tmp_path / "w.ckpt")
+    assert [r["step"] for r in trace.rows] == [2]  # straight to the next generator step
+
+
+def test_teacher_steps_per_iteration(public_table):
+    model = GPATE(public_table.spec, epsilon=50.0, teacher_steps=3, **SMALL)
+    _trainer(2).fit(model, public_table)
+    assert int(model._teacher_opt.state_dict()["state"][0]["step"]) == 6
+    assert model.accountant.counts["confident_gnmax_events"] == 2
+
+
+def test_per_teacher_fake_labels_are_each_teachers_real_labels(public_table):
+    """As the official code: teacher t's fakes are G(z, y_t) with y_t the labels of its own real batch."""
+    public_table.setup("fit")
+    real_x, real_y = next(iter(public_table.train_dataloader()))
+    model = GPATE(public_table.spec, epsilon=50.0, **SMALL)
+    model.generator.eval()  # batch statistics aside, a table of all labels equals per-teacher generation
+    fakes, labels = model._teacher_fakes(real_y, torch.Generator().manual_seed(5))
+    assert fakes.shape == (*real_y.shape, *public_table.spec["shape"]) and torch.equal(labels, real_y)
+    z = model.latent(real_y.shape[1], generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        for t in (0, 7, 19):
+            torch.testing.assert_close(fakes[t], model.generator(z, real_y[t]))
+    shared = GPATE(public_table.spec, epsilon=50.0, teacher_fake_labels="class_ratio", **SMALL)
+    fakes, labels = shared._teacher_fakes(real_y, torch.Generator().manual_seed(5))
+    assert fakes.shape == (SMALL["fake_batch_size"], *public_table.spec["shape"]) and labels.shape == (SMALL["fake_batch_size"],)
+    with pytest.raises(ValueError, match="teacher_fake_labels"):
+        GPATE(public_table.spec, teacher_fake_labels="random", **SMALL)
+
+
+def test_topagg_aggregator_pays_the_gaussian_bound_and_stops_before_the_budget(public_table):
+    kw = {**SMALL, "threshold_fraction": 0.1}
+    model = GPATE(public_table.spec, epsilon=6.0, aggregator="topagg", topk=3, sigma_topagg=60.0, target_scale=0.05, **kw)
+    _trainer(500).fit(model, public_table)
+    acc, m = model.accountant, SMALL["fake_batch_size"]
+    assert model.budget_exhausted and 2 <= model.global_step < 500
+    assert acc.counts["topagg_samples"] == model.global_step * m and acc.counts.get("confident_gnmax_events", 0) == 0
+    # the guarantee: global_step·m Gaussian mechanisms of sensitivity 2√k (RDP 2kλ/σ² each), independently computed
+    from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+    orders = acc.orders
+    expected = rdp_to_epsilon(model.global_step * m * 2 * 3 * orders / 60.0**2, orders, 1e-5)[0]
+    assert acc.epsilon() == pytest.approx(expected, rel=1e-12) and acc.epsilon() <= 6.0
+    one_more = rdp_to_epsilon((model.global_step + 1) * m * 2 * 3 * orders / 60.0**2, orders, 1e-5)[0]
+    assert one_more > 6.0  # the refused step would have crossed the budget
+    with pytest.raises(ValueError, match="topk"):
+        GPATE(public_table.spec, aggregator="topagg", topk=1000, **kw)
+
+
+def test_ema_generator_is_what_samples(public_table):
+    model = GPATE(public_table.spec, epsilon=50.0, ema_decay=0.5, **SMALL)
+    initial = [p.detach().clone() for p in model.generator.parameters()]
+    trace = _Trace()
+    _trainer(3, callbacks=[trace]).fit(model, public_table)
+    assert model.generator_module is model.generator_ema
+    expected = initial
+    for row in trace.rows:  # ema ← 0.5·ema + 0.5·generator after every generator update
+        expected = [0.5 * e + 0.5 * g for e, g in zip(expected, row["generator"])]
+    for e, p in zip(expected, model.generator_ema.parameters()):
+        torch.testing.assert_close(p, e)
+    assert not torch.equal(next(model.generator_ema.parameters()), next(model.generator.parameters()))
+    plain = GPATE(public_table.spec, epsilon=50.0, **SMALL)
+    assert plain.generator_module is plain.generator and not hasattr(plain, "generator_ema")
+
+
+@pytest.mark.parametrize("option", [{"normalize_directions": True, "clip": 0.5, "num_bins": 2},
+                                    {"teacher_precision": "bf16"},
+                                    {"own_label_votes": True, "threshold_fraction": 0.05},
+                                    {"own_label_votes": True, "aggregator": "topagg", "topk": 2, "sigma_topagg": 5.0},
+                                    {"aggregator": "topagg", "topk": 3, "sigma_topagg": 5.0, "topagg_stochastic": False}])
+def test_vote_options_train_and_pay(public_table, option):
+    model = GPATE(public_table.spec, epsilon=50.0, **{**SMALL, **option})
+    before = model.teachers.w0.detach().clone()
+    _trainer(2).fit(model, public_table)
+    events = "topagg_events" if option.get("aggregator") == "topagg" else "confident_gnmax_events"
+    assert model.accountant.counts[events] == 2 and not torch.equal(model.teachers.w0, before)
+
+
+def test_own_label_voting_mask():
+    from lightning_gpate.models.gpate import own_label_voting
+
+    real_y = torch.tensor([[0, 0], [1, 2], [2, 2]])
+    assert own_label_voting(real_y, torch.tensor([2, 0, 1])).tolist() == [[False, True, False], [True, False, True],
+                                                                           [True, False, False]]
+
+
+def test_grouping_fakes_by_label_votes_on_each_labels_mean_direction(public_table):
+    from lightning_gpate.models.gpate import _VoteUnits
+
+    units = _VoteUnits(torch.tensor([2, 0, 2, 1]), by_label=True)
+    assert units.labels.tolist() == [0, 1, 2] and units.count == 3
+    grads = torch.arange(2 * 4 * 2, dtype=torch.float32).view(2, 4, 2)  # [T=2, m=4, d=2]
+    reduced = units.reduce(grads)
+    torch.testing.assert_close(reduced[:, 2], (grads[:, 0] + grads[:, 2]) / 2)  # label 2: fakes 0 and 2
+    torch.testing.assert_close(reduced[:, 0], grads[:, 1])
+    assert units.expand(torch.tensor([[0.0], [1.0], [2.0]])).flatten().tolist() == [2.0, 0.0, 2.0, 1.0]
+    plain = _VoteUnits(torch.tensor([2, 0]), by_label=False)
+    assert plain.count == 2 and torch.equal(plain.reduce(grads[:, :2]), grads[:, :2])
+
+    model = GPATE(public_table.spec, epsilon=50.0, group_fakes_by_label=True, **SMALL)  # 2 classes, 8 fakes
+    _trainer(3).fit(model, public_table)
+    counts = model.accountant.counts
+    assert counts["confident_gnmax_events"] == 3
+    assert counts["confident_gnmax_queries"] <= 3 * 2 * SMALL["projection_dim"]  # one query set per label, not per fake

@@ -3,6 +3,7 @@ discriminators through private gradient aggregation (DPGradAgg with Confident-GN
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import numpy as np
@@ -11,31 +12,87 @@ import torch.distributed as dist
 
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
-from lightning_gpate.privacy import ConfidentGNMaxEvent
-from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
+from lightning_gpate.privacy import ConfidentGNMaxEvent, TopAggEvent
+from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.randomness import mechanism_generator, secret_seed
+from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
 TEACHERS_KEY = "gpate_teachers"
+AGGREGATORS = ("dpgradagg", "topagg")
+TEACHER_FAKE_LABELS = ("teacher", "class_ratio")
+TEACHER_PRECISIONS = ("32", "bf16")
+
+
+def own_label_voting(real_y: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
+    """``[T, m]`` bool: teacher ``t`` (real labels ``real_y[t]``, ``[T, b]``) has fake ``j``'s label ``fake_y[j]``."""
+    return (real_y.long().unsqueeze(-1) == fake_y.long().to(real_y.device).view(1, 1, -1)).any(dim=1)
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+class _VoteUnits:
+    """What one aggregation query set is about: every fake (the paper), or every label of the fake
+    batch (``group_fakes_by_label``: a teacher's directions averaged over the fakes of the label)."""
+
+    def __init__(self, y: torch.Tensor, *, by_label: bool) -> None:
+        self.by_label = by_label
+        if by_label:
+            self.labels, self.inverse = torch.unique(y, sorted=True, return_inverse=True)
+            onehot = torch.nn.functional.one_hot(self.inverse, len(self.labels)).to(torch.float32)  # [m, G]
+            self.mean = (onehot / onehot.sum(0, keepdim=True)).t()  # [G, m]: the mean over each label's fakes
+        else:
+            self.labels = y
+
+    @property
+    def count(self) -> int:
+        return int(self.labels.numel())
+
+    def reduce(self, grads: torch.Tensor) -> torch.Tensor:
+        """``[T, m, d]`` per-fake directions → ``[T, units, d]``."""
+        return torch.einsum("gm,tmd->tgd", self.mean.to(grads.dtype), grads) if self.by_label else grads
+
+    def expand(self, delta: torch.Tensor) -> torch.Tensor:
+        """``[units, d]`` released directions → ``[m, d]`` (every fake gets its unit's)."""
+        return delta[self.inverse] if self.by_label else delta
+
+
 class GPATE(PrivateGenerativeModel):
-    """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021).
+    """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), or DataLens'
+    TopAgg (Wang, Wu, Long et al. 2021) as the aggregator.
 
-    Per iteration: fakes ``x = G(z, y)`` with ``z ~ U(-1, 1)`` shared by all teachers; every teacher
-    takes one Adam step on its BCE loss (its own real batch from its own partition vs the fakes) with
-    **its own** Adam moments; each teacher's descent direction on every fake is projected with a fresh
-    Gaussian matrix per sample, clipped, discretised into bins and voted; each (sample, dimension) is
-    one Confident-GNMax query; the answered bin centres are back-projected into ``Δx``; the generator
-    takes an MSE step towards ``x̂ = x + Δx``.
+    Per iteration: every teacher takes ``teacher_steps`` Adam steps on its BCE loss (its own real
+    batch from its own partition vs fakes) with **its own** Adam moments; the fakes of teacher ``t``
+    carry the labels of its own real batch, ``G(z, y_t)`` (``teacher_fake_labels="teacher"``, the
+    official code), or labels drawn from the class ratio and shared by all teachers
+    (``"class_ratio"``). Then fakes ``x = G(z, y)`` with ``z ~ U(-1, 1)`` are voted on:
 
-    Privacy: the budget check uses the worst case (every query answered) *before* the aggregation
-    runs, so a step is only run when it fits whatever the noisy threshold decides; the recorded event
-    is the actual one. The guarantee is the data-independent Confident-GNMax bound; the data-dependent
-    ε of the paper is logged as ``epsilon_data_dependent`` (not itself private).
+    * ``aggregator="dpgradagg"`` (G-PATE): each teacher's descent direction on every fake is
+      projected with a fresh Gaussian matrix per sample, clipped to ``[−c, c]``, discretised into
+      ``B`` bins and voted; each (sample, dimension) is one Confident-GNMax query; the answered bin
+      centres are back-projected into ``Δx``. ``num_bins=2`` makes every vote a sign;
+      ``normalize_directions`` scales each teacher's direction to unit length first, so that ``c``
+      is relative to the scale of the projected values (a teacher's vote still depends only on its
+      own data).
+    * ``aggregator="topagg"`` (DataLens): each teacher keeps the ``topk`` largest coordinates of its
+      direction as stochastic signs; the summed votes get N(0, σ²) noise once; coordinates above the
+      threshold are released as signs: ``Δx`` ∈ {−1, 0, 1}^d.
+
+    The generator takes ``generator_steps`` MSE steps towards ``x̂ = x + target_scale · Δx``
+    (``x̂`` a constant). ``ema_decay > 0`` keeps an exponential moving average of the generator's
+    weights and samples from it (post-processing of released generators: free).
+
+    Teachers are never released, so training them costs no privacy: ``teacher_warmup_steps`` teacher
+    steps run before the first aggregation, against fakes of the untrained generator (its weights do
+    not depend on the data), and record no privacy event.
+
+    Privacy: DPGradAgg's budget check uses the worst case (every query answered) *before* the
+    aggregation runs, so a step is only run when it fits whatever the noisy threshold decides; the
+    recorded event is the actual one. The guarantee is the data-independent Confident-GNMax bound;
+    the data-dependent ε of the paper is logged as ``epsilon_data_dependent`` (not itself private).
+    TopAgg's cost is data-independent (:class:`~lightning_gpate.privacy.TopAggEvent`) and charged
+    before the noise is drawn.
 
     Teachers are held outside the module tree (they are never averaged by DDP); under DDP rank r owns
     teachers r, r+W, …, votes are summed with an all-reduce, and the projection and noise come from a
@@ -50,14 +107,43 @@ class GPATE(PrivateGenerativeModel):
             sensitivity at the end of a run of ``trainer.max_steps``; see the private base).
         epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity`` (private base).
         conversion: RDP → (ε, δ) conversion.
+        aggregator: ``"dpgradagg"`` (G-PATE, default) or ``"topagg"`` (DataLens).
         z_dim: latent size; the prior is U(-1, 1) as in the paper.
-        fake_batch_size: fakes per iteration ``m`` (``m · projection_dim`` queries per iteration).
-        projection_dim: ``k``, the random projection's dimension.
-        clip: ``c``, the clipping bound of projected gradients.
-        num_bins: ``B``, bins over ``[-c, c]``.
-        threshold_fraction: ``T`` as a fraction of the number of teachers.
-        sigma_threshold: σ1 of the threshold check.
-        sigma_gnmax: σ2 of the noisy argmax.
+        fake_batch_size: fakes per aggregation ``m`` (DPGradAgg: ``m · projection_dim`` queries).
+        projection_dim: ``k``, the random projection's dimension (DPGradAgg).
+        clip: ``c``, the clipping bound of projected gradients (DPGradAgg).
+        num_bins: ``B``, bins over ``[-c, c]`` (DPGradAgg; 2: sign votes).
+        normalize_directions: scale every teacher's direction on every fake to unit L2 norm before
+            projecting (DPGradAgg; ``False``: the paper).
+        threshold_fraction: the threshold as a fraction of the number of teachers (DPGradAgg: ``T`` of
+            Confident-GNMax; TopAgg: β).
+        sigma_threshold: σ1 of the threshold check (DPGradAgg).
+        sigma_gnmax: σ2 of the noisy argmax (DPGradAgg).
+        topk: coordinates each teacher votes on per fake (TopAgg).
+        sigma_topagg: σ of the noise on TopAgg's summed votes.
+        topagg_max_grad: cap on the scale ``b`` of TopAgg's stochastic signs (``None``: each
+            teacher's largest ``|g|`` on the sample).
+        topagg_stochastic: TopAgg votes stochastic signs (``True``, DataLens' ``--stochastic``,
+            unbiased) or the plain signs of the top-k coordinates (``False``; same sensitivity, far
+            more agreement between teachers when ``|g|`` is small against ``b``).
+        teacher_fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as
+            the official code) or ``"class_ratio"`` (one fake batch, labels from the class ratio,
+            shared by all teachers).
+        own_label_votes: a teacher votes on a fake only if the fake's label occurs in its current real
+            batch, and abstains otherwise (``False``: every teacher votes on every fake, the paper).
+            With few images per teacher most teachers have never seen a fake's class; the
+            abstention depends on the teacher's own data only, so the sensitivity is unchanged.
+            The threshold (``threshold_fraction`` × all teachers) then counts only voters.
+        group_fakes_by_label: aggregate one direction per label of the fake batch instead of one per
+            fake: each teacher averages its directions over the fakes of a label, the aggregation runs
+            on these averages (one query set per label, so fewer queries per step), and every fake of
+            the label moves by its label's released direction (``False``: one per fake, the paper).
+            Under heavy noise the generator then learns class templates instead of fitting each
+            fake's noise. A teacher's average depends on its own data only: the sensitivity holds.
+        teacher_steps: teacher Adam steps per iteration (each on new fakes, the same real batch).
+        teacher_warmup_steps: teacher steps before the first aggregation (no privacy cost).
+        teacher_precision: ``"32"`` or ``"bf16"`` (autocast of the teachers' forward and backward;
+            votes are compared with fp32 by ``benchmarks/teacher_throughput.py``).
         teacher_lr: teachers' Adam learning rate; teacher_betas: their betas.
         teacher_hidden: hidden widths of tabular (MLP) teachers.
         teacher_channels: conv widths ``(c0, c1)`` of image teachers (default: as the paper).
@@ -65,8 +151,10 @@ class GPATE(PrivateGenerativeModel):
         teacher_chunk_size: teachers processed at once (bounds memory; ``None``: all).
         teacher_seed: seed of the teachers' initialisation (per global teacher id).
         generator_lr: generator's Adam learning rate; generator_betas: its betas.
-        target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; any value is post-processing).
+        target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
+            post-processing).
         generator_steps: generator steps per aggregation towards the same ``x̂`` (post-processing).
+        ema_decay: decay of the generator's weight EMA used for sampling (0: no EMA, the paper).
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
@@ -87,14 +175,26 @@ class GPATE(PrivateGenerativeModel):
         conversion: str = "improved",
         epsilon_hard_cap: float | None = None,
         smooth_sensitivity: dict[str, Any] | None = None,
+        aggregator: str = "dpgradagg",
         z_dim: int = 100,
         fake_batch_size: int = 32,
         projection_dim: int = 10,
         clip: float = 1e-4,
         num_bins: int = 10,
+        normalize_directions: bool = False,
         threshold_fraction: float = 0.5,
         sigma_threshold: float = 3000.0,
         sigma_gnmax: float = 1000.0,
+        topk: int = 200,
+        sigma_topagg: float = 5000.0,
+        topagg_max_grad: float | None = None,
+        topagg_stochastic: bool = True,
+        teacher_fake_labels: str = "teacher",
+        own_label_votes: bool = False,
+        group_fakes_by_label: bool = False,
+        teacher_steps: int = 1,
+        teacher_warmup_steps: int = 0,
+        teacher_precision: str = "32",
         teacher_lr: float = 1e-3,
         teacher_betas: tuple[float, float] = (0.5, 0.999),
         teacher_hidden: Sequence[int] = (64,),
@@ -106,6 +206,7 @@ class GPATE(PrivateGenerativeModel):
         generator_betas: tuple[float, float] = (0.5, 0.999),
         target_scale: float = 1.0,
         generator_steps: int = 1,
+        ema_decay: float = 0.0,
         gf_dim: int = 64,
         fc_dim: int = 1024,
         hidden: Sequence[int] = (256, 256),
@@ -120,17 +221,36 @@ class GPATE(PrivateGenerativeModel):
         self.num_teachers = int(data_spec.get("num_teachers", 0))
         if self.num_teachers < 1:
             raise ValueError("G-PATE needs teachers: set data.num_teachers (e.g. 2000) in the data config")
+        for name, value, choices in (("aggregator", aggregator, AGGREGATORS),
+                                     ("teacher_fake_labels", teacher_fake_labels, TEACHER_FAKE_LABELS),
+                                     ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         for name, value in (("fake_batch_size", fake_batch_size), ("projection_dim", projection_dim), ("num_bins", num_bins),
-                            ("generator_steps", generator_steps)):
+                            ("generator_steps", generator_steps), ("teacher_steps", teacher_steps), ("topk", topk)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if teacher_warmup_steps < 0:
+            raise ValueError(f"teacher_warmup_steps must be >= 0, got {teacher_warmup_steps}")
         if clip <= 0 or sigma_threshold < 0 or sigma_gnmax < 0:
             raise ValueError("clip must be > 0 and the noise scales >= 0")
+        if not sigma_topagg > 0 or (topagg_max_grad is not None and not topagg_max_grad > 0):
+            raise ValueError("sigma_topagg and topagg_max_grad must be > 0")
         if not 0 <= threshold_fraction <= 1:
             raise ValueError(f"threshold_fraction must be in [0, 1], got {threshold_fraction}")
+        if not 0 <= ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        dim = int(np.prod(self.data_spec["shape"]))
+        if aggregator == "topagg" and topk > dim:
+            raise ValueError(f"topk must be at most the data dimension {dim}, got {topk}")
+        if aggregator == "topagg" and budget_accounting == "smooth_sensitivity":
+            raise ValueError("budget_accounting: smooth_sensitivity releases Confident-GNMax's data-dependent cost; "
+                             "TopAgg's cost is data-independent already: use budget_accounting: guarantee")
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim)
+        if ema_decay > 0:
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         self.threshold = threshold_fraction * self.num_teachers
         # Teachers are deliberately NOT registered submodules (object.__setattr__ below): DDP must never
         # average them across ranks, and a released generator checkpoint must not depend on them.
@@ -138,6 +258,12 @@ class GPATE(PrivateGenerativeModel):
         self._teacher_opt: torch.optim.Optimizer | None = None
         self._pending_teacher_state: dict | None = None
         self._shared_gen: torch.Generator | None = None
+        self.teacher_warmup_done = 0
+
+    @property
+    def generator_module(self) -> torch.nn.Module:
+        """The EMA of the generator's weights when ``ema_decay > 0``, else the generator."""
+        return self.generator_ema if self.hparams.ema_decay > 0 else self.generator
 
     # ----------------------------------------------------------------- teachers
     def owned_teacher_ids(self) -> list[int]:
@@ -171,8 +297,10 @@ class GPATE(PrivateGenerativeModel):
             return
         hp = self.hparams
         object.__setattr__(self, "_teachers", self._build_teachers(self.owned_teacher_ids()).to(self.device))
-        # One Adam over the stacked tensors: elementwise, so every teacher keeps its own moments.
-        self._teacher_opt = torch.optim.Adam(self._teachers.parameters(), lr=hp.teacher_lr, betas=tuple(hp.teacher_betas))
+        # One Adam over the stacked tensors: elementwise, so every teacher keeps its own moments. Fused:
+        # one kernel over the stacked tensors (the unfused loop took a third of a CPU iteration).
+        self._teacher_opt = torch.optim.Adam(self._teachers.parameters(), lr=hp.teacher_lr, betas=tuple(hp.teacher_betas),
+                                             fused=self.device.type in ("cpu", "cuda"))
         if self._pending_teacher_state is not None:
             self._load_teacher_state(self._pending_teacher_state)
             self._pending_teacher_state = None
@@ -190,46 +318,73 @@ class GPATE(PrivateGenerativeModel):
         self._shared_gen = mechanism_generator(self.device, seed)
 
     # ----------------------------------------------------------------- the iteration
+    def _teacher_autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.hparams.teacher_precision == "bf16")
+
+    def _teacher_fakes(self, real_y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fakes of one teacher step: ``([T, b, ...], [T, b])`` with every teacher's own real labels
+        (one generator pass over b latents × all classes, gathered per teacher), or ``([m, ...], [m])``
+        with labels from the class ratio, shared by all teachers."""
+        hp = self.hparams
+        with torch.no_grad():
+            if hp.teacher_fake_labels == "class_ratio":
+                m = hp.fake_batch_size
+                z = self.latent(m, generator=gen)
+                y = torch.multinomial(self.class_ratio, m, replacement=True, generator=gen).to(self.device)
+                return self.generator(z, y), y
+            b, Y = real_y.shape[1], self.num_classes
+            z = self.latent(b, generator=gen)
+            table = self.generator(z.repeat_interleave(Y, dim=0), torch.arange(Y, device=self.device).repeat(b))
+            idx = torch.arange(b, device=self.device).unsqueeze(0) * Y + real_y.to(self.device).long()  # [T, b]
+            return table[idx], real_y
+
+    def _teacher_step(self, real_x: torch.Tensor, real_y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """One Adam step of every teacher (own moments) on its own real batch vs new fakes."""
+        fakes, fake_y = self._teacher_fakes(real_y, gen)
+        self._teacher_opt.zero_grad(set_to_none=False)
+        with self._teacher_autocast():
+            loss = self.teachers.accumulate_teacher_grads(real_x, real_y, fakes, fake_y,
+                                                          chunk_size=self.hparams.teacher_chunk_size)
+        self._teacher_opt.step()
+        return loss
+
     def training_step(self, batch, batch_idx):
         hp = self.hparams
         real_x, real_y = batch  # [T_local, b, ...]: each teacher's batch from its own partition
-        teachers = self.teachers
+        self.teachers  # noqa: B018 - built on first use
         if self._shared_gen is None or self._shared_gen.device != self.device:
             self.setup("fit")
         gen = self._shared_gen
-        m = hp.fake_batch_size
 
-        # 1. fakes, identical on every rank (latent and labels from the shared generator)
+        # 0. warm-up: teacher steps only, before the generator ever changes (no aggregation, no privacy event)
+        if self.teacher_warmup_done < hp.teacher_warmup_steps:
+            self._teacher_step(real_x, real_y, gen)
+            self.teacher_warmup_done += 1
+            return None
+
+        # 1. the teachers' step(s)
+        for _ in range(hp.teacher_steps):
+            teacher_loss = self._teacher_step(real_x, real_y, gen)
+
+        # 2. fakes to vote on, identical on every rank (latent and labels from the shared generator)
+        m = hp.fake_batch_size
         z = self.latent(m, generator=gen)
         y = torch.multinomial(self.class_ratio, m, replacement=True, generator=gen).to(self.device)
         x = self.generator(z, y)
         fakes = x.detach()
 
-        # 2. one Adam step per teacher (own moments), on its own real batch vs the fakes
-        self._teacher_opt.zero_grad(set_to_none=False)
-        teacher_loss = teachers.accumulate_teacher_grads(real_x, real_y, fakes, y, chunk_size=hp.teacher_chunk_size)
-        self._teacher_opt.step()
-
-        # 3. votes: per-teacher descent directions, projected per sample, clipped, binned
-        d = fakes[0].numel()
-        P = random_projection(m, d, hp.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
-        votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
-        for _, _, grads in teachers.iter_input_grads(fakes, y, chunk_size=hp.teacher_chunk_size):
-            votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins)
-        if _distributed():
-            dist.all_reduce(votes)
-
-        # 4. budget check on the worst case (all answered) before the mechanism runs
-        flat_votes = votes.reshape(-1, hp.num_bins).cpu().numpy()
-        if not self.reserve(self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))):
+        # 3. private aggregation of the teachers' directions on the fakes (None: over budget)
+        units = _VoteUnits(y, by_label=hp.group_fakes_by_label)
+        voting = None
+        if hp.own_label_votes:  # [T_local, units]: teacher t has the unit's label in its own real batch
+            voting = own_label_voting(real_y.to(self.device), units.labels)
+        aggregate_ = self._aggregate_topagg if hp.aggregator == "topagg" else self._aggregate_dpgradagg
+        delta, released = aggregate_(fakes, y, units, gen, voting)
+        if delta is None:
             return None
-        delta, answered = aggregate(
-            votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
-            sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
-        )
-        self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
+        delta = units.expand(delta)
 
-        # 5. generator step(s) towards x̂ = x + Δx (x̂ a constant)
+        # 4. generator step(s) towards x̂ = x + Δx (x̂ a constant)
         target = (fakes.flatten(1) + hp.target_scale * delta).view_as(fakes)
         opt_g = self.optimizers()
         for step in range(hp.generator_steps):
@@ -238,9 +393,82 @@ class GPATE(PrivateGenerativeModel):
             opt_g.zero_grad()
             self.manual_backward(g_loss)
             opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
-        # released: the answered mask (noisy threshold) and the loss towards the noisy target x̂
-        self.log_dict({"g_loss": g_loss.detach(), "answered_fraction": answered.float().mean()}, prog_bar=True)
+        if hp.ema_decay > 0:
+            self._update_ema()
+        # released: the answered mask (noisy threshold) or TopAgg's released coordinates, and the loss
+        # towards the noisy target x̂; the teachers' loss is a statistic of the private data
+        self.log_dict({
+            "g_loss": g_loss.detach(),
+            ("released_fraction" if hp.aggregator == "topagg" else "answered_fraction"): released,
+        }, prog_bar=True)
         self.log_private({"teacher_loss": teacher_loss / self.num_teachers})
+
+    def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):
+        """``(t0, t1, directions [t1 − t0, units, d])`` per chunk of this process's teachers: the teachers
+        run under the teacher precision, what follows (projections, votes) in fp32."""
+        chunks = self.teachers.iter_input_grads(fakes, y, chunk_size=self.hparams.teacher_chunk_size)
+        while True:
+            with self._teacher_autocast():
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            t0, t1, grads = chunk
+            yield t0, t1, units.reduce(grads.float())
+
+    def _aggregate_dpgradagg(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
+                             voting=None):
+        """DPGradAgg (G-PATE Alg. 2): ``(Δx [units, d], answered fraction)``, or ``(None, None)`` when
+        the worst case of this step does not fit the budget (nothing is recorded then)."""
+        hp = self.hparams
+        m, d = units.count, fakes[0].numel()
+        P = random_projection(m, d, hp.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
+        votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
+        for t0, t1, grads in self._directions(fakes, y, units):
+            grads = unit_directions(grads) if hp.normalize_directions else grads
+            votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
+                                     voting=None if voting is None else voting[t0:t1])
+        if _distributed():
+            dist.all_reduce(votes)
+
+        # budget check on the worst case (all answered) before the mechanism runs
+        flat_votes = votes.reshape(-1, hp.num_bins).cpu().numpy()
+        if not self.reserve(self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))):
+            return None, None
+        delta, answered = aggregate(
+            votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
+            sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
+        )
+        self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
+        return delta, answered.float().mean()
+
+    def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
+                          voting=None):
+        """TopAgg (DataLens Alg. 2): ``(Δx [units, d] in {−1, 0, 1}, released fraction)``, or
+        ``(None, None)`` when its (data-independent) cost does not fit the budget."""
+        hp = self.hparams
+        m, d = units.count, fakes[0].numel()
+        # uniforms of the stochastic signs for ALL teachers (same draws on every rank), rows by global id
+        uniforms = sign_uniforms(self.num_teachers, m, hp.topk, generator=gen, device=self.device) if hp.topagg_stochastic else None
+        votes = torch.zeros(m, d, dtype=torch.long, device=self.device)
+        ids = self.teachers.teacher_ids
+        for t0, t1, grads in self._directions(fakes, y, units):
+            u = None if uniforms is None else uniforms[ids[t0:t1]]
+            index, sign = topk_stochastic_signs(grads, hp.topk, u, max_grad=hp.topagg_max_grad)
+            votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
+        if _distributed():
+            dist.all_reduce(votes)
+        if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg)):
+            return None, None
+        delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
+        return delta, delta.abs().mean()
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        decay = self.hparams.ema_decay
+        for e, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
+            e.lerp_(p, 1.0 - decay)
+        for e, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
+            e.copy_(b)
 
     def _event(self, votes: np.ndarray, answered: np.ndarray) -> ConfidentGNMaxEvent:
         hp = self.hparams
@@ -253,6 +481,7 @@ class GPATE(PrivateGenerativeModel):
         names = t.param_names
         return {
             "ids": t.teacher_ids.cpu(),
+            "warmup_done": self.teacher_warmup_done,
             "params": {n: getattr(t, n).detach().cpu() for n in names},
             "adam": {n: {k: v.cpu() for k, v in opt_state.get(i, {}).items()} for i, n in enumerate(names)},
         }
@@ -273,7 +502,7 @@ class GPATE(PrivateGenerativeModel):
         dist.all_gather_object(parts, local)
         ids = torch.cat([p["ids"] for p in parts])
         order = ids.argsort()
-        merged = {"ids": ids[order], "params": {}, "adam": {}}
+        merged = {"ids": ids[order], "warmup_done": local["warmup_done"], "params": {}, "adam": {}}
         for n in local["params"]:
             merged["params"][n] = torch.cat([p["params"][n] for p in parts])[order]
             states = [p["adam"][n] for p in parts]
@@ -301,6 +530,7 @@ class GPATE(PrivateGenerativeModel):
         if missing:
             raise ValueError(f"checkpoint lacks teachers {missing[:5]}...: resume with the same data.num_teachers")
         idx = torch.tensor([saved[g] for g in wanted])
+        self.teacher_warmup_done = int(state.get("warmup_done", self.hparams.teacher_warmup_steps))
         names = t.param_names
         with torch.no_grad():
             for n in names:

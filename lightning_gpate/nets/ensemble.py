@@ -240,12 +240,17 @@ class TeacherEnsemble(nn.Module):
         return self._rest(p, self._first(p, x, y, shared), y)
 
     def _mixed_logits(self, p, real_x, real_y, fake_x, fake_y) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits of per-teacher real batches ``[Tc, b]`` and of shared fakes ``[Tc, m]``, with layers
-        after the first run once on the concatenation."""
+        """Logits of per-teacher real batches ``[Tc, b]`` and of fakes ``[Tc, m]``, with layers after
+        the first run once on the concatenation. Fakes are shared by all teachers (``fake_y`` ``[m]``)
+        or per teacher (``fake_x`` ``[Tc, m, ...]``, ``fake_y`` ``[Tc, m]``)."""
         Tc = next(iter(p.values())).shape[0]
         real_x = self._as_input(real_x, 2)
-        fake_x = self._as_input(fake_x, 1)
         b = real_x.shape[1]
+        if fake_y.ndim == 2:  # per-teacher fakes: one per-teacher pass over reals and fakes together
+            x = torch.cat([real_x, self._as_input(fake_x, 2)], dim=1)
+            logits = self._logits(p, x, torch.cat([real_y.long(), fake_y.long()], dim=1), shared=False)
+            return logits[:, :b], logits[:, b:]
+        fake_x = self._as_input(fake_x, 1)
         hr = self._first(p, real_x, real_y, shared=False)
         fy = fake_y.reshape(1, -1).expand(Tc, -1)
         hf = self._first(p, fake_x, fy, shared=True)
@@ -269,7 +274,8 @@ class TeacherEnsemble(nn.Module):
         """Σ_teachers [mean_j BCE(D_t(real_tj), 1) + mean_j BCE(D_t(fake_j), 0)] (a scalar).
 
         ``real_x`` ``[T, b, ...]`` (each teacher its own batch from its own partition), ``fake_x``
-        ``[m, ...]`` shared by all teachers (detached here: the teacher step must not reach the
+        ``[m, ...]`` shared by all teachers with labels ``fake_y`` ``[m]``, or ``[T, m, ...]`` per
+        teacher with labels ``[T, m]`` (detached here: the teacher step must not reach the
         generator). Its gradient w.r.t. teacher ``t``'s parameters is exactly teacher ``t``'s own
         gradient. For bounded memory use :meth:`accumulate_teacher_grads`.
         """
@@ -306,7 +312,10 @@ class TeacherEnsemble(nn.Module):
         total = None
         for t0, t1 in chunks:
             p = self._params(t0, t1)
-            lr, lf = self._mixed_logits(p, real_x[t0:t1], real_y[t0:t1], fake_x, fake_y)
+            if fake_y.ndim == 2:  # per-teacher fakes
+                lr, lf = self._mixed_logits(p, real_x[t0:t1], real_y[t0:t1], fake_x[t0:t1], fake_y[t0:t1])
+            else:
+                lr, lf = self._mixed_logits(p, real_x[t0:t1], real_y[t0:t1], fake_x, fake_y)
             loss = _bce_sum_of_means(lr, 1.0) + _bce_sum_of_means(lf, 0.0)
             grads = torch.autograd.grad(loss, [p[n] for n in names])
             for prm, g, f in zip(full, grads, fresh):

@@ -5,6 +5,7 @@
 * :mod:`.pate` – Confident-GNMax (Papernot et al. 2018) and PATE-GAN's Laplace
   vote moments (Papernot et al. 2017; Yoon et al. 2019).
 * :mod:`.gswgan` – GS-WGAN's sound and per-sample (paper) accounting.
+* :mod:`.dpgradagg`, :mod:`.topagg` – G-PATE's and DataLens' private gradient aggregations.
 * :mod:`.accountant` – privacy events and the :class:`PrivacyAccountant`.
 * :mod:`.dp_stats` – DP label ratio and bounds for tabular metadata.
 """
@@ -17,6 +18,7 @@ from .accountant import (
     PrivacyAccountant,
     PureDPEvent,
     SubsampledGaussianEvent,
+    TopAggEvent,
 )
 from .dp_stats import dp_bounds, dp_histogram_ratio, dp_quantile
 from .gswgan import gswgan_epsilon, gswgan_rdp
@@ -55,6 +57,7 @@ __all__ = [
     "ConfidentGNMaxEvent",
     "LaplaceVoteEvent",
     "SubsampledGaussianEvent",
+    "TopAggEvent",
     "GSWGANStepEvent",
     "PureDPEvent",
     "ExponentialMechanismEvent",

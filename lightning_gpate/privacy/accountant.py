@@ -7,6 +7,7 @@ on its grid of orders and adds them (Mironov 2017, Proposition 1):
 
 * ``rdp`` – the guarantee: data-independent bounds for PATE mechanisms, the
   sound analysis for GS-WGAN, dp-accounting's bounds for subsampled Gaussians,
+  the Gaussian mechanism's ``λΔ²/(2σ²)`` for DataLens' TopAgg,
   ``min(ε, λε²/2)`` for pure-DP releases.
 * ``rdp_paper`` – the analysis the papers report, which is NOT a guarantee:
   data-dependent PATE bounds without smooth sensitivity (Papernot et al. 2018;
@@ -39,6 +40,7 @@ from .pate import _to_numpy, _validate_votes, confident_gnmax_rdp, laplace_vote_
 from .rdp import (
     DEFAULT_ORDERS,
     exponential_mechanism_rdp,
+    gaussian_rdp,
     pure_dp_rdp,
     rdp_to_epsilon,
     subsampled_gaussian_rdp,
@@ -53,6 +55,7 @@ __all__ = [
     "LaplaceVoteEvent",
     "SubsampledGaussianEvent",
     "GSWGANStepEvent",
+    "TopAggEvent",
     "PureDPEvent",
     "GNSSEvent",
     "ExponentialMechanismEvent",
@@ -216,6 +219,39 @@ class GSWGANStepEvent:
 
 
 @dataclass(frozen=True)
+class TopAggEvent:
+    """DataLens' TopAgg (Wang, Wu, Long et al., CCS 2021, Algorithm 2) on ``num_samples`` samples.
+
+    Per generated sample every teacher votes a vector with exactly ``topk`` non-zero entries, each
+    ±1 (the stochastic signs of its top-k coordinates); the votes are summed and N(0, σ²) is added
+    to every coordinate once; the released signs of the coordinates above the threshold are
+    post-processing. Replacing one teacher's data changes its vote vector ``v`` to some ``v'``, so
+    the sum moves by ``‖v − v'‖₂ ≤ 2√k`` (equality: same support, every sign flipped). Each sample is
+    therefore one Gaussian mechanism with L2 sensitivity ``2√k``:
+    ``RDP(λ) = λ(2√k)²/(2σ²) = 2kλ/σ²`` (Mironov 2017, Corollary 3), data-independent.
+
+    Attributes:
+        num_samples: generated samples aggregated (one Gaussian mechanism each).
+        topk: k, the non-zero coordinates of every teacher's vote.
+        sigma: σ of the noise added to the summed votes.
+    """
+
+    num_samples: int
+    topk: int
+    sigma: float
+
+    def __post_init__(self):
+        _count("num_samples", self.num_samples)
+        _count("topk", self.topk, 1)
+        _positive("sigma", self.sigma)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ over the L2 sensitivity 2√k."""
+        return float(self.sigma) / (2.0 * math.sqrt(self.topk))
+
+
+@dataclass(frozen=True)
 class PureDPEvent:
     """A pure ε-DP release (e.g. a Laplace label ratio, DP bounds).
 
@@ -278,8 +314,8 @@ class ExponentialMechanismEvent:
 
 
 PrivacyEvent = (
-    ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | PureDPEvent | GNSSEvent
-    | ExponentialMechanismEvent
+    ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | TopAggEvent | PureDPEvent
+    | GNSSEvent | ExponentialMechanismEvent
 )
 
 _COUNT_KEYS = (
@@ -292,6 +328,8 @@ _COUNT_KEYS = (
     "subsampled_gaussian_steps",
     "gswgan_events",
     "gswgan_steps",
+    "topagg_events",
+    "topagg_samples",
     "pure_dp_events",
     "pure_dp_epsilon",
     "gnss_events",
@@ -330,8 +368,14 @@ def _check_relation(event, relation: str) -> None:
         )
 
 
-def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
-    """RDP curves (guarantee, paper-style) and counters of one event, under ``relation``."""
+def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper: bool = True) -> _Cost:
+    """RDP curves (guarantee, paper-style) and counters of one event, under ``relation``.
+
+    With ``paper=False`` a data-dependent paper-style curve is not computed (``cost.paper`` is then
+    ``None`` for every event): the guarantee alone is what a budget check needs, and for PATE
+    events it is data-independent and cheap while the data-dependent bound costs a pass over every
+    query's histogram.
+    """
     _check_relation(event, relation)
     if isinstance(event, ConfidentGNMaxEvent):
         kw = dict(
@@ -340,9 +384,9 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
             sigma_gnmax=event.sigma_gnmax,
             orders=orders,
         )
-        g = confident_gnmax_rdp(event.votes, event.answered, data_independent=True, **kw)
-        p = confident_gnmax_rdp(event.votes, event.answered, data_independent=False, **kw)
         n = int(event.votes.shape[0])
+        g = _confident_gnmax_independent(n, int(event.answered.sum()), event.sigma_threshold, event.sigma_gnmax, orders)
+        p = confident_gnmax_rdp(event.votes, event.answered, data_independent=False, **kw) if paper else None
         return _Cost(g, p, DATA_DEPENDENT, {
             "confident_gnmax_events": 1,
             "confident_gnmax_queries": n,
@@ -350,7 +394,7 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
         })
     if isinstance(event, LaplaceVoteEvent):
         g = laplace_vote_rdp(event.vote_gaps, lam=event.lam, orders=orders, data_independent=True)
-        p = laplace_vote_rdp(event.vote_gaps, lam=event.lam, orders=orders, data_independent=False)
+        p = laplace_vote_rdp(event.vote_gaps, lam=event.lam, orders=orders, data_independent=False) if paper else None
         return _Cost(g, p, DATA_DEPENDENT, {
             "laplace_vote_events": 1,
             "laplace_vote_queries": int(event.vote_gaps.size),
@@ -378,10 +422,16 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
         )
         return _Cost(
             gswgan_rdp(accounting="sound", **kw),
-            gswgan_rdp(accounting="paper", **kw),
+            gswgan_rdp(accounting="paper", **kw) if paper else None,
             PER_SAMPLE_COMPOSITION,
             {"gswgan_events": 1, "gswgan_steps": int(event.steps)},
         )
+    if isinstance(event, TopAggEvent):
+        per_sample = gaussian_rdp(event.noise_multiplier, orders)
+        return _Cost(event.num_samples * per_sample, None, None, {
+            "topagg_events": 1,
+            "topagg_samples": int(event.num_samples),
+        })
     if isinstance(event, PureDPEvent):
         eps = pure_epsilon_under(event.epsilon, computed_under=event.neighbouring, relation=relation)
         return _Cost(pure_dp_rdp(eps, orders), None, None, {
@@ -395,6 +445,27 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE) -> _Cost:
     if isinstance(event, ExponentialMechanismEvent):
         return _Cost(exponential_mechanism_rdp(event.epsilon, orders), None, None, {"exponential_mechanism_events": 1})
     raise ValueError(f"unsupported privacy event type {type(event).__name__}")
+
+
+_INDEPENDENT_CURVES: dict = {}
+
+
+def _confident_gnmax_independent(n_queries: int, n_answered: int, sigma_threshold: float, sigma_gnmax: float,
+                                 orders: np.ndarray) -> np.ndarray:
+    """Data-independent RDP of Confident-GNMax queries: ``n·λ/(2σ1²) + n_answered·λ/σ2²``
+    (:func:`~lightning_gpate.privacy.pate.confident_gnmax_rdp` with ``data_independent=True``).
+
+    A query's data-independent cost does not depend on its votes, so the two per-query curves are
+    computed once per (σ1, σ2, orders) and cached; the result equals the uncached one exactly.
+    """
+    key = (float(sigma_threshold), float(sigma_gnmax), orders.tobytes())
+    curves = _INDEPENDENT_CURVES.get(key)
+    if curves is None:
+        if len(_INDEPENDENT_CURVES) > 64:
+            _INDEPENDENT_CURVES.clear()
+        curves = (orders / (2.0 * float(sigma_threshold) ** 2), orders / float(sigma_gnmax) ** 2)
+        _INDEPENDENT_CURVES[key] = curves
+    return n_queries * curves[0] + n_answered * curves[1]
 
 
 # --------------------------------------------------------------------------------------
@@ -538,10 +609,12 @@ class PrivacyAccountant:
     def epsilon_if(self, *events) -> float:
         """ε of the guarantee if ``events`` were recorded; nothing is recorded.
 
-        Use it to stop BEFORE an update whose privacy cost would exceed the budget.
+        Use it to stop BEFORE an update whose privacy cost would exceed the budget. Only the
+        guarantee's curve is computed (no data-dependent analysis).
         """
-        rdp = self._rdp + sum((self.rdp_of(event)[0] for event in events), np.zeros_like(self._rdp))
-        return rdp_to_epsilon(rdp, self._orders, self.delta, conversion=self.conversion)[0]
+        g = sum((_event_cost(event, self._orders, self.neighbouring, paper=False).guarantee for event in events),
+                np.zeros_like(self._rdp))
+        return rdp_to_epsilon(self._rdp + g, self._orders, self.delta, conversion=self.conversion)[0]
 
     # -- persistence ----------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import torch
 
 __all__ = [
     "random_projection",
+    "unit_directions",
     "project",
     "vote_histograms",
     "bin_centers",
@@ -65,6 +66,22 @@ def random_projection(
     return p.mul_(1.0 / math.sqrt(k))
 
 
+def unit_directions(grads: torch.Tensor) -> torch.Tensor:
+    """Every teacher's direction on every sample scaled to unit L2 norm (a zero direction stays 0).
+
+    Not in the paper: with the paper's absolute clip ``c = 1e-4`` almost every projected value of
+    MNIST-sized directions is clipped, so the vote is a sign and most bins never get a vote. After
+    this scaling the projected values of ``P`` (entries N(0, 1/k)) are about N(0, 1/k) whatever the
+    teachers' gradient scale, and ``c`` is relative to that. A teacher's scaled direction depends on
+    its own data only, so the vote's sensitivity is unchanged.
+
+    Args:
+        grads: ``[T, m, d]``.
+    """
+    norm = grads.norm(dim=-1, keepdim=True)
+    return grads / norm.clamp_min(torch.finfo(grads.dtype).tiny)
+
+
 def project(grads: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
     """Project every teacher's per-sample direction with that sample's projection.
 
@@ -87,7 +104,7 @@ def _check_bins(clip: float, num_bins: int) -> None:
         raise ValueError(f"num_bins must be >= 1, got {num_bins}")
 
 
-def vote_histograms(U: torch.Tensor, *, clip: float, num_bins: int) -> torch.Tensor:
+def vote_histograms(U: torch.Tensor, *, clip: float, num_bins: int, voting: torch.Tensor | None = None) -> torch.Tensor:
     """Discretise projected directions and count one vote per teacher per (sample, dimension).
 
     Values are clipped to ``[−clip, clip]`` and put into ``num_bins`` bins of width ``2·clip/num_bins``
@@ -98,10 +115,13 @@ def vote_histograms(U: torch.Tensor, *, clip: float, num_bins: int) -> torch.Ten
         U: ``[T, m, k]`` projected directions (a chunk of teachers is fine).
         clip: ``c``, the clipping bound (G-PATE ``step_size``, e.g. 1e-4).
         num_bins: ``B``.
+        voting: optional bool ``[T, m]``: teacher ``t`` votes on sample ``j`` only where true (an
+            abstention decided from the teacher's own data keeps the sensitivity: one teacher still
+            moves at most one vote per histogram).
 
     Returns:
-        ``[m, k, B]`` int64 vote counts; each ``(j, l)`` histogram sums to ``T``. Histograms from
-        disjoint teacher chunks / ranks add.
+        ``[m, k, B]`` int64 vote counts; each ``(j, l)`` histogram sums to the number of voting
+        teachers (``T`` without ``voting``). Histograms from disjoint teacher chunks / ranks add.
     """
     _check_bins(clip, num_bins)
     if U.ndim != 3:
@@ -113,7 +133,13 @@ def vote_histograms(U: torch.Tensor, *, clip: float, num_bins: int) -> torch.Ten
     base = torch.arange(m * k, device=U.device, dtype=torch.long).view(1, m, k) * B
     flat = (idx + base).reshape(-1)
     votes = torch.zeros(m * k * B, dtype=torch.long, device=U.device)
-    votes.scatter_add_(0, flat, torch.ones_like(flat))
+    if voting is None:
+        weight = torch.ones_like(flat)
+    else:
+        if voting.shape != (T, m):
+            raise ValueError(f"expected voting [T, m] = {(T, m)}, got {tuple(voting.shape)}")
+        weight = voting.to(device=U.device, dtype=torch.long).unsqueeze(-1).expand(T, m, k).reshape(-1)
+    votes.scatter_add_(0, flat, weight)
     return votes.view(m, k, B)
 
 
