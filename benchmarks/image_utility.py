@@ -176,9 +176,12 @@ def fit_and_evaluate(
         save_png(image_grid(x, y, model.num_classes), Path(grid))
     if cnn or quality:
         out = Path(out_dir or (ROOT / "outputs" / "image_utility"))
+        # The papers' IS/FID (features trained on the real training split) for every model, so that the
+        # figures compare across models and with the papers: a data owner's benchmark, not a shared log.
         metrics, _, notes = evaluate_generator(model, dm, out, utility=cnn, quality=quality, figures=False,
-                                               num_samples=num_samples, tag="benchmark")
-        record.update({k.split("/", 1)[-1]: v for k, v in metrics.items()})
+                                               num_samples=num_samples or len(dm.model_space("train")[1]), tag="benchmark",
+                                               feature_split="train")
+        record.update({k.rsplit("/", 1)[-1]: v for k, v in metrics.items()})
         if notes:
             record["notes"] = notes
     return record

@@ -45,6 +45,15 @@ class PeriodicEvaluation(pl.Callback):
     def evaluate(self, trainer: pl.Trainer, pl_module, *, tag: str, final: bool) -> None:
         raise NotImplementedError
 
+    def logged_metrics(self) -> dict[str, float]:
+        """The latest figures, under the names they were logged with (e.g. ``utility/B/auroc_mean``,
+        ``private/utility/A/auroc_mean``): what the end-of-fit summary reads."""
+        prefix = getattr(self, "_prefix", f"{self.name}/")
+        out = {prefix + k: v for k, v in getattr(self, "real_metrics", {}).items()}
+        out.update({prefix + k: v for k, v in getattr(self, "last_metrics", {}).items()})
+        out.update({f"private/{self.name}/{k}": v for k, v in getattr(self, "private_metrics", {}).items()})
+        return out
+
     def _run(self, trainer, pl_module, tag: str, final: bool) -> None:
         logger = mlflow_logger_of(trainer)
         if not self.enabled or logger is None or not trainer.is_global_zero or not pl_module.has_release:

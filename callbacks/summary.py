@@ -17,16 +17,22 @@ from lightning_gpate.tracking import mlflow_logger_of
 
 #: Figures worth a line of the summary, in this order: (metric key, label). The evaluation callbacks
 #: log many more (see MLflow); these are the papers' headline measures.
+#: A private model's figures computed from its real training split without noise are logged (on request
+#: only) under ``private/``, and labelled so here.
 HEADLINE_METRICS = (
     ("utility/A/auroc_mean", "AUROC real→real (A)"),
+    ("private/utility/A/auroc_mean", "AUROC real→real (A; private diagnostic, unnoised)"),
     ("utility/B/auroc_mean", "AUROC synthetic→real (B)"),
     ("utility/C/auroc_mean", "AUROC synthetic→synthetic (C)"),
     ("utility/ranking_agreement_AC", "ranking agreement A/C"),
+    ("private/utility/ranking_agreement_AC", "ranking agreement A/C (private diagnostic, unnoised)"),
     ("utility/cnn_accuracy_final", "CNN accuracy on real test (final epoch)"),
     ("utility/cnn_accuracy_val_selected", "CNN accuracy on real test (selected on synthetic val)"),
     ("quality/inception_score", "Inception Score"),
     ("quality/inception_score_real", "Inception Score of real data"),
     ("quality/fid", "FID"),
+    ("private/quality/inception_score", "Inception Score (features trained on the training split; private diagnostic)"),
+    ("private/quality/fid", "FID (features trained on the training split; private diagnostic)"),
 )
 
 
@@ -170,9 +176,7 @@ class FitSummary(pl.Callback):
         metrics: dict[str, float] = {}
         for cb in trainer.callbacks:
             if isinstance(cb, PeriodicEvaluation):
-                prefix = f"{cb.name}/"
-                metrics.update({prefix + k: v for k, v in getattr(cb, "last_metrics", {}).items()})
-                metrics.update({prefix + k: v for k, v in getattr(cb, "real_metrics", {}).items()})
+                metrics.update(cb.logged_metrics())
         figures = _metric_lines(metrics)
         rows += [("utility", line) for line in figures] or [("utility", "not computed (evaluation disabled, or see the run's *_error tags)")]
         artifacts = next((cb for cb in trainer.callbacks if isinstance(cb, ReleaseArtifact)), None)

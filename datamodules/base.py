@@ -190,6 +190,35 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._loaded = False
         self._transform: Callable | None = None
         self.partition: TeacherPartition | None = None
+        #: The data spec a resumed run released, whose DP metadata replaces a new estimate (:meth:`adopt_released_spec`).
+        self._released_spec: dict[str, Any] | None = None
+
+    # ----------------------------------------------------------------- released metadata
+    def adopt_released_spec(self, released: dict[str, Any]) -> bool:
+        """Use the metadata a run already released (``released``: the data spec in its checkpoint)
+        instead of this DataModule's own DP estimate of it, and reload the data with it.
+
+        A resumed run must not estimate DP metadata (bounds, class ratio) again: it was paid for once,
+        and a second estimate would be released (in the release artifact, through the transform)
+        without being charged. Returns whether anything changed (nothing does when no metadata was
+        estimated with DP: declared metadata gives the same spec again). Subclasses that estimate
+        metadata with DP implement :meth:`_released_metadata_differs` and use ``self._released_spec``
+        in :meth:`_load`.
+        """
+        if not self.spec.get("metadata_cost") and not released.get("metadata_cost"):
+            return False
+        if not self._released_metadata_differs(released):
+            return False
+        self._released_spec = dict(released)
+        self._loaded = False
+        self.partition = None
+        self._ensure_loaded()
+        if self.trainer is not None or self.num_teachers > 0:
+            self.setup("fit")
+        return True
+
+    def _released_metadata_differs(self, released: dict[str, Any]) -> bool:
+        raise DataError(f"{type(self).__name__} cannot resume with released DP metadata")
 
     # ----------------------------------------------------------------- loading
     def _load(self) -> dict[str, Any]:

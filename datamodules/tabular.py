@@ -431,11 +431,29 @@ class TabularDataModule(GenerativeDataModule):
         self._ensure_loaded()
         return self._frame.iloc[self.split_indices[split].numpy()].reset_index(drop=True)
 
+    #: Data-spec entries that may hold metadata estimated with DP (and what follows from it).
+    RELEASED_METADATA_KEYS = ("metadata_cost", "columns", "label", "column_order", "class_ratio", "class_ratio_source",
+                              "shape", "spans", "class_names")
+
+    def _released_metadata_differs(self, released: dict[str, Any]) -> bool:
+        mine = self.spec
+        return any(mine.get(k) != released.get(k) for k in self.RELEASED_METADATA_KEYS)
+
     def _load(self) -> dict[str, Any]:
         frame = self.read_frame()
         self._frame = frame
         schema, guesses = split_guesses(self.schema)
         columns, label_spec = infer_schema(frame, self.label, schema)
+        if self._released_spec is not None:  # resumed: the metadata released by the run, not a new DP estimate
+            released = self._released_spec
+            if [c["name"] for c in released["columns"]] != [c.name for c in columns] or released["label"]["name"] != label_spec.name:
+                raise DataError("the checkpoint's data spec has other columns than this data: resume with the data it was trained on")
+            self.transformer = TabularTransformer.from_spec(released)
+            features, labels = self.transformer.transform(frame)
+            spec = {k: released[k] for k in self.RELEASED_METADATA_KEYS if k in released}
+            spec.update(kind="tabular", num_classes=int(released["num_classes"]), private_metadata=[])
+            tensors = (torch.from_numpy(features.astype(np.float32)), torch.from_numpy(labels.copy()))
+            return {"splits": {"train": tensors}, "spec": spec}
         rng = np.random.default_rng(secret_seed() if self.metadata_seed is None else self.metadata_seed)
         paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))

@@ -175,6 +175,13 @@ def evaluate_command(argv: Sequence[str]) -> int:
     parser.add_argument("--no_utility", action="store_true", help="skip the downstream classifiers")
     parser.add_argument("--no_quality", action="store_true", help="skip IS/FID")
     parser.add_argument("--no_figures", action="store_true", help="skip the tabular figures")
+    parser.add_argument("--real_baselines", default=None, choices=["true", "false"],
+                        help="compute what needs the real training split (Setting A, ranking agreements with A); default: "
+                             "yes for non-private models, for private ones only if they log private diagnostics (then "
+                             "named private/utility/*)")
+    parser.add_argument("--feature_split", default=None, choices=["train", "val", "test"],
+                        help="real split the IS/FID feature classifier trains on (default: train for non-private models, "
+                             "a held-out split for private ones; train makes a private model's figures private/quality/*)")
     parser.add_argument("--val_source", default="synthetic", choices=["synthetic", "real_val"], help="epoch selection of the image CNN")
     parser.add_argument("--inception_weights", default=None, help="torchvision Inception-v3 weights file (RGB IS/FID)")
     parser.add_argument("--output", default=None, help="also write the report as JSON here")
@@ -189,6 +196,7 @@ def evaluate_command(argv: Sequence[str]) -> int:
         utility=not args.no_utility, quality=not args.no_quality, figures=not args.no_figures, num_samples=args.num_samples,
         seed=args.seed, classifiers=args.classifiers.split(",") if args.classifiers else None, settings=list(args.settings),
         val_source=args.val_source, inception_weights=args.inception_weights,
+        real_baselines=None if args.real_baselines is None else args.real_baselines == "true", feature_split=args.feature_split,
     )
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

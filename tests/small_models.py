@@ -10,48 +10,62 @@ import pandas as pd
 import pytorch_lightning as pl
 
 from datamodules import TabularDataModule
-from lightning_gpate.models import DPGAN, GAN, GPATE, GSWGAN, PATEGAN
+from lightning_gpate.models import DPGAN, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
 
 PRIVATE = ("gpate", "pategan", "dpgan", "gswgan")
 ALL = ("gan", *PRIVATE)
+#: MarginalTree: private, tables only; one fit reads the data once and spends the whole budget.
+MARGINAL = "marginal"
 HIDDEN = (96, 96)  # a generator of ~12k parameters: the accountant's state is small beside it
 
 
-def public_table(num_teachers: int = 0, rows: int = 240) -> TabularDataModule:
-    rng = np.random.default_rng(0)
+#: Every column's bounds or categories declared public: the data spec reads nothing from the rows.
+SCHEMA = {"a": {"min": 0, "max": 1}, "b": {"min": -3, "max": 3}, "c": {"min": 0, "max": 9}, "y": {"categories": [0, 1]}}
+
+
+def public_frame(rows: int = 240, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
     frame = pd.DataFrame({"a": rng.uniform(0, 1, rows).round(4), "b": rng.normal(0, 1, rows).clip(-3, 3).round(4),
                           "c": rng.integers(0, 10, rows)})
     frame["y"] = (frame["a"] + 0.3 * frame["b"] > 0.5).astype(int)
-    schema = {"a": {"min": 0, "max": 1}, "b": {"min": -3, "max": 3}, "c": {"min": 0, "max": 9}, "y": {"categories": [0, 1]}}
-    return TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=num_teachers,
-                             teacher_batch_size=8, batch_size=32, test_fraction=0.0)
+    return frame
 
 
-def build(kind: str, **options):
-    """``(model, datamodule)`` of a small ``kind`` model; ``options`` override model arguments."""
+def public_table(num_teachers: int = 0, rows: int = 240, test_fraction: float = 0.0, frame: pd.DataFrame | None = None) -> TabularDataModule:
+    frame = public_frame(rows) if frame is None else frame
+    return TabularDataModule(frame=frame, label="y", schema=SCHEMA, class_ratio=[0.5, 0.5], num_teachers=num_teachers,
+                             teacher_batch_size=8, batch_size=32, test_fraction=test_fraction)
+
+
+def build(kind: str, *, rows: int = 240, test_fraction: float = 0.0, **options):
+    """``(model, datamodule)`` of a small ``kind`` model on :func:`public_table` (``rows``, ``test_fraction``);
+    ``options`` override model arguments."""
     if kind == "gan":
-        dm = public_table()
+        dm = public_table(rows=rows, test_fraction=test_fraction)
         return GAN(dm.spec, z_dim=8, hidden=HIDDEN, **options), dm
     if kind == "gpate":
-        dm = public_table(num_teachers=12)
+        dm = public_table(num_teachers=12, rows=rows, test_fraction=test_fraction)
         kw = dict(epsilon=50.0, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                   threshold_fraction=0.3, hidden=HIDDEN, teacher_hidden=(8,), z_dim=8, target_scale=1e3)
         return GPATE(dm.spec, **{**kw, **options}), dm
     if kind == "pategan":
-        dm = public_table(num_teachers=6)
+        dm = public_table(num_teachers=6, rows=rows, test_fraction=test_fraction)
         kw = dict(epsilon=10.0, lam=0.05, teacher_steps=1, student_steps=1, query_batch_size=16, z_dim=8,
                   generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8])
         return PATEGAN(dm.spec, **{**kw, **options}), dm
     if kind == "dpgan":
-        dm = public_table()
+        dm = public_table(rows=rows, test_fraction=test_fraction)
         kw = dict(epsilon=50.0, delta=1e-5, sampling_rate=32 / 240, noise_multiplier=1.0, d_steps=2, z_dim=8, generator_hidden=HIDDEN,
                   discriminator_hidden=(8,))
         return DPGAN(dm.spec, **{**kw, **options}), dm
     if kind == "gswgan":
-        dm = public_table(num_teachers=5)
+        dm = public_table(num_teachers=5, rows=rows, test_fraction=test_fraction)
         kw = dict(epsilon=1e4, delta=1e-5, noise_multiplier=4.0, generator_batch_size=8, z_dim=8,
                   generator_hidden=HIDDEN, discriminator_hidden=(8,), critic_steps=2)
         return GSWGAN(dm.spec, **{**kw, **options}), dm
+    if kind == MARGINAL:
+        dm = public_table(rows=rows, test_fraction=test_fraction)
+        return MarginalTree(dm.spec, **{**dict(epsilon=5.0, delta=1e-5), **options}), dm
     raise ValueError(kind)
 
 

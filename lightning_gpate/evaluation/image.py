@@ -11,8 +11,10 @@
   training split (IS from its softmax, FID from its penultimate features), as G-PATE and GS-WGAN do;
   for RGB images Inception-v3, only when its weights are available locally.
 
-The feature network reads the real training split; like every evaluation figure its numbers are for
-the data owner and are not covered by a model's privacy guarantee.
+The feature network reads real data: the training split (the papers' setting, and the default for
+non-private models) or, for private models, a held-out split (:func:`~lightning_gpate.evaluation.report.feature_split_of`):
+a network trained on the private training split makes every IS/FID a function of it without noise.
+Held-out splits are the evaluator's data, not covered by the model's ε.
 """
 
 from __future__ import annotations
@@ -356,8 +358,14 @@ class ImageQualityEvaluator:
     the data: a classifier trained on the real training split (grey images) or Inception-v3 (RGB).
 
     Args:
-        train: the real training split ``(images in [-1, 1], labels)`` (trains the feature classifier).
+        train: the real split ``(images in [-1, 1], labels)`` that trains the feature classifier (the
+            training split in the papers; a held-out split for private models).
         reference: the real split generated images are compared with (FID) — normally the test split.
+        feature_split: the name of ``train``'s split, for the baseline's name
+            (``fid_real_<feature_split>_vs_reference``).
+        same_split: ``train`` is the reference split itself: the baseline then holds only the IS of
+            real data (an FID of a split against itself, and the accuracy of a classifier on its own
+            training data, say nothing).
         num_classes: classes of the labels.
         feature_net: ``"auto"`` (classifier for 1 channel, Inception for 3), ``"classifier"`` or ``"inception"``.
         inception_weights: path of torchvision Inception-v3 weights (default: the torch hub cache).
@@ -380,6 +388,8 @@ class ImageQualityEvaluator:
         seed: int = 0,
         cache_dir: str | None = None,
         splits: int = 10,
+        feature_split: str = "train",
+        same_split: bool = False,
     ) -> None:
         if feature_net not in ("auto", "classifier", "inception"):
             raise ValueError(f"feature_net must be 'auto', 'classifier' or 'inception', got {feature_net!r}")
@@ -391,12 +401,14 @@ class ImageQualityEvaluator:
         if feature_net == "classifier":
             net, acc = feature_classifier(train, reference, num_classes=num_classes, epochs=epochs, seed=seed, cache_dir=cache_dir)
             self.features, self.logits = ClassifierFeatures(net), ClassifierLogits(net)
-            self.baseline["feature_net_test_accuracy"] = acc
+            if not same_split:
+                self.baseline["feature_net_test_accuracy"] = acc
         else:
             weights = find_inception_weights(inception_weights)
             self.features = TorchvisionInception(weights, "features")
             self.logits = TorchvisionInception(weights, "logits")
-        self._train_images = train[0]
+        self._train_images = None if same_split else train[0]
+        self.feature_split = feature_split
 
     def to(self, device: str | torch.device) -> "ImageQualityEvaluator":
         self.features.to(device)
@@ -410,11 +422,14 @@ class ImageQualityEvaluator:
             return {"inception_score": mean, "inception_score_std": std, "fid": frechet_distance(self.features, self.reference, images)}
 
     def real_baseline(self) -> dict[str, float]:
-        """What real data scores: IS of the reference split, FID of the real training split vs the
-        reference (≈ 0 up to sampling noise), and the feature classifier's test accuracy."""
+        """What real data scores: IS of the reference split, FID of the feature classifier's split vs
+        the reference (``fid_real_<feature_split>_vs_reference``, ≈ 0 up to sampling noise), and the
+        feature classifier's accuracy on the reference (both only when it trained on another split)."""
         if "inception_score_real" not in self.baseline:
             with small_image_threads(self.reference):
                 mean, _ = inception_score(self.logits, self.reference, splits=self.splits, seed=self.seed)
                 self.baseline["inception_score_real"] = mean
-                self.baseline["fid_real_train_vs_reference"] = frechet_distance(self.features, self.reference, self._train_images)
+                if self._train_images is not None:
+                    self.baseline[f"fid_real_{self.feature_split}_vs_reference"] = frechet_distance(
+                        self.features, self.reference, self._train_images)
         return dict(self.baseline)

@@ -3,6 +3,14 @@
 One place for what the callbacks (:class:`callbacks.DownstreamUtility`, :class:`callbacks.ImageQuality`),
 ``lightning-gpate evaluate`` and the Python API compute, so a finished run and a live run get the same
 report. Metric names in MLflow: ``utility/<name>`` (downstream utility) and ``quality/<name>`` (IS/FID).
+
+What a private model's evaluation may log by default is decided here too (:func:`is_private`,
+:func:`real_baselines_allowed`, :func:`uses_training_split`): nothing computed from the real **training**
+split without noise (Setting A, the A/B and A/C ranking agreements, a feature network trained on
+it, the training split's size). Those are the data owner's diagnostics: computed only on request and
+then logged under ``private/`` (:data:`PRIVATE_PREFIX`). Evaluation against the held-out real splits
+(validation, test) is not covered by the model's ε either: the DataModule holds those records out of
+training, so the ε is about the training split only, and the held-out splits are the evaluator's data.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -20,6 +28,51 @@ from lightning_gpate.evaluation.tabular import SETTINGS, evaluate_tabular
 
 UTILITY_PREFIX = "utility/"
 QUALITY_PREFIX = "quality/"
+#: Prefix of evaluation figures of a private model computed from its real training split without noise.
+PRIVATE_PREFIX = "private/"
+
+
+def is_private(model) -> bool:
+    """Whether ``model`` is a private generator (it holds a privacy accountant)."""
+    return getattr(model, "accountant", None) is not None
+
+
+def real_baselines_allowed(model, requested: bool | None = None) -> bool:
+    """Whether evaluation may compute figures from the real training split without noise (Setting A,
+    ranking agreements with A, a feature network trained on it).
+
+    ``requested``: an explicit choice; ``None`` (default): always for a non-private model, for a
+    private one only when it logs private diagnostics (``log_private_diagnostics: true``).
+    """
+    if requested is not None:
+        return bool(requested)
+    return not is_private(model) or bool(getattr(model, "log_private_diagnostics", False))
+
+
+def uses_training_split(name: str) -> bool:
+    """Whether a metric of the tabular report (:func:`evaluate_tabular`) is computed from the real
+    training split: Setting A (real→real) and every ranking agreement with it."""
+    return name.startswith("A/") or name.startswith("ranking_agreement_A")
+
+
+def split_private(model, metrics: Mapping[str, float], private: Callable[[str], bool]) -> tuple[dict[str, float], dict[str, float]]:
+    """``metrics`` as ``(public, private)``: for a private model, the names ``private`` picks go to the
+    second dict (to be logged under :data:`PRIVATE_PREFIX`); a non-private model keeps everything public."""
+    if not is_private(model):
+        return dict(metrics), {}
+    return ({k: v for k, v in metrics.items() if not private(k)}, {k: v for k, v in metrics.items() if private(k)})
+
+
+def default_num_samples(model, datamodule) -> int:
+    """Generated rows/images of an evaluation when none is given: as many as the real training split
+    for a non-private model (the papers' setting); for a private model the size of the real test
+    split, because the training split's size is a private count (it would be logged as
+    ``num_synthetic``/``cnn_num_train``)."""
+    split = "test" if is_private(model) else "train"
+    n = len(datamodule.model_space(split)[1])
+    if n == 0:
+        raise ValueError(f"the DataModule has an empty {split} split: pass num_samples")
+    return n
 
 
 def synthetic_table(model, num_samples: int, *, seed: int | None = 0) -> pd.DataFrame:
@@ -41,13 +94,12 @@ def tabular_utility(
     reference: str = "test",
     reuse: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, float], pd.DataFrame]:
-    """:func:`evaluate_tabular` of ``num_samples`` generated rows (default: as many as the real
-    training split) against the DataModule's real train/test splits. Returns the metrics and the
-    synthetic table."""
+    """:func:`evaluate_tabular` of ``num_samples`` generated rows (default: :func:`default_num_samples`)
+    against the DataModule's real train/test splits. Returns the metrics and the synthetic table."""
     train, test = datamodule.split_frame("train"), datamodule.split_frame("test")
     if len(test) == 0:
         raise ValueError("the DataModule has an empty test split: set data.test_fraction > 0 to evaluate")
-    synthetic = synthetic_table(model, num_samples or len(train), seed=seed)
+    synthetic = synthetic_table(model, num_samples or default_num_samples(model, datamodule), seed=seed)
     label = model.data_spec["label"]["name"]
     metrics = evaluate_tabular(train, test, synthetic, label=label, classifiers=classifiers, settings=settings,
                                seed=seed, reference=reference, reuse=reuse)
@@ -65,7 +117,8 @@ def image_utility(
     seed: int = 0,
 ) -> dict[str, float]:
     """CNN accuracy (see :func:`lightning_gpate.evaluation.image.cnn_utility`) of ``num_samples``
-    generated images (default: as many as the real training split) on the real test split.
+    generated images (default: :func:`default_num_samples`) on the real test split. The CNN trains on
+    generated images only.
 
     Args:
         val_source: ``"synthetic"`` (hold out 10% of the generated images) or ``"real_val"`` (the
@@ -75,24 +128,44 @@ def image_utility(
 
     if val_source not in ("synthetic", "real_val"):
         raise ValueError(f"val_source must be 'synthetic' or 'real_val', got {val_source!r}")
-    train_y = datamodule.model_space("train")[1]
     test = datamodule.model_space("test")
     val = datamodule.model_space("val") if val_source == "real_val" else None
     if val is not None and len(val[1]) == 0:
         raise ValueError("val_source='real_val' needs a validation split: set data.val_fraction > 0")
-    synthetic = model.generate(num_samples or len(train_y), seed=seed)
+    synthetic = model.generate(num_samples or default_num_samples(model, datamodule), seed=seed)
     return cnn_utility(synthetic, test, num_classes=model.num_classes, val=val, epochs=epochs, seed=seed, device=model.device)
 
 
-def image_quality_evaluator(datamodule, num_classes: int, *, reference: str = "test", **kwargs):
-    """The IS/FID evaluator of a DataModule: feature classifier on its real train split, FID against
-    its ``reference`` split (see :class:`lightning_gpate.evaluation.image.ImageQualityEvaluator`)."""
+FEATURE_SPLITS = ("train", "val", "test")
+
+
+def feature_split_of(model, datamodule, requested: str | None = None, *, reference: str = "test") -> str:
+    """The real split the IS/FID feature classifier trains on: ``requested``, else ``train`` for a
+    non-private model (as G-PATE and GS-WGAN do) and a held-out split for a private one (``val``
+    when it holds at least 100 images, else ``reference``): a network trained on the private training
+    split would make every IS/FID a function of it without noise."""
+    if requested is not None:
+        if requested not in FEATURE_SPLITS:
+            raise ValueError(f"feature_split must be one of {FEATURE_SPLITS}, got {requested!r}")
+        return requested
+    if not is_private(model):
+        return "train"
+    return "val" if len(datamodule.model_space("val")[1]) >= 100 else reference
+
+
+def image_quality_evaluator(datamodule, num_classes: int, *, reference: str = "test", feature_split: str = "train", **kwargs):
+    """The IS/FID evaluator of a DataModule: feature classifier on its real ``feature_split``, FID
+    against its ``reference`` split (see :class:`lightning_gpate.evaluation.image.ImageQualityEvaluator`)."""
     from lightning_gpate.evaluation.image import ImageQualityEvaluator
 
     ref = datamodule.model_space(reference)
     if len(ref[1]) < 2:
         raise ValueError(f"the real {reference} split has {len(ref[1])} images: FID needs at least 2")
-    return ImageQualityEvaluator(datamodule.model_space("train"), ref, num_classes=num_classes, **kwargs)
+    features = datamodule.model_space(feature_split)
+    if len(features[1]) == 0:
+        raise ValueError(f"the real {feature_split} split is empty: the IS/FID feature classifier cannot train on it")
+    return ImageQualityEvaluator(features, ref, num_classes=num_classes, feature_split=feature_split,
+                                 same_split=feature_split == reference, **kwargs)
 
 
 def generated_images(model, num_samples: int, *, seed: int = 0, batch_size: int = 500) -> torch.Tensor:

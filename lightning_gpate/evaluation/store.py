@@ -14,8 +14,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from lightning_gpate.evaluation.report import (
-    QUALITY_PREFIX, UTILITY_PREFIX, generated_images, image_quality_evaluator, image_utility, log_files, log_metrics,
-    tabular_utility, write_report,
+    PRIVATE_PREFIX, QUALITY_PREFIX, UTILITY_PREFIX, feature_split_of, generated_images, image_quality_evaluator, image_utility,
+    is_private, log_files, log_metrics, real_baselines_allowed, split_private, tabular_utility, uses_training_split, write_report,
 )
 from lightning_gpate.evaluation.tabular import SETTINGS
 
@@ -107,8 +107,16 @@ def evaluate_generator(
     inception_weights: str | None = None,
     feature_epochs: int | None = None,
     tag: str = "evaluate",
+    real_baselines: bool | None = None,
+    feature_split: str | None = None,
 ) -> tuple[dict[str, float], list[Path], list[str]]:
     """The report the callbacks log during a fit, for a finished model.
+
+    A private model's report follows the callbacks' rules (:mod:`lightning_gpate.evaluation.report`):
+    Setting A and the ranking agreements with it only with ``real_baselines`` (default: the model's
+    ``log_private_diagnostics``), named ``private/utility/...``; the IS/FID feature classifier on a
+    held-out split unless ``feature_split`` says otherwise (``train``: every ``quality/`` figure
+    becomes ``private/quality/``).
 
     Returns:
         ``(metrics, files, notes)``: metrics named as in MLflow (``utility/...``, ``quality/...``),
@@ -121,26 +129,32 @@ def evaluate_generator(
     files: list[Path] = []
     notes: list[str] = []
     kind = model.data_spec["kind"]
+    allowed = real_baselines_allowed(model, real_baselines)
     if utility:
         if kind == "tabular":
-            result, synthetic = tabular_utility(model, datamodule, num_samples=num_samples, seed=seed,
-                                                classifiers=classifiers, settings=settings)
+            result, synthetic = tabular_utility(model, datamodule, num_samples=num_samples, seed=seed, classifiers=classifiers,
+                                                settings=[s for s in settings if allowed or s.upper() != "A"])
             if figures:
                 from lightning_gpate.evaluation.plots import tabular_figures
 
                 files += tabular_figures(datamodule.split_frame("test"), synthetic, out_dir, tag=tag)
+            result, private = split_private(model, result, uses_training_split)
         else:
-            result = image_utility(model, datamodule, num_samples=num_samples, epochs=cnn_epochs, val_source=val_source, seed=seed)
+            result, private = image_utility(model, datamodule, num_samples=num_samples, epochs=cnn_epochs,
+                                            val_source=val_source, seed=seed), {}
         metrics.update({f"{UTILITY_PREFIX}{k}": v for k, v in result.items()})
+        metrics.update({f"{PRIVATE_PREFIX}{UTILITY_PREFIX}{k}": v for k, v in private.items()})
     if quality and kind == "image":
+        split = feature_split_of(model, datamodule, feature_split)
+        prefix = PRIVATE_PREFIX + QUALITY_PREFIX if is_private(model) and split == "train" else QUALITY_PREFIX
         try:
-            evaluator = image_quality_evaluator(datamodule, model.num_classes, feature_net=feature_net,
+            evaluator = image_quality_evaluator(datamodule, model.num_classes, feature_net=feature_net, feature_split=split,
                                                 inception_weights=inception_weights, epochs=feature_epochs, seed=seed)
         except FeatureNetUnavailable as err:
             notes.append(str(err))
         else:
             scores = {**evaluator.real_baseline(), **evaluator.score(generated_images(model, num_samples or len(evaluator.reference), seed=seed))}
-            metrics.update({f"{QUALITY_PREFIX}{k}": v for k, v in scores.items()})
+            metrics.update({f"{prefix}{k}": v for k, v in scores.items()})
     files.append(write_report(metrics, out_dir / f"report_{tag}.json", notes=notes))
     return metrics, files, notes
 
@@ -245,7 +259,7 @@ def runs_table(experiment: str, *, tracking_uri: str | None = None) -> pd.DataFr
             "delta": _as_float(p.get("privacy/delta", p.get("delta"))),
             "guarantee": t.get("privacy_guarantee", "-" if eps is None else "?"),
         }
-        row.update({name: m.get(key, float("nan")) for name, key in COMPARE_METRICS.items()})
+        row.update({name: m.get(key, m.get("private/" + key, float("nan"))) for name, key in COMPARE_METRICS.items()})
         row.update({"steps": int(steps) if steps is not None else None, "wall": _fmt_seconds(wall), "status": run.info.status})
         rows.append(row)
     table = pd.DataFrame(rows)

@@ -359,6 +359,23 @@ class PrivateGenerativeModel(GenerativeModel):
         self.ensure_budget_left()
         self._generator_steps_at_start = self.trainer.global_step
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Resume with the data spec the checkpoint's run released: metadata estimated with DP (bounds,
+        class ratio) is paid once, and the accountant restored from the checkpoint holds that payment
+        only. This model was built from the DataModule's fresh estimate, which is dropped here, and the
+        DataModule reloads its data with the released metadata, before any batch is drawn."""
+        super().on_load_checkpoint(checkpoint)
+        saved = (checkpoint.get("hyper_parameters") or {}).get("data_spec")
+        if saved is None or not (saved.get("metadata_cost") or self.data_spec.get("metadata_cost")):
+            return
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None and hasattr(datamodule, "adopt_released_spec"):
+            datamodule.adopt_released_spec(saved)
+        self.data_spec = release_spec(saved, warn=False)
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            if "data_spec" in hparams:
+                hparams["data_spec"] = self.data_spec
+
     def check_resume(self, checkpoint: dict[str, Any], path: str) -> None:
         """Also refuse a checkpoint whose budget is spent, before a run starts (training would refuse
         it anyway at ``on_train_start``). Loads the checkpoint's accountant into this model, as the
