@@ -22,7 +22,7 @@ def _same(a: dict, b: dict) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("kind", small_models.PRIVATE)
+@pytest.mark.parametrize("kind", [*small_models.PRIVATE, small_models.MARGINAL])
 def test_two_fits_with_the_same_public_seed_give_different_generators(kind):
     first, second = _trained_generator(kind), _trained_generator(kind)
     assert not _same(first, second), f"{kind}: the mechanism's randomness followed seed_everything"

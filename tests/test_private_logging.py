@@ -20,6 +20,7 @@ RELEASED = {
     "pategan": {"g_loss", "s_loss", "noisy_real_fraction"},
     "dpgan": {"g_loss", "epsilon_opacus"},
     "gswgan": set(),
+    "marginal": set(),
 }
 #: ε a default run may log: the guarantee, and a paper-style analysis only when it is data-independent.
 RELEASED_EPSILONS = {"epsilon", "epsilon_final"}
@@ -45,7 +46,7 @@ def _metrics(kind: str, experiment: str, **options) -> set[str]:
     return set(_run(kind, experiment, **options)[0].data.metrics)
 
 
-@pytest.mark.parametrize("kind", small_models.PRIVATE)
+@pytest.mark.parametrize("kind", [*small_models.PRIVATE, small_models.MARGINAL])
 def test_a_default_run_logs_only_released_or_noised_quantities(kind):
     logged = _metrics(kind, f"default-{kind}")
     assert logged <= RELEASED[kind] | RELEASED_EPSILONS | DATA_INDEPENDENT_PAPER.get(kind, set()) | {"epoch"}, \
