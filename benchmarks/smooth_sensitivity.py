@@ -1,37 +1,50 @@
 """Smooth-sensitivity release vs the data-independent and raw data-dependent ε on the votes of a real
 G-PATE run (Papernot et al. 2018, Section 4; issue 15).
 
-Two stages:
+Stages:
 
-``train``: G-PATE on real MNIST digits (``mnist_15k.csv.gz``), accounting with the paper's analysis
-and an unlimited budget so the run has the requested length; every step's vote histograms and
-answered flags are recorded to a PRIVATE local file (``--votes``, default under the system's temp
-folder, outside the repository; never logged: the run has no logger). The votes are a function of
-the private data: keep the file private and delete it when done.
+``train``: G-PATE on real MNIST digits (``mnist_15k.csv.gz``; ``--data digits``: sklearn's 8x8
+digits, CPU quick), accounting with the paper's analysis and an unlimited budget so the run has the
+requested length; every step's vote histograms and answered flags are recorded to a PRIVATE local
+file (``--votes``, default under the system's temp folder, outside the repository; never logged: the
+run has no logger). The votes are a function of the private data: keep the file private and delete
+it when done. ``--warmup`` (free teacher steps before the first vote) and ``--own-label-votes``
+make the teachers agree more.
 
-``analyze``: from that file, for each target ε: the steps that fit under
+``analyze``: from that file, per step count and per target ε: the ε of
 
 * the data-independent bound, worst case (every query answered: what the stop rule reserves) and
   with the recorded answered flags (both real guarantees),
 * the raw data-dependent ε of the paper (NOT releasable: shown for comparison only),
-* the smooth-sensitivity release (the ε a run of T steps would publish: GNSS noise at its median,
-  at +1 and +2 standard deviations), with (λ, β, σ_ss) from the data-independent default rule and
-  from the plan's choice (``lightning_gpate.planning``; on these private votes that choice is for
-  the benchmark only: a real run fixes it before training, from public data);
+* the smooth-sensitivity release (what a run of T steps would publish): its noise scale, its ε at
+  the median of the noise, mean ± sd over the noise, and three actual draws (OS-seeded mechanism
+  generator), with (λ, β, σ_ss) from the data-independent default rule and from the plan's choice
+  (``lightning_gpate.planning``; on these private votes that choice is for the benchmark only: a
+  real run fixes it before training, from public data);
 
-and the ε of each at the recorded run's length, with one actual release (noise from the OS-seeded
-mechanism generator). Steps beyond the recorded run are extrapolated from its mean step (marked).
-The table goes to ``benchmarks/results/smooth_sensitivity_<tag>.md``.
+and the steps each allows at the target (smooth sensitivity at +0, +1, +2 noise standard
+deviations: a release allowed with ~50/84/98% chance), with the ratio to the data-independent stop
+rule. Steps beyond the recorded run are extrapolated from its mean step (marked ``*``). The table
+goes to ``benchmarks/results/smooth_sensitivity_<tag>.md``, the raw values to ``.json`` beside it.
 
-CPU (what the committed table used; about 1 h on 2 shared cores)::
+``rescale``: an ESTIMATE for another teacher count: the recorded vote shares scaled to ``--teachers``
+with other noise scales (answered flags redrawn). Not a run: teachers with less data agree less.
 
-    python benchmarks/smooth_sensitivity.py train --teachers 300 --steps 200 --threads 2
-    python benchmarks/smooth_sensitivity.py analyze --tag cpu_300teachers
+CPU (the committed tables; ~50 min of recording on 2 shared cores, 1 torch thread)::
 
-GPU, the paper's ε = 10 MNIST setting (2000 teachers, σ1 = 600, σ2 = 100, batch 30 per teacher)::
+    python benchmarks/smooth_sensitivity.py train --teachers 300 --steps 180 --warmup 100 --threads 1 \
+        --votes /tmp/private/mnist15k_300.npz
+    python benchmarks/smooth_sensitivity.py analyze --votes /tmp/private/mnist15k_300.npz --tag mnist15k_cpu
+    python benchmarks/smooth_sensitivity.py train --data digits --teachers 140 --teacher-batch 10 --fake-batch 10 \
+        --steps 300 --warmup 200 --chunk 140 --threads 1 --votes /tmp/private/digits_140.npz
+    python benchmarks/smooth_sensitivity.py analyze --votes /tmp/private/digits_140.npz --tag digits_cpu \
+        --dataset-label "sklearn's 8x8 digits (1,797 images, CPU quick)"
 
-    python benchmarks/smooth_sensitivity.py train --device cuda --teachers 2000 --sigma-scale 1 --steps 2000 \\
-        --teacher-batch 7 --fake-batch 32
+GPU, the paper's ε = 10 MNIST setting (2000 teachers, σ1 = 600, σ2 = 100, batch 30 per teacher on
+the full 60k MNIST; ``mnist_15k`` gives 7 per teacher)::
+
+    python benchmarks/smooth_sensitivity.py train --device cuda --teachers 2000 --sigma-scale 1 --steps 2000 \
+        --teacher-batch 7 --fake-batch 32 --warmup 200 --chunk 500
     python benchmarks/smooth_sensitivity.py analyze --tag gpu_2000teachers
 """
 
@@ -116,6 +129,35 @@ def train(args) -> None:
     print(f"recorded {len(votes)} steps of {votes[0].shape[0]} queries to {args.votes} (PRIVATE: do not share or commit)")
 
 
+def rescale(args) -> None:
+    """An ESTIMATE for a larger teacher count: the recorded vote shares at ``--teachers`` teachers with
+    other noise scales. Every histogram is scaled by n'/n (rounded; the top bin absorbs the rounding
+    so that each still sums to at most n'), and the answered flags are redrawn with the threshold
+    check's probability under the new sigma1 (a seeded generator: these are synthetic votes). What
+    it does not capture: teachers with less data each agree less, and a generator trained with other
+    noise sees other fakes."""
+    from scipy.stats import norm
+
+    data = np.load(args.votes)
+    n = int(data["num_teachers"])
+    votes = data["votes"].astype(np.float64) * (args.teachers / n)
+    scaled = np.floor(votes)
+    top = votes.argmax(-1)
+    np.put_along_axis(scaled, top[..., None], np.take_along_axis(scaled, top[..., None], -1)
+                      + np.round(votes.sum(-1) - scaled.sum(-1))[..., None], -1)
+    threshold = float(data["threshold"]) / n * args.teachers
+    p_answer = norm.sf((threshold - scaled.max(-1)) / args.sigma1)
+    answered = np.random.default_rng(args.seed).random(p_answer.shape) < p_answer
+    fields = {k: data[k] for k in data.files}
+    fields.update(votes=scaled.astype(np.int32), answered=answered, num_teachers=args.teachers, threshold=threshold,
+                  sigma_threshold=args.sigma1, sigma_gnmax=args.sigma2,
+                  setting=f"ESTIMATE: the recorded vote shares of {n} teachers ({data['setting']}) rescaled to "
+                          f"{args.teachers} teachers, answered flags redrawn with sigma1 = {args.sigma1:g}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, **fields)
+    print(f"wrote {args.out}: {answered.mean():.1%} answered (recorded: {float(np.mean(data['answered'])):.1%})")
+
+
 def _events(data) -> list[ConfidentGNMaxEvent]:
     t, s1, s2 = float(data["threshold"]), float(data["sigma_threshold"]), float(data["sigma_gnmax"])
     return [ConfidentGNMaxEvent(v.astype(np.int64), a, t, s1, s2) for v, a in zip(data["votes"], data["answered"])]
@@ -157,7 +199,7 @@ def analyze(args) -> None:
     from lightning_gpate.privacy.randomness import mechanism_generator
 
     data = np.load(args.votes)
-    events = _events(data)
+    events = _events(data)[: args.steps_limit]  # the first steps only (large teacher counts: the walks cost)
     n_steps, n_queries = len(events), events[0].votes.shape[0]
     num_teachers = int(data["num_teachers"])
     model = _Model(data)
@@ -193,7 +235,7 @@ def analyze(args) -> None:
     z_stats = stats_rng.standard_normal(4000)
     marks = sorted({t for t in (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500) if t <= n_steps} | {n_steps})
     setting = str(data["setting"]) if "setting" in data else ""
-    answered = float(np.mean(data["answered"]))
+    answered = float(np.mean(data["answered"][:n_steps]))
     report = {"dataset": args.dataset_label, "num_teachers": num_teachers, "threshold": float(data["threshold"]),
               "sigma_threshold": float(data["sigma_threshold"]), "sigma_gnmax": float(data["sigma_gnmax"]),
               "queries_per_step": int(n_queries), "recorded_steps": n_steps, "answered_fraction": answered,
@@ -223,7 +265,9 @@ def analyze(args) -> None:
              "these private votes: for the benchmark only; a real run fixes it from public data with "
              "`lightning-gpate plan`).", "",
              "Steps allowed: the largest run length whose epsilon fits the target (`*`: beyond the recorded run, "
-             "extrapolated from its mean step). A release is refused when its epsilon exceeds the target, so the "
+             "extrapolated from its mean step). A smooth-sensitivity run reports the released epsilon or, where "
+             "smaller, the data-independent bound of everything it released (the GNSS release included); its "
+             "release is refused when that exceeds the target, so the "
              "smooth-sensitivity lengths at Z = 0, +1, +2 are those at which a release would be allowed with "
              "about 50%, 84% and 98% chance.", ""]
     for target in args.targets:
@@ -270,8 +314,13 @@ def analyze(args) -> None:
         t, x = _steps(lambda t: eps(curve_at(prefix_dd, t)) <= target, n_steps)
         rows.append(("data-dependent, raw (paper)", t, x, "NOT releasable"))
         for name, params in choices:
+            gnss = params.rdp_curve(orders)
+
+            def in_force(t, z):  # what the run reports: the release or, if smaller, the data-independent bound
+                return min(_release_epsilon(*at(paths[name], t), params, z, delta)[0], eps(curve_at(prefix_ind, t) + gnss))
+
             for z, q in ((0.0, "50%"), (1.0, "84%"), (2.0, "98%")):
-                t, x = _steps(lambda t: _release_epsilon(*at(paths[name], t), params, z, delta)[0] <= target, n_steps)
+                t, x = _steps(lambda t: in_force(t, z) <= target, n_steps)
                 rows.append((f"smooth sensitivity, {name}, allowed ~{q} (Z = {z:+g})", t, x, "released: a guarantee"))
         lines += ["", f"### Steps allowed at epsilon <= {target:g}", "",
                   "| analysis | steps | x data-independent worst case | note |", "|---|---:|---:|---|"]
@@ -321,12 +370,24 @@ def main(argv=None) -> None:
     a.add_argument("--targets", type=float, nargs="+", default=[1.0, 10.0])
     a.add_argument("--tag", default="cpu")
     a.add_argument("--dataset-label", default="`mnist_15k.csv.gz` (28x28 MNIST)", help="how the table names the data")
+    a.add_argument("--steps-limit", type=int, default=None, help="analyse the first N recorded steps only")
     a.add_argument("--note", default="", help="a closing paragraph for the table")
+    r = sub.add_parser("rescale", help="ESTIMATE: the recorded vote shares at another teacher count and noise")
+    r.add_argument("--votes", type=Path, default=DEFAULT_VOTES)
+    r.add_argument("--out", type=Path, required=True, help="output file (outside the repository)")
+    r.add_argument("--teachers", type=int, default=PAPER_TEACHERS)
+    r.add_argument("--sigma1", type=float, default=PAPER_SIGMA1)
+    r.add_argument("--sigma2", type=float, default=PAPER_SIGMA2)
+    r.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.stage == "train":
         if ROOT in args.votes.resolve().parents:
             raise SystemExit("--votes must lie outside the repository: the votes are private")
         train(args)
+    elif args.stage == "rescale":
+        if ROOT in args.out.resolve().parents:
+            raise SystemExit("--out must lie outside the repository: the votes are private")
+        rescale(args)
     else:
         analyze(args)
 
