@@ -155,6 +155,22 @@ def test_a_generator_step_trains_only_the_drawn_discriminator():
         assert int(model.discriminator_adam.steps[k]) == 2 * drawn.count(k)  # its own Adam state
 
 
+def test_the_generator_has_its_own_adam_settings_and_the_paper_shares_one():
+    dm = _table()
+    shared = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    _trainer(0).fit(shared, dm)
+    (g_opt, d_opt) = (o.optimizer for o in shared.optimizers())
+    assert g_opt.param_groups[0]["lr"] == d_opt.param_groups[0]["lr"] == 1e-4  # the paper's: one lr, one betas
+    assert g_opt.param_groups[0]["betas"] == d_opt.param_groups[0]["betas"] == (0.5, 0.9)
+    own = GSWGAN(dm.spec, epsilon=1e4, generator_lr=1e-3, generator_betas=(0.9, 0.999), **SMALL)
+    _trainer(0).fit(own, dm)
+    (g_opt, d_opt) = (o.optimizer for o in own.optimizers())
+    assert (g_opt.param_groups[0]["lr"], g_opt.param_groups[0]["betas"]) == (1e-3, (0.9, 0.999))
+    assert (d_opt.param_groups[0]["lr"], d_opt.param_groups[0]["betas"]) == (1e-4, (0.5, 0.9))
+    with pytest.raises(ValueError, match="generator_lr"):
+        GSWGAN(dm.spec, epsilon=1.0, generator_lr=0.0, **SMALL)
+
+
 # ------------------------------------------------------------------------------------- disjoint subsets
 def test_every_discriminator_only_ever_sees_its_own_subset():
     dm = _table()
