@@ -135,6 +135,8 @@ def _write(stem: Path, results, learned, commit: str, args, runs_of: dict) -> No
     from lightning_gpate.audit import format_table
 
     stem.parent.mkdir(parents=True, exist_ok=True)
+    other = [f"{m}={n}" for m, n in runs_of.items() if n != args.runs]
+    other_runs = f" --runs-of {' '.join(other)}" if other else ""
     header = (
         f"# `lightning-gpate audit` on the worst case\n\n"
         f"D = 4 × (0, 0, 0), target (1, 1, 1) (label = third column; categories and class ratio [0.5, 0.5] declared "
@@ -144,7 +146,7 @@ def _write(stem: Path, results, learned, commit: str, args, runs_of: dict) -> No
         f"{platform.machine()} CPU, {args.jobs} worker processes on a shared 2-core machine (fit time per model is wall "
         f"time inside a worker; the wall time of a row covers the fits of both attacks, which share them).\n\n"
         f"Reproduce: `python benchmarks/audit_worst_case.py --runs {args.runs} --jobs {args.jobs}"
-        f"{''.join(f' --runs-of {m}={n}' for m, n in runs_of.items() if n != args.runs)}` "
+        f"{other_runs}` "
         f"(or one row: `lightning-gpate audit --config configs/audit/gan_worst_case.yaml --dataset worst_case "
         f"--runs {args.runs} --attack querybased --jobs {args.jobs}`).\n\n"
     )
