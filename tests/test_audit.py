@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy.stats import beta
 
 from lightning_gpate.audit import (
@@ -199,3 +200,35 @@ def test_audit_input_errors(tmp_path, capsys):
                            (["--runs", "4", "--dataset", "missing.csv", "--target", "0"], "dataset file not found")):
         assert main(["audit", "--config", config, "--no_progress", *extra]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_every_fit_draws_fresh_mechanism_noise_and_each_private_audit_config_trains(monkeypatch):
+    # The audit must measure each model as deployed: the public seed repeats, the secret noise does not.
+    import lightning_gpate.evaluation.report as report
+    from lightning_gpate.audit.game import fit_once, load_settings
+
+    outputs, table = [], report.synthetic_table
+
+    def recording(model, num_samples, *, seed=0):  # the generator's raw output (before rounding to a table)
+        outputs.append(model.generate(64, seed=seed)[0].detach().clone())
+        return table(model, num_samples, seed=seed)
+
+    monkeypatch.setattr(report, "synthetic_table", recording)
+
+    def twice(name, max_steps=None):  # None: the config's, which the budget cuts short
+        settings = load_settings(ROOT / f"configs/audit/{name}_worst_case.yaml", "worst_case", None, num_rows=50, max_steps=max_steps)
+        outputs.clear()
+        infos = [fit_once(settings, 1, 0, seed=11)[1] for _ in range(2)]
+        return settings, infos, outputs[0], outputs[1]
+
+    # the non-private GAN: its public seed fixes everything, so the same fit gives the same generator twice ...
+    _, _, first, again = twice("gan", max_steps=10)
+    assert torch.equal(first, again)
+    # ... while each private model's changes with its OS-seeded noise; and each trains (at ε=1 on four
+    # rows) until its budget, not the step limit, stops it: the audit measures a trained model
+    for name in ("pategan", "dpgan", "gpate"):
+        settings, [info, _], first, again = twice(name)
+        assert settings.model_args.get("noise_seed") is None and settings.claimed() == (1.0, 1e-5)
+        assert 0.9 < info["epsilon_spent"] <= 1.0 and 0 < info["steps"] < settings.max_steps, (name, info)
+        assert info["stop_reason"].startswith("privacy budget reached"), (name, info)
+        assert not torch.equal(first, again), name

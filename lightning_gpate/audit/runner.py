@@ -96,8 +96,10 @@ def run_audit(
     }
     store = AuditStore(output or default_output(config, dataset, target, num_rows), identity)
     started = time.perf_counter()
-    run_fits(settings, store, identity, runs=runs, seed=seed, jobs=jobs, progress=progress)
-    wall = _add_wall_time(store, time.perf_counter() - started)
+    try:
+        run_fits(settings, store, identity, runs=runs, seed=seed, jobs=jobs, progress=progress)
+    finally:  # an interrupted audit's fits are kept, and so is the time they took
+        wall = _add_wall_time(store, time.perf_counter() - started)
 
     spec = _public_spec(settings)
     featurize = FEATURIZERS[attack]
