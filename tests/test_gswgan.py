@@ -348,7 +348,7 @@ def test_pretraining_stage_is_not_evaluated_as_a_release():
             calls.append(tag)
 
     class FakeTrainer:
-        is_global_zero, global_step = True, 3
+        is_global_zero, global_step, progress_bar_callback = True, 3, None
         loggers = [GPATEMLFlowLogger(experiment_name="probe")]
 
     for stage, expected in (("pretrain", []), ("train", ["x"])):
