@@ -20,6 +20,7 @@ Usage::
 
     python benchmarks/image_utility.py --preset digits --threads 2
     python benchmarks/image_utility.py --preset digits --models gpate gan --eps 10 inf
+    python benchmarks/image_utility.py --device cuda --data mnist15k    # every model and ε, GPU-sized
     # GPU machine (see ../shared/gpu/README.md; carry .gpu):
     source .gpu/env.sh && python benchmarks/image_utility.py --preset mnist15k --device cuda --data-dir .gpu/data
     python benchmarks/image_utility.py --preset digits --table-only   # rebuild table and plot
@@ -269,7 +270,8 @@ def _plot(preset: str, records: list[dict]) -> None:
 # ----------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="digits", choices=sorted(PRESETS))
+    p.add_argument("--preset", "--data", dest="preset", default="digits", choices=sorted(PRESETS),
+                   help="data set and its configs: digits (CPU), mnist5k or mnist15k (GPU)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--eps", nargs="+", default=list(EPSILONS), choices=EPSILONS)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -38,7 +39,7 @@ def _children_cpu_s() -> float:
 def run_once(threads: int, extra: list[str], seed: int) -> dict:
     import mlflow
 
-    from benchmarks.image_utility import logistic_regression_accuracy
+    from image_utility import logistic_regression_accuracy
     from datamodules import ImageDataModule
     from lightning_gpate.models.base import load_generator
 
