@@ -2,7 +2,7 @@
 
 Runs ``lightning-gpate fit --config configs/quickstart.yaml`` exactly as a new user would (the real
 CLI, MLflow, the default evaluation callbacks) in a fresh MLflow store, with ``--threads`` CPU threads,
-then loads the run's final checkpoint, generates 2,000 labelled digits, trains a logistic regression
+then loads the run's release artifact, generates 2,000 labelled digits, trains a logistic regression
 on them and tests it on the real test split of the same DataModule. Writes
 ``benchmarks/results/quickstart.md`` (one line per call appended to ``quickstart.jsonl``).
 
@@ -58,14 +58,13 @@ def run_once(threads: int, extra: list[str], seed: int) -> dict:
         client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
         exp = client.get_experiment_by_name("quickstart")
         run = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])[0]
-        ckpt = run.data.tags["final_checkpoint"]
-        if not os.path.isabs(ckpt):
-            ckpt = os.path.join(tmp, ckpt)
-        import torch
-        import yaml
+        release_path = run.data.tags["release_artifact"]  # what a user samples from (the fit summary prints it)
+        if not os.path.isabs(release_path):
+            release_path = os.path.join(tmp, release_path)
+        from lightning_gpate.release import load_release
 
-        model = load_generator(ckpt)
-        steps = int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
+        model = load_generator(release_path)
+        steps = int(load_release(release_path)["global_step"])
         hp = model.hparams
         data_args = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())["data"]["init_args"]
         dm = ImageDataModule(**{k: v for k, v in data_args.items() if k != "num_teachers"})  # the quickstart's split

@@ -47,8 +47,8 @@ def test_two_processes_finish_with_one_run_and_the_generator_and_epsilon_of_one(
         assert {"utility/cnn_accuracy_final", "quality/inception_score", "quality/fid"} <= set(run.data.metrics)
     assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
     assert run_one.data.tags["stop_reason"] == run_two.data.tags["stop_reason"] == "max_steps=3 reached"
-    g1 = load_generator(run_one.data.tags["release_artifact"]).generator.state_dict()
-    g2 = load_generator(run_two.data.tags["release_artifact"]).generator.state_dict()
+    g1 = load_generator(run_one.data.tags["release_artifact"]).generator_module.state_dict()  # what samples (EMA)
+    g2 = load_generator(run_two.data.tags["release_artifact"]).generator_module.state_dict()
     for name, tensor in g1.items():
         assert torch.allclose(tensor.float(), g2[name].float(), atol=1e-5), name
 
