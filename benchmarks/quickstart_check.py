@@ -38,6 +38,7 @@ def _children_cpu_s() -> float:
 
 def run_once(threads: int, extra: list[str], seed: int) -> dict:
     import mlflow
+    import yaml
 
     from image_utility import logistic_regression_accuracy
     from datamodules import ImageDataModule
