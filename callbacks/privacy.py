@@ -140,7 +140,7 @@ class PrivacyBudget(pl.Callback):
         guarantee = str(pl_module.budget_accounting == "guarantee").lower()
         if pl_module.smooth_sensitivity is not None:
             guarantee = "smooth_sensitivity"
-            log_smooth_sensitivity_release(client, run_id, pl_module, step=trainer.global_step)
+            log_smooth_sensitivity_release(client, run_id, pl_module, step=last_logged_step(trainer))
         client.set_tag(run_id, "privacy_guarantee", guarantee)
         client.log_dict(run_id, released_accountant_state(pl_module), "privacy/accountant.json")
 
@@ -155,6 +155,15 @@ class PrivacyBudget(pl.Callback):
                 or getattr(logger, "_run_id", None) is None or not pl_module.stop_reason):
             return
         logger.experiment.set_tag(logger.run_id, "stop_reason", pl_module.stop_reason)
+
+
+def last_logged_step(trainer) -> int:
+    """The step of the last per-step metric Lightning logged: its loggers count batches
+    (``_batches_that_stepped``), which exceed ``global_step`` when batches step no Lightning optimizer
+    (G-PATE's free teacher warm-up). A final value logged at a smaller step would not be the run's
+    latest value in MLflow."""
+    batches = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "_batches_that_stepped", 0)
+    return max(int(trainer.global_step), int(batches))
 
 
 def log_smooth_sensitivity_release(client, run_id: str, pl_module, *, step: int) -> None:

@@ -97,10 +97,29 @@ def _privacy_lines(pl_module) -> list[str]:
             f"{label.replace('_', '-')} analysis: NOT a guarantee",
             f"the guarantee in force is ε = {acc.epsilon():.4f}",
         ]
+    if getattr(pl_module, "smooth_sensitivity", None) is not None:
+        return _smooth_sensitivity_lines(pl_module, budget, delta)
     lines = [f"ε = {acc.epsilon():.4f} spent of the budget ε = {budget:g} (δ = {delta:g}): an (ε, δ)-DP guarantee"]
     if label != "guarantee" and not math.isclose(acc.epsilon_paper(), acc.epsilon(), rel_tol=1e-6):
         lines.append(f"the paper's {label.replace('_', '-')} analysis gives ε = {acc.epsilon_paper():.4f} (not a guarantee)")
     return lines
+
+
+def _smooth_sensitivity_lines(pl_module, budget: float, delta: float) -> list[str]:
+    """A smooth-sensitivity run: the ε in force (released, or the data-independent bound if the
+    release did not happen), against the target ``epsilon`` and the hard cap."""
+    from callbacks.privacy import released_smooth_sensitivity
+
+    info = released_smooth_sensitivity(pl_module)
+    independent = pl_module.accountant.epsilon()
+    if info is None or info.get("released") is None:
+        return [f"ε = {independent:.4f} (δ = {delta:g}) by the data-independent bound (hard cap "
+                f"{pl_module.epsilon_hard_cap:g}): an (ε, δ)-DP guarantee; no smooth-sensitivity release was made"]
+    released = info["released"]["epsilon"]
+    return [f"ε = {info['epsilon']:.4f} (δ = {delta:g}) in force, target ε = {budget:g}: an (ε, δ)-DP guarantee "
+            f"({info['epsilon_analysis'].replace('_', '-')})",
+            f"smooth-sensitivity release ε = {released:.4f} (noised); data-independent bound of everything "
+            f"released ε = {independent:.4f} (hard cap {pl_module.epsilon_hard_cap:g})"]
 
 
 def _metric_lines(metrics: dict[str, float]) -> list[str]:

@@ -99,6 +99,30 @@ def test_gpate_release_is_the_noised_data_dependent_rdp_plus_gnss():
     assert state["rdp_paper"] == state["rdp"] and state.get("withheld_analysis") == "data_dependent"
 
 
+def test_final_epsilon_is_the_runs_latest_value_after_a_teacher_warmup():
+    # warm-up batches step no Lightning optimizer: the logger's step runs ahead of global_step, and the
+    # released ε must still be the run's `epsilon` in MLflow (its latest value), and the summary's
+    from callbacks.summary import FitSummary
+
+    dm = table()
+    model = GPATE(dm.spec, epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, teacher_warmup_steps=3, **GPATE_SMALL)
+    t = trainer(2, logger=GPATEMLFlowLogger(experiment_name="ss-warmup"), log_every_n_steps=1)
+    t.fit(model, dm)
+    assert t.fit_loop.epoch_loop._batches_that_stepped > t.global_step == 2
+    final, analysis = model.released_epsilon()
+    run, client = query_run("ss-warmup")
+    history = client.get_metric_history(run.info.run_id, "epsilon")
+    (release,) = client.get_metric_history(run.info.run_id, "epsilon_smooth_sensitivity")
+    # the final values are logged at the last step: MLflow shows a run's value at its largest step
+    assert release.step == max(m.step for m in history) >= 4
+    assert run.data.metrics["epsilon"] == pytest.approx(final)
+    text = FitSummary().text(t, model)
+    assert f"ε = {final:.4f} (δ = 1e-05) in force, target ε = 1000" in text
+    assert f"smooth-sensitivity release ε = {model.smooth_sensitivity.released.epsilon:.4f}" in text
+    assert f"data-independent bound of everything released ε = {model.accountant.epsilon():.4f}" in text
+
+
 def test_release_refused_when_the_released_epsilon_exceeds_the_target(capsys):
     dm = table()
     model = GPATE(dm.spec, epsilon=0.05, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
