@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         record = run_once(a.threads, a.extra, seed)
         print(json.dumps(record), flush=True)
         if "error" not in record:
-            print(f"seed {seed}: wall {record['wall_s']:.0f} s (CPU {record['cpu_s']:.0f} s, {threads} threads), "
+            print(f"seed {seed}: wall {record['wall_s']:.0f} s (CPU {record['cpu_s']:.0f} s, {a.threads} threads), "
                   f"{record['steps']} steps, epsilon {record['epsilon']:.3f} ({record['budget_accounting']}), "
                   f"LogReg on 2,000 samples {record['logreg_2000']:.3f}", flush=True)
         with open(RESULTS / "quickstart.jsonl", "a") as fh:
