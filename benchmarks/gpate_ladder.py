@@ -42,7 +42,9 @@ def write_table(tag: str) -> Path:
            "Written by `benchmarks/gpate_ladder.py` from `gpate_ladder_" + tag + ".jsonl` (every experiment, in order). "
            "Accuracies on the real test split: logistic regression trained on 2,000 generated images (LogReg) and "
            "the CNN of `cnn_utility` (final epoch / epoch selected on held-out synthetic images). ε is the guarantee "
-           "spent (δ=1e-5); `∞` = noise-free (σ≈0, no budget). Wall time on a shared 2-core machine.", "",
+           "spent (δ=1e-5); `∞` = noise-free (σ≈0, no budget). Wall time on a shared 2-core machine. Changes are "
+           "relative to the base config as it was when the row was added (rows 1–20: the ε=1 quickstart of commit "
+           "f1a5449; the quickstart is now row Q1's settings with an EMA generator, at ε=10).", "",
            "| # | name | changes vs base | steps | ε spent | wall s | LogReg 2k | CNN final | CNN val-sel. | note |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):

@@ -20,6 +20,7 @@ Usage::
 
     python benchmarks/image_utility.py --preset digits --threads 2
     python benchmarks/image_utility.py --preset digits --models gpate gan --eps 10 inf
+    python benchmarks/image_utility.py --device cuda --data mnist15k    # every model and ε, GPU-sized
     # GPU machine (see ../shared/gpu/README.md; carry .gpu):
     source .gpu/env.sh && python benchmarks/image_utility.py --preset mnist15k --device cuda --data-dir .gpu/data
     python benchmarks/image_utility.py --preset digits --table-only   # rebuild table and plot
@@ -62,7 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gpate": {"1": ("configs/gpate_digits_eps1.yaml", {}, {}),
                       "10": ("configs/quickstart.yaml", {}, {}),
                       NOISE_FREE: ("configs/quickstart.yaml", _GPATE_NOISE_FREE, {})},
-            "gpate_topagg": {"1": ("configs/gpate_topagg_digits.yaml", {"epsilon": 1.0}, {}),
+            "gpate_topagg": {"1": ("configs/gpate_topagg_digits.yaml", {"epsilon": 1.0, "sigma_topagg": 1500.0}, {}),
                              "10": ("configs/gpate_topagg_digits.yaml", {"epsilon": 10.0}, {}),
                              NOISE_FREE: ("configs/gpate_topagg_digits.yaml", _GPATE_NOISE_FREE, {})},
             "dpgan": {"1": ("configs/dpgan_digits.yaml", {"epsilon": 1.0}, {}),
@@ -80,13 +81,14 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gpate": {"1": ("configs/gpate_mnist15k_eps1.yaml", {}, {}),
                       "10": ("configs/gpate_mnist15k_eps10.yaml", {}, {}),
                       NOISE_FREE: ("configs/gpate_mnist15k_eps10.yaml", _GPATE_NOISE_FREE, {})},
-            "gpate_topagg": {"1": ("configs/gpate_topagg_mnist15k.yaml", {"epsilon": 1.0}, {}),
+            "gpate_topagg": {"1": ("configs/gpate_topagg_mnist15k.yaml", {"epsilon": 1.0, "sigma_topagg": 4000.0}, {}),
                              "10": ("configs/gpate_topagg_mnist15k.yaml", {"epsilon": 10.0}, {}),
                              NOISE_FREE: ("configs/gpate_topagg_mnist15k.yaml", _GPATE_NOISE_FREE, {})},
-            "dpgan": {"1": ("configs/dpgan_mnist.yaml", {"epsilon": 1.0}, {"val_fraction": 0.0}),
-                      "10": ("configs/dpgan_mnist.yaml", {"epsilon": 10.0}, {"val_fraction": 0.0})},
-            "gswgan": {"1": ("configs/gswgan_mnist.yaml", {"epsilon": 1.0}, {}),
-                       "10": ("configs/gswgan_mnist.yaml", {"epsilon": 10.0}, {})},
+            # DP-GAN keeps its config's 10% validation split: its declared Poisson rate assumes it
+            "dpgan": {"1": ("configs/dpgan_mnist15k.yaml", {"epsilon": 1.0}, {"val_fraction": 0.1}),
+                      "10": ("configs/dpgan_mnist15k.yaml", {"epsilon": 10.0}, {"val_fraction": 0.1})},
+            "gswgan": {"1": ("configs/gswgan_mnist15k.yaml", {"epsilon": 1.0}, {}),
+                       "10": ("configs/gswgan_mnist15k.yaml", {"epsilon": 10.0}, {})},
             "pategan": {"1": ("configs/pategan_mnist.yaml", {"epsilon": 1.0}, {"val_fraction": 0.0}),
                         "10": ("configs/pategan_mnist.yaml", {"epsilon": 10.0}, {"val_fraction": 0.0})},
             "gan": {NOISE_FREE: ("configs/gan_mnist.yaml", {}, {})},
@@ -271,7 +273,8 @@ def _plot(preset: str, records: list[dict]) -> None:
 # ----------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="digits", choices=sorted(PRESETS))
+    p.add_argument("--preset", "--data", dest="preset", default="digits", choices=sorted(PRESETS),
+                   help="data set and its configs: digits (CPU), mnist5k or mnist15k (GPU)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--eps", nargs="+", default=list(EPSILONS), choices=EPSILONS)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

@@ -131,8 +131,8 @@ def test_cli_quickstart_fit_then_sample():
           "--data.num_teachers", "50", "--trainer.enable_progress_bar", "false",
           "--trainer.logger.init_args.experiment_name", "quick"])
     run, client = query_run("quick")
-    assert float(run.data.params["privacy/epsilon_budget"]) == 1.0
-    assert run.data.metrics["epsilon"] <= 1.0
+    assert float(run.data.params["privacy/epsilon_budget"]) == 10.0  # the quickstart's guaranteed budget
+    assert 0 < run.data.metrics["epsilon"] <= 10.0
     assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "20", "--output", "q.npz"]) == 0
     assert np.load("q.npz")["images"].shape == (20, 1, 8, 8)
 
@@ -307,3 +307,26 @@ def test_grouping_fakes_by_label_votes_on_each_labels_mean_direction(public_tabl
     counts = model.accountant.counts
     assert counts["confident_gnmax_events"] == 3
     assert counts["confident_gnmax_queries"] <= 3 * 2 * SMALL["projection_dim"]  # one query set per label, not per fake
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist_15k.csv.gz").is_file(),
+                    reason="needs ../shared/data/mnist_15k.csv.gz")
+@pytest.mark.parametrize("name,epsilon", [("gpate_mnist15k_eps1.yaml", 1.0), ("gpate_mnist15k_eps10.yaml", 10.0),
+                                          ("gpate_topagg_mnist15k.yaml", 10.0)])
+def test_mnist15k_configs_guarantee_their_budget_and_train(name, epsilon):
+    """The GPU configs read the 15k digits without dropping one, pay a guarantee, and their voting options
+    (own-label votes, fakes grouped by label) train and record privacy on a CPU-sized cut (40 teachers)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs" / name).read_text())
+    data = dict(config["data"]["init_args"], path=str(ROOT / config["data"]["init_args"]["path"]), num_teachers=40)
+    dm = ImageDataModule(**data)
+    dm.setup("fit")
+    x_train, _ = dm.model_space("train")
+    x_test, _ = dm.model_space("test")
+    assert len(x_train) + len(x_test) == 15_000 and x_train.shape[1:] == (1, 28, 28)
+    args = dict(config["model"]["init_args"], teacher_warmup_steps=1, teacher_precision="32", noise_seed=0)
+    model = GPATE(dm.spec, **args)
+    assert model.budget_accounting == "guarantee" and model.epsilon_budget == epsilon
+    _trainer(2).fit(model, dm)
+    assert model.global_step >= 1 and 0 < model.accountant.epsilon() <= epsilon
