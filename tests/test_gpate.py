@@ -163,6 +163,30 @@ def test_two_ddp_processes_train_the_same_generator_as_one(aggregator):
     assert math.isclose(single.accountant.epsilon(), double.accountant.epsilon(), rel_tol=1e-9)
 
 
+def test_a_ddp_process_destroys_its_gloo_group_at_exit(tmp_path, monkeypatch):
+    """A process that exits with a live gloo group can abort while Python finalises (SIGABRT after a
+    finished ddp_spawn fit): setting up a model under gloo registers, once, an exit handler that
+    destroys the group while the interpreter is still alive."""
+    import atexit
+
+    import torch.distributed as dist
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(atexit, "unregister", lambda fn: registered.remove(fn) if fn in registered else None)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = _ddp_model(_ddp_table())
+        model.setup("fit")
+        model.setup("fit")
+        assert len(registered) == 1
+        registered[0]()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 class _Trace(pl.Callback):
     """Records, after every training batch, the step, the privacy counts and copies of the networks."""
 

@@ -7,10 +7,12 @@ sampling alike: a prior that differs between the two is one of the known PATE-GA
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator, ConditionalMLPGenerator
@@ -19,6 +21,24 @@ from lightning_gpate.release import CHECKPOINT_KEY, CheckpointError, load_releas
 CHECKPOINT_FORMAT = 1
 LATENT_PRIORS = ("normal", "uniform")
 __all__ = ["CHECKPOINT_KEY", "CheckpointError", "GenerativeModel", "load_generator"]
+
+
+def _destroy_gloo_process_group() -> None:
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+
+
+def destroy_gloo_process_group_at_exit() -> None:
+    """Destroy this process's gloo process group when the interpreter exits, while it is still alive.
+
+    Lightning does this for NCCL only. A process that exits with a live gloo group can abort while
+    the interpreter finalises ("terminate called without an active exception", SIGABRT: gloo's
+    worker threads still hold work objects whose tensors need the GIL; pytorch/pytorch#190489), which
+    fails a finished ``ddp_spawn`` fit on CPU. Registered once per process; a no-op without gloo.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        atexit.unregister(_destroy_gloo_process_group)  # at most one registration per process
+        atexit.register(_destroy_gloo_process_group)
 
 
 class GenerativeModel(pl.LightningModule):
@@ -54,6 +74,9 @@ class GenerativeModel(pl.LightningModule):
         self.num_classes = int(data_spec["num_classes"])
         self.is_release = False  # True for a model loaded from a release artifact: it cannot train
         self.register_buffer("class_ratio", torch.tensor(self.sampling_class_ratio(), dtype=torch.float32))
+
+    def setup(self, stage: str) -> None:
+        destroy_gloo_process_group_at_exit()
 
     # ----------------------------------------------------------------- building blocks
     @property

@@ -310,6 +310,7 @@ class GPATE(PrivateGenerativeModel):
         return torch.optim.Adam(self.generator.parameters(), lr=hp.generator_lr, betas=tuple(hp.generator_betas))
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         seed = self.hparams.noise_seed
         if seed is None:
             seed = secret_seed()

@@ -255,6 +255,7 @@ class PATEGAN(PrivateGenerativeModel):
         return opt_g, opt_s, opt_t
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         if self._trainer is not None and self.trainer.world_size > 1:
             raise RuntimeError("PATEGAN trains on one process (teacher sharding across ranks is not implemented for it)")
 
