@@ -23,8 +23,12 @@ LATENT_PRIORS = ("normal", "uniform")
 __all__ = ["CHECKPOINT_KEY", "CheckpointError", "GenerativeModel", "load_generator"]
 
 
+def _gloo_group_alive() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
+
+
 def _destroy_gloo_process_group() -> None:
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+    if _gloo_group_alive():
         dist.destroy_process_group()
 
 
@@ -36,7 +40,7 @@ def destroy_gloo_process_group_at_exit() -> None:
     worker threads still hold work objects whose tensors need the GIL; pytorch/pytorch#190489), which
     fails a finished ``ddp_spawn`` fit on CPU. Registered once per process; a no-op without gloo.
     """
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+    if _gloo_group_alive():
         atexit.unregister(_destroy_gloo_process_group)  # at most one registration per process
         atexit.register(_destroy_gloo_process_group)
 
