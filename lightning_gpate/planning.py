@@ -35,12 +35,8 @@ import numpy as np
 
 from lightning_gpate.privacy.accountant import ConfidentGNMaxEvent, LaplaceVoteEvent, PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
-from lightning_gpate.privacy.smooth_sensitivity import (
-    BETA_FRACTION,
-    GNSSParameters,
-    SmoothSensitivityAccountant,
-    gnss_rdp_curve,
-)
+from lightning_gpate.privacy.smooth_release import BETA_FRACTION, GNSSParameters, SmoothSensitivityAccountant
+from lightning_gpate.privacy.smooth_sensitivity import gnss_rdp_curve
 
 #: Orders tried for the smooth-sensitivity release.
 PLAN_ORDERS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)

@@ -71,7 +71,7 @@ class PrivateGenerativeModel(GenerativeModel):
             stops before a step that would.
         smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma}`` of the release (λ, β, σ_ss),
             any of them ``None``/absent for the data-independent default rule
-            (:func:`~lightning_gpate.privacy.smooth_sensitivity.default_gnss_parameters`), and
+            (:func:`~lightning_gpate.privacy.smooth_release.default_gnss_parameters`), and
             optionally ``exact: true`` (walk GNMax's bounds over every distance).
         log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
             (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
@@ -130,7 +130,7 @@ class PrivateGenerativeModel(GenerativeModel):
             )
 
     def _smooth_sensitivity_accountant(self, data_spec, hard_cap, options: dict[str, Any]):
-        from lightning_gpate.privacy.smooth_sensitivity import SmoothSensitivityAccountant, default_gnss_parameters
+        from lightning_gpate.privacy.smooth_release import SmoothSensitivityAccountant, default_gnss_parameters
 
         if not self.SUPPORTS_SMOOTH_SENSITIVITY:
             raise ValueError(
@@ -407,7 +407,7 @@ class PrivateGenerativeModel(GenerativeModel):
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
-        from lightning_gpate.privacy.smooth_sensitivity import SmoothSensitivityAccountant
+        from lightning_gpate.privacy.smooth_release import SmoothSensitivityAccountant
 
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
@@ -425,7 +425,7 @@ class PrivateGenerativeModel(GenerativeModel):
         self.stop_reason = privacy.get("stop_reason")
         released = (privacy.get("smooth_sensitivity") or {}).get("released")
         if self.smooth_sensitivity is not None and released is not None:  # the public part only: no ledger
-            from lightning_gpate.privacy.smooth_sensitivity import GNSSRelease
+            from lightning_gpate.privacy.smooth_release import GNSSRelease
 
             self.smooth_sensitivity.released = GNSSRelease(**released)
 
