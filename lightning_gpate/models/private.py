@@ -21,7 +21,7 @@ import inspect
 import warnings
 from typing import Any
 
-from lightning_gpate.errors import ConfigError, UserError
+from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
 from lightning_gpate.models.base import CheckpointError, GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
@@ -29,15 +29,6 @@ from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
 SMOOTH_SENSITIVITY = "smooth_sensitivity"
-
-
-class BudgetExhaustedError(UserError, RuntimeError):
-    """Training was asked of a model whose privacy budget is already spent."""
-
-
-class NoPrivateStepError(BudgetExhaustedError):
-    """The budget could not pay for a single training step: the generator would be untrained while the
-    fit looked like a success (ε spent 0)."""
 
 
 class PrivateMetadataError(UserError, ValueError):
