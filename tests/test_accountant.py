@@ -264,3 +264,63 @@ def test_topagg_event_is_a_gaussian_mechanism_with_sensitivity_two_sqrt_k():
         TopAggEvent(num_samples=1, topk=0, sigma=1.0)
     with pytest.raises(ValueError):
         TopAggEvent(num_samples=1, topk=3, sigma=0.0)
+
+
+# ----------------------------------------------------------------------------- worst case, no data-dependent curve
+def test_worst_case_curve_answers_every_confident_gnmax_query():
+    """The guarantee of a batch depends on how many queries the noisy threshold answered; its worst case
+    answers them all: n·λ/(2σ1²) + n·λ/σ2² (Papernot et al. 2018, Theorem 8 and Proposition 8), whatever
+    the votes."""
+    acc = PrivacyAccountant(delta=1e-5)
+    acc.record(_gnmax_event(30, answered=False)).record(_gnmax_event(10))
+    orders = acc.orders
+    np.testing.assert_allclose(acc.rdp, 40 * orders / (2 * 600.0**2) + 10 * orders / 100.0**2, rtol=1e-12)
+    np.testing.assert_allclose(acc.rdp_worst_case, 40 * (orders / (2 * 600.0**2) + orders / 100.0**2), rtol=1e-12)
+    assert acc.epsilon_worst_case() > acc.epsilon()
+    # events whose guarantee reads no output are their own worst case; a larger worst case may be given
+    other = PrivacyAccountant(delta=1e-5).record(PureDPEvent(0.5)).record(LaplaceVoteEvent([3, 4], lam=0.5))
+    np.testing.assert_array_equal(other.rdp_worst_case, other.rdp)
+    bigger = PrivacyAccountant(delta=1e-5).record(_gnmax_event(5), worst_case=_gnmax_event(8))
+    np.testing.assert_allclose(bigger.rdp_worst_case, 8 * (orders / (2 * 600.0**2) + orders / 100.0**2), rtol=1e-12)
+    with pytest.raises(ValueError, match="worst_case costs less"):
+        PrivacyAccountant(delta=1e-5).record(_gnmax_event(5), worst_case=_gnmax_event(2))
+    # epsilon_worst_case(*events) adds their worst cases without recording them
+    assert acc.epsilon_worst_case(_gnmax_event(10, answered=False)) == pytest.approx(
+        PrivacyAccountant(delta=1e-5).record(_gnmax_event(50)).epsilon(), rel=1e-12)
+
+
+def test_worst_case_curve_in_the_state_and_unknown_in_an_old_state():
+    acc = PrivacyAccountant(delta=1e-5).record(_gnmax_event(30, answered=False))
+    restored = PrivacyAccountant(delta=0.1)
+    restored.load_state_dict(json.loads(json.dumps(acc.state_dict())))
+    np.testing.assert_array_equal(restored.rdp_worst_case, acc.rdp_worst_case)
+    old = acc.state_dict()
+    del old["rdp_worst_case"]
+    restored.load_state_dict(old)  # unanswered queries, no worst case recorded: unknown, so unbounded
+    assert restored.epsilon_worst_case() == np.inf
+    answered = PrivacyAccountant(delta=1e-5).record(_gnmax_event(3)).state_dict()
+    del answered["rdp_worst_case"]
+    restored.load_state_dict(answered)
+    np.testing.assert_array_equal(restored.rdp_worst_case, restored.rdp)
+
+
+def test_no_data_dependent_curve_is_computed_unless_asked(monkeypatch):
+    """``data_dependent=False``: PATE events add their guarantee to rdp_paper, and the data-dependent
+    bound (a pass over the private votes) is never evaluated; GS-WGAN's per-sample composition (public
+    settings only) still is."""
+    import lightning_gpate.privacy.accountant as accountant
+
+    def refuse(*args, data_independent=False, **kwargs):
+        if not data_independent:
+            raise AssertionError("a data-dependent bound was computed")
+        return laplace_vote_rdp(*args, data_independent=True, **kwargs)
+
+    monkeypatch.setattr(accountant, "confident_gnmax_rdp", lambda *a, **k: (_ for _ in ()).throw(AssertionError("computed")))
+    monkeypatch.setattr(accountant, "laplace_vote_rdp", refuse)
+    acc = PrivacyAccountant(delta=1e-5, data_dependent=False)
+    acc.record(_gnmax_event(10)).record(LaplaceVoteEvent([3, 4], lam=0.5)).record(GSWGANStepEvent(4.0, 100, 8, steps=3))
+    assert acc.paper_label == "per_sample_composition"
+    kw = dict(noise_multiplier=4.0, num_discriminators=100, batch_size=8, steps=3, orders=acc.orders)
+    np.testing.assert_allclose(acc.rdp_paper, acc.rdp - gswgan_rdp(accounting="sound", **kw) + gswgan_rdp(accounting="paper", **kw),
+                               rtol=1e-12)
+    assert acc.state_dict()["data_dependent"] is False

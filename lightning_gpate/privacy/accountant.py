@@ -12,7 +12,17 @@ on its grid of orders and adds them (Mironov 2017, Proposition 1):
 * ``rdp_paper`` – the analysis the papers report, which is NOT a guarantee:
   data-dependent PATE bounds without smooth sensitivity (Papernot et al. 2018;
   Yoon et al. 2019) or GS-WGAN's per-sample composition (Chen et al. 2020).
-  Events without a separate paper analysis add their guarantee curve.
+  Events without a separate paper analysis add their guarantee curve. A data-dependent analysis is a
+  function of the private votes: an accountant made with ``data_dependent=False`` never computes one.
+
+A third curve, ``rdp_worst_case``, is the guarantee of the *worst case* of every event recorded:
+Confident-GNMax's guarantee depends on how many queries the noisy threshold answered (an output of
+the mechanism), and the worst case answers them all. It is what the guarantee of a run stopped
+before its budget is made of (:meth:`PrivacyAccountant.epsilon_worst_case`): the budget stop keeps
+the realised curve within the budget, a privacy filter (Feldman & Zrnic 2021: every adaptively
+chosen cost here is proportional to the order λ, so stopping on ε is stopping on one RDP budget at
+every order), and that guarantees the budget, not the realised value; a run that ends earlier
+(``max_steps``) is guaranteed the smaller of the budget and ``ε(rdp_worst_case)``.
 
 ε(δ) comes from :func:`~lightning_gpate.privacy.rdp.rdp_to_epsilon`.
 
@@ -62,6 +72,7 @@ __all__ = [
     "ExponentialMechanismEvent",
     "PrivacyEvent",
     "PrivacyAccountant",
+    "worst_case_of",
     "DATA_DEPENDENT",
     "PER_SAMPLE_COMPOSITION",
     "GUARANTEE",
@@ -369,14 +380,17 @@ def _check_relation(event, relation: str) -> None:
         )
 
 
-def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper: bool = True) -> _Cost:
+def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper: bool = True,
+                data_dependent: bool = True) -> _Cost:
     """RDP curves (guarantee, paper-style) and counters of one event, under ``relation``.
 
-    With ``paper=False`` a data-dependent paper-style curve is not computed (``cost.paper`` is then
-    ``None`` for every event): the guarantee alone is what a budget check needs, and for PATE
-    events it is data-independent and cheap while the data-dependent bound costs a pass over every
-    query's histogram.
+    With ``paper=False`` no paper-style curve is computed (``cost.paper`` is then ``None`` for every
+    event): the guarantee alone is what a budget check needs, and for PATE events it is
+    data-independent and cheap while the data-dependent bound costs a pass over every query's
+    histogram. With ``data_dependent=False`` only the data-dependent ones are skipped (a PATE event's
+    ``cost.paper`` is ``None``; its label stays, so the skipped analysis can be named).
     """
+    dd = paper and data_dependent
     _check_relation(event, relation)
     if isinstance(event, ConfidentGNMaxEvent):
         kw = dict(
@@ -387,7 +401,7 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper:
         )
         n = int(event.votes.shape[0])
         g = _confident_gnmax_independent(n, int(event.answered.sum()), event.sigma_threshold, event.sigma_gnmax, orders)
-        p = confident_gnmax_rdp(event.votes, event.answered, data_independent=False, **kw) if paper else None
+        p = confident_gnmax_rdp(event.votes, event.answered, data_independent=False, **kw) if dd else None
         return _Cost(g, p, DATA_DEPENDENT, {
             "confident_gnmax_events": 1,
             "confident_gnmax_queries": n,
@@ -395,7 +409,7 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper:
         })
     if isinstance(event, LaplaceVoteEvent):
         g = laplace_vote_rdp(event.vote_gaps, lam=event.lam, orders=orders, data_independent=True)
-        p = laplace_vote_rdp(event.vote_gaps, lam=event.lam, orders=orders, data_independent=False) if paper else None
+        p = laplace_vote_rdp(event.vote_gaps, lam=event.lam, orders=orders, data_independent=False) if dd else None
         return _Cost(g, p, DATA_DEPENDENT, {
             "laplace_vote_events": 1,
             "laplace_vote_queries": int(event.vote_gaps.size),
@@ -446,6 +460,17 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper:
     raise ValueError(f"unsupported privacy event type {type(event).__name__}")
 
 
+def worst_case_of(event):
+    """The worst case of ``event`` for its guarantee: a Confident-GNMax batch with every query answered
+    (how many the noisy threshold answers is an output of the mechanism); any other event's guarantee
+    depends on public settings only, and it is its own worst case."""
+    if isinstance(event, ConfidentGNMaxEvent):
+        return ConfidentGNMaxEvent(np.zeros((event.votes.shape[0], event.votes.shape[1])),
+                                   np.ones(event.votes.shape[0], dtype=bool),
+                                   event.threshold, event.sigma_threshold, event.sigma_gnmax)
+    return event
+
+
 _INDEPENDENT_CURVES: dict = {}
 
 
@@ -488,7 +513,11 @@ class PrivacyAccountant:
             events, per-sample composition for GS-WGAN). ``"data_dependent"`` or
             ``"per_sample_composition"``: only events with that analysis use it,
             the others add their guarantee. ``"guarantee"``: ``rdp_paper``
-            equals ``rdp``.
+            equals ``rdp`` (nothing else is computed).
+        data_dependent: Whether data-dependent analyses (functions of the private
+            votes) are computed at all. ``False``: they are not, and their events
+            add their guarantee to ``rdp_paper`` (a private model asks for them
+            only under ``budget_accounting: paper``).
 
     Example::
 
@@ -509,6 +538,7 @@ class PrivacyAccountant:
         conversion: str = "improved",
         paper_analysis: Optional[str] = None,
         neighbouring: str = ADD_REMOVE,
+        data_dependent: bool = True,
     ):
         delta = float(delta)
         if not (0.0 < delta < 1.0):
@@ -525,9 +555,11 @@ class PrivacyAccountant:
         self.conversion = conversion
         self.neighbouring = neighbouring
         self.paper_analysis = paper_analysis
+        self.data_dependent = bool(data_dependent)
         self._orders = _readonly(validate_orders(orders))
         self._rdp = np.zeros_like(self._orders)
         self._rdp_paper = np.zeros_like(self._orders)
+        self._rdp_worst = np.zeros_like(self._orders)
         self._labels: set[str] = set()
         self._counts: dict[str, float] = {k: 0 for k in _COUNT_KEYS}
 
@@ -547,6 +579,12 @@ class PrivacyAccountant:
     def rdp_paper(self) -> np.ndarray:
         """The paper-style RDP curve, not a guarantee (a copy)."""
         return self._rdp_paper.copy()
+
+    @property
+    def rdp_worst_case(self) -> np.ndarray:
+        """The guarantee's RDP curve of the worst case of every event recorded (:func:`worst_case_of`,
+        or the ``worst_case`` given to :meth:`record`); a copy."""
+        return self._rdp_worst.copy()
 
     @property
     def counts(self) -> dict:
@@ -571,18 +609,37 @@ class PrivacyAccountant:
             return cost.guarantee
         return cost.paper
 
+    def _cost(self, event) -> _Cost:
+        return _event_cost(event, self._orders, self.neighbouring, paper=self.paper_analysis != GUARANTEE,
+                           data_dependent=self.data_dependent)
+
     def rdp_of(self, event) -> tuple[np.ndarray, np.ndarray]:
         """(guarantee, paper-style) RDP curves of one event, without recording it."""
-        cost = _event_cost(event, self._orders, self.neighbouring)
+        cost = self._cost(event)
         return cost.guarantee, self._paper_curve(cost)
 
     # -- recording ------------------------------------------------------------------
 
-    def record(self, event) -> "PrivacyAccountant":
-        """Adds the event's curves to ``rdp`` and ``rdp_paper``; returns ``self``."""
-        cost = _event_cost(event, self._orders, self.neighbouring)
+    def record(self, event, *, worst_case=None) -> "PrivacyAccountant":
+        """Adds the event's curves to ``rdp`` and ``rdp_paper``, and the guarantee of its worst case to
+        ``rdp_worst_case``; returns ``self``.
+
+        Args:
+            event: what happened.
+            worst_case: the worst event this step could have been, when its size is itself random
+                (e.g. G-PATE's queries per step under ``group_fakes_by_label``: the labels drawn);
+                default :func:`worst_case_of` ``(event)``.
+        """
+        cost = self._cost(event)
+        worst = _event_cost(worst_case_of(event if worst_case is None else worst_case), self._orders,
+                            self.neighbouring, paper=False).guarantee
+        with np.errstate(invalid="ignore"):  # inf − inf where GNSS has no bound: not smaller
+            smaller = np.any(worst < cost.guarantee - 1e-12 * np.abs(cost.guarantee))
+        if smaller:
+            raise ValueError("worst_case costs less than the event it is the worst case of")
         self._rdp = self._rdp + cost.guarantee
         self._rdp_paper = self._rdp_paper + self._paper_curve(cost)
+        self._rdp_worst = self._rdp_worst + worst
         if cost.paper is not None and self.paper_analysis in (None, cost.label):
             self._labels.add(cost.label)
         for k, v in cost.counts.items():
@@ -598,6 +655,13 @@ class PrivacyAccountant:
     def epsilon(self) -> float:
         """ε of the guarantee at ``delta``."""
         return self.epsilon_and_order()[0]
+
+    def epsilon_worst_case(self, *events) -> float:
+        """ε of ``rdp_worst_case`` (with the worst cases of ``events`` added, nothing recorded): what
+        the steps recorded could have cost whatever their mechanisms output."""
+        g = sum((_event_cost(worst_case_of(event), self._orders, self.neighbouring, paper=False).guarantee
+                 for event in events), np.zeros_like(self._rdp))
+        return rdp_to_epsilon(self._rdp_worst + g, self._orders, self.delta, conversion=self.conversion)[0]
 
     def epsilon_paper(self) -> float:
         """ε of the paper-style analysis (see ``paper_label``); NOT a guarantee."""
@@ -624,20 +688,26 @@ class PrivacyAccountant:
         parameters) would be written as ``float('inf')``.
         """
         return {
-            "version": 1,
+            "version": 2,
             "delta": self.delta,
             "conversion": self.conversion,
             "paper_analysis": self.paper_analysis,
+            "data_dependent": self.data_dependent,
             "neighbouring": self.neighbouring,
             "orders": [float(x) for x in self._orders],
             "rdp": [float(x) for x in self._rdp],
             "rdp_paper": [float(x) for x in self._rdp_paper],
+            "rdp_worst_case": [float(x) for x in self._rdp_worst],
             "labels": sorted(self._labels),
             "counts": {k: (float(v) if k == "pure_dp_epsilon" else int(v)) for k, v in self._counts.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores a :meth:`state_dict` (δ, conversion, orders and curves included)."""
+        """Restores a :meth:`state_dict` (δ, conversion, orders and curves included).
+
+        A version-1 state has no worst-case curve: where it recorded Confident-GNMax queries that were
+        not answered, the worst case is unknown and becomes ``inf`` (a run's guarantee is then its
+        budget); otherwise it equals the realised guarantee."""
         missing = {"delta", "conversion", "orders", "rdp", "rdp_paper", "counts"} - set(state)
         if missing:
             raise ValueError(f"accountant state is missing keys {sorted(missing)}")
@@ -655,10 +725,20 @@ class PrivacyAccountant:
         new = PrivacyAccountant(
             delta=state["delta"], orders=orders, conversion=state["conversion"],
             paper_analysis=paper_analysis, neighbouring=state.get("neighbouring", ADD_REMOVE),
+            data_dependent=state.get("data_dependent", True),
         )
         self.__dict__.update(new.__dict__)
         self._rdp = rdp.copy()
         self._rdp_paper = rdp_paper.copy()
+        counts = state["counts"]
+        if "rdp_worst_case" in state:
+            self._rdp_worst = np.asarray(state["rdp_worst_case"], dtype=np.float64).copy()
+            if self._rdp_worst.shape != orders.shape:
+                raise ValueError(f"accountant state's worst-case curve has shape {self._rdp_worst.shape}, orders {orders.shape}")
+        elif counts.get("confident_gnmax_answered", 0) < counts.get("confident_gnmax_queries", 0):
+            self._rdp_worst = np.full_like(rdp, np.inf)
+        else:
+            self._rdp_worst = rdp.copy()
         self._labels = set(state.get("labels", []))
         self._counts = {k: 0 for k in _COUNT_KEYS}
         self._counts.update(state["counts"])
@@ -675,6 +755,7 @@ class PrivacyAccountant:
             "best_order": order,
             "epsilon_paper": eps_p,
             "best_order_paper": order_p,
+            "epsilon_worst_case": self.epsilon_worst_case(),
             "analysis": self.paper_label,
             "neighbouring_relation": self.neighbouring,
             "conversion": self.conversion,
