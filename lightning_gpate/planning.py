@@ -17,7 +17,7 @@ data-dependent ε of the paper (not a guarantee), and the smooth-sensitivity ε 
 at the median of its noise and at one and two standard deviations above it (the release is refused
 when it exceeds the target, so those are the steps at which it would be allowed with about 50%, 84%
 and 98% chance *if the probe is representative*). For the smooth-sensitivity analysis it also picks the
-order λ (on a grid), β = 0.4/λ and the σ_ss minimising GNSS's cost plus two noise standard deviations,
+order λ and β·λ (on grids) and the σ_ss minimising GNSS's cost plus the released bound's noise,
 as Papernot et al.'s ``smooth_sensitivity_table.py`` does — here on public votes, so the choice is
 public. The result is an estimate: votes change as teachers and the generator train, and a public
 dataset is not the private one.
@@ -26,6 +26,7 @@ dataset is not the private one.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -35,9 +36,16 @@ import numpy as np
 
 from lightning_gpate.privacy.accountant import ConfidentGNMaxEvent, LaplaceVoteEvent, PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
-from lightning_gpate.privacy.smooth_release import BETA_FRACTION, GNSSParameters, SmoothSensitivityAccountant
-from lightning_gpate.privacy.smooth_sensitivity import gnss_rdp_curve
+from lightning_gpate.privacy.smooth_release import (
+    BETA_FRACTION,
+    DEFAULT_DELTA_PRIME_SHARE,
+    GNSSParameters,
+    SmoothSensitivityAccountant,
+)
 
+#: β·λ tried for the smooth-sensitivity release: a smaller β means a larger smooth sensitivity but a
+#: smaller GNSS cost (its β-term, and the floor λe^{2β}c²(e^β − 1)² of the upper bound's noise term).
+BETA_FRACTIONS = (0.1, 0.2, 0.3, BETA_FRACTION)
 #: Orders tried for the smooth-sensitivity release.
 PLAN_ORDERS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 #: Noise quantiles reported: the release is allowed when ε(z) ≤ target.
@@ -117,10 +125,10 @@ def probe_public_run(argv: Sequence[str], steps: int, *, build_cli: BuildCLI) ->
         events: list = []
         record = model.record
 
-        def recording(event):
+        def recording(event, **kw):
             if isinstance(event, (ConfidentGNMaxEvent, LaplaceVoteEvent)):
                 events.append(event)
-            record(event)
+            record(event, **kw)
 
         model.record = recording
         cli.trainer.fit(model, dm)
@@ -234,24 +242,26 @@ def plan(probe: Probe, *, epsilon: float, orders: Sequence[float] = PLAN_ORDERS)
             best = (t, params)
     if best is not None and best[0] > 0:
         t, params = best
-        cap = eps(base + t * worst + gnss_rdp_curve(beta=params.beta, sigma=params.sigma, orders=grid))
+        cap = eps(base + t * worst + params.rdp_curve(grid))
         out.recommended = {"trainer.max_steps": t, "model.epsilon_hard_cap": round(cap + 1e-4, 4),
                            "model.smooth_sensitivity": {"order": params.order, "beta": round(params.beta, 6),
-                                                        "sigma": round(params.sigma, 6)}}
+                                                        "sigma": round(params.sigma, 6), "delta_prime": params.delta_prime}}
     return out
 
 
 def _best_smooth_sensitivity(probe: Probe, metadata: list, epsilon: float, z: float, orders):
     """(steps, parameters, ε) of the order that allows the most steps with the release ≤ ε at
-    noise quantile ``z``; σ_ss minimises GNSS's noise term plus 2·SS·σ_ss (Papernot et al.'s table)."""
+    noise quantile ``z``; σ_ss minimises GNSS's noise term plus the released bound's noise
+    ``(2 + c)·SS·σ_ss`` (Papernot et al.'s table, with the upper bound's shift c = Φ⁻¹(1 − δ′), δ′ = δ/2)."""
     model = probe.model
     acc = model.accountant
     n = int(model.num_teachers)
+    delta_prime = DEFAULT_DELTA_PRIME_SHARE * acc.delta
     best = None
-    for lam in orders:
-        beta = BETA_FRACTION / lam
-        ss_acc = SmoothSensitivityAccountant(params=GNSSParameters(order=lam, beta=beta, sigma=1.0), num_teachers=n,
-                                             delta=acc.delta, conversion=acc.conversion)
+    for lam, fraction in itertools.product(orders, BETA_FRACTIONS):
+        beta = fraction / lam
+        ss_acc = SmoothSensitivityAccountant(params=GNSSParameters(order=lam, beta=beta, sigma=1.0, delta_prime=delta_prime),
+                                             num_teachers=n, delta=acc.delta, conversion=acc.conversion)
         for e in [*metadata, *probe.events]:
             ss_acc.record(e)
         dd_step = ss_acc.ledger.data_dependent_rdp() / probe.steps
@@ -260,10 +270,14 @@ def _best_smooth_sensitivity(probe: Probe, metadata: list, epsilon: float, z: fl
 
         def release_eps(t: int):
             noise = t * ss_step
-            sigma = min((lam * math.exp(2 * beta) / noise) ** (1 / 3), 1e6) if noise > 0 else 1e6
-            params = GNSSParameters(order=lam, beta=beta, sigma=sigma)
-            total = max(0.0, t * dd_step + z * noise * sigma) + params.cost + other
-            return rdp_to_epsilon([total], [lam], acc.delta, conversion=acc.conversion)[0], params
+
+            def spent(sigma: float) -> tuple[float, GNSSParameters]:
+                params = GNSSParameters(order=lam, beta=beta, sigma=sigma, delta_prime=delta_prime)
+                return max(0.0, t * dd_step + (z + params.shift) * noise * sigma) + params.cost + other, params
+
+            # σ on a log grid: the noise term falls and the bound's noise grows with σ
+            total, params = min((spent(float(sigma)) for sigma in np.geomspace(1e-2, 1e6, 161)), key=lambda tp: tp[0])
+            return rdp_to_epsilon([total], [lam], params.conversion_delta(acc.delta), conversion=acc.conversion)[0], params
 
         t = _largest_steps(lambda t: release_eps(t)[0] <= epsilon)
         if t and (best is None or t > best[0]):

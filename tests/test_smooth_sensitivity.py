@@ -351,13 +351,20 @@ def test_laplace_ledger_bounds_by_enumeration_and_accountant():
 @pytest.mark.parametrize("epsilon", [1.0, 10.0])
 def test_default_rule(epsilon):
     p = default_gnss_parameters(epsilon=epsilon, delta=1e-5, conversion="classic")
+    assert p.delta_prime == 5e-6  # δ′ = δ/2; the conversion gets the other half
     assert p.beta == pytest.approx(0.4 / p.order)
-    fixed = math.log(1e5) / (p.order - 1) + (-0.5 * math.log(1 - 0.8) + 0.4) / (p.order - 1)
+    fixed = math.log(1 / 5e-6) / (p.order - 1) + (-0.5 * math.log(1 - 0.8) + 0.4) / (p.order - 1)
     assert fixed == pytest.approx(epsilon / 2, rel=1e-6)
-    assert p.order * math.exp(2 * p.beta) / p.sigma**2 == pytest.approx(epsilon / 10)
+    # the noise term λe^{2β}(1/σ + c(e^β − 1))² of the shifted release (c = Φ⁻¹(1 − δ′)): a tenth of the
+    # target, or twice its floor where that is more
+    c = float(mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * mpmath.mpf(5e-6)))
+    scale = p.order * math.exp(2 * p.beta)
+    floor = scale * (c * math.expm1(p.beta)) ** 2
+    assert scale * (1 / p.sigma + c * math.expm1(p.beta)) ** 2 == pytest.approx(max(epsilon / 10, 2 * floor))
     assert p.rule == "default"
     q = default_gnss_parameters(epsilon=epsilon, delta=1e-5, order=p.order, beta=p.beta, sigma=3.0)
-    assert q.sigma == 3.0 and q.rule == "config"
+    assert q.sigma == 3.0 and q.delta_prime == 5e-6 and q.rule == "config"
+    assert default_gnss_parameters(epsilon=epsilon, delta=1e-5, delta_prime=1e-6).delta_prime == 1e-6
 
 
 def test_walk_horizon_is_an_upper_bound_and_nearly_exact():

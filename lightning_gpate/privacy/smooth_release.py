@@ -10,6 +10,24 @@ sensitivity (Papernot et al., ICLR 2018, Section 4; arXiv 1802.08908).
   (training checkpoint only);
 * :func:`release` / :class:`GNSSRelease` — the one thing that leaves a run: the noised value;
 * :class:`SmoothSensitivityAccountant` — the run's ledger and the data-independent rest at λ.
+
+**What the released value means.** GNSS releases ``β(D) + SS_β(D)·σ·Z`` (Papernot et al. 2018,
+Section 4): one noisy, unbiased draw of the data-dependent cost, below it half the time. It is not an
+(ε, δ) guarantee; the guarantee of a smooth-sensitivity run is its data-independent bound (the hard
+cap). A run decides whether to release its artifact on the data-dependent value, and that decision is
+made on a high-probability **upper bound** instead: with ``c = Φ⁻¹(1 − δ′)`` the released value is
+
+    U = β(D) + SS_β(D)·σ·(Z + c),      P(U ≥ β(D)) = 1 − δ′,
+
+and its ε is converted at ``δ − δ′``, so that "the data-dependent ε is at most ε_U" holds with
+``δ`` in all (``δ′`` for the bound, ``δ − δ′`` for the conversion). ``U`` is GNSS applied to
+``g(D) = β(D) + c·σ·SS_β(D)``: since SS_β is β-smooth (``e^{−β} ≤ SS(D')/SS(D) ≤ e^β`` for
+neighbours) and bounds β's local sensitivity, ``|g(D) − g(D')| ≤ SS(D) + c·σ·(e^β − 1)·SS(D)``; with
+``κ = 1 + c·σ·(e^β − 1)``, ``κ·SS_β`` is a β-smooth upper bound on g's local sensitivity, and
+``U = g(D) + (κ·SS_β(D))·(σ/κ)·Z`` is GNSS with noise multiplier σ/κ: it costs Theorem 23 at σ/κ
+(:attr:`GNSSParameters.sigma_effective`), whose noise term ``λe^{2β}(1/σ + c(e^β − 1))²`` no σ brings
+below ``λe^{2β}c²(e^β − 1)²``: the price of a bound that holds with probability 1 − δ′. ``δ′ = None``
+releases the unshifted value as the published code does (tests against the reference only).
 """
 
 from __future__ import annotations
@@ -21,6 +39,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
+from scipy.special import ndtri
 
 from .accountant import ConfidentGNMaxEvent, LaplaceVoteEvent, PrivacyAccountant
 from .pate import _to_numpy, _validate_votes, gnmax_logq
@@ -72,30 +91,60 @@ class GNSSParameters:
     Attributes:
         order: λ, the Rényi order at which the data-dependent cost is released.
         beta: β, the smoothness (``0 < β < 1/(2λ)``).
-        sigma: σ_ss, the GNSS noise multiplier: the release adds ``SS_β·σ_ss·N(0, 1)``.
-        rule: how they were chosen (``"config"`` or ``"default"``).
+        sigma: σ_ss, the noise multiplier: the release adds ``SS_β·σ_ss·N(0, 1)``.
+        rule: how (λ, β, σ_ss) were chosen (``"config"`` or ``"default"``).
+        delta_prime: δ′ in (0, ½]: the released value is the upper bound ``β + SS_β·σ_ss·(Z + Φ⁻¹(1 − δ′))``
+            of the data-dependent cost, below it with probability δ′ (module docstring); ``None``: the
+            unshifted noisy value of the published code.
     """
 
     order: float
     beta: float
     sigma: float
     rule: str = "config"
+    delta_prime: float | None = None
 
     def __post_init__(self):
         _order(self.order)
         _positive("beta", self.beta)
         _positive("sigma", self.sigma)
-        gnss_rdp(beta=self.beta, sigma=self.sigma, order=self.order)  # validates 1 < λ < 1/(2β)
+        if self.delta_prime is not None and not 0.0 < float(self.delta_prime) <= 0.5:
+            raise ValueError(f"delta_prime must lie in (0, 0.5], got {self.delta_prime}")
+        gnss_rdp(beta=self.beta, sigma=self.sigma_effective, order=self.order)  # validates 1 < λ < 1/(2β)
+
+    @property
+    def shift(self) -> float:
+        """``c = Φ⁻¹(1 − δ′)`` (0 without δ′): the released value is ``β + SS·σ·(Z + c)``."""
+        return 0.0 if self.delta_prime is None else float(ndtri(1.0 - float(self.delta_prime)))
+
+    @property
+    def kappa(self) -> float:
+        """``κ = 1 + c·σ·(e^β − 1)``: ``κ·SS_β`` is a β-smooth bound on the local sensitivity of
+        ``β(D) + c·σ·SS_β(D)``, the statistic the shifted release adds GNSS noise to."""
+        return 1.0 + self.shift * self.sigma * math.expm1(self.beta)
+
+    @property
+    def sigma_effective(self) -> float:
+        """σ/κ: the noise multiplier of the release relative to ``κ·SS_β``, what Theorem 23 charges."""
+        return self.sigma / self.kappa
 
     @property
     def cost(self) -> float:
-        """The GNSS RDP at ``order`` (Theorem 23)."""
-        return gnss_rdp(beta=self.beta, sigma=self.sigma, order=self.order)
+        """The GNSS RDP at ``order`` (Theorem 23 at :attr:`sigma_effective`)."""
+        return gnss_rdp(beta=self.beta, sigma=self.sigma_effective, order=self.order)
 
     def rdp_curve(self, orders) -> np.ndarray:
         """GNSS RDP on ``orders`` (``inf`` at orders ≥ 1/(2β)): what the release costs at every order,
         for the data-independent bound of everything a run releases."""
-        return gnss_rdp_curve(beta=self.beta, sigma=self.sigma, orders=orders)
+        return gnss_rdp_curve(beta=self.beta, sigma=self.sigma_effective, orders=orders)
+
+    def conversion_delta(self, delta: float) -> float:
+        """The δ the released RDP is converted at: ``δ − δ′``, so the statement holds with ``δ`` in all."""
+        if self.delta_prime is None:
+            return float(delta)
+        if not float(self.delta_prime) < float(delta):
+            raise ValueError(f"delta_prime={self.delta_prime:g} must be smaller than delta={delta:g}")
+        return float(delta) - float(self.delta_prime)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,8 +154,10 @@ class GNSSParameters:
 BETA_FRACTION = 0.4
 #: Default rule: the conversion term and GNSS's β-term take this fraction of the target ε ...
 DEFAULT_FIXED_SHARE = 0.5
-#: ... and GNSS's noise term λe^{2β}/σ_ss² this fraction.
+#: ... and GNSS's noise term λe^{2β}κ²/σ_ss² this fraction (or twice its floor, where that is more).
 DEFAULT_NOISE_SHARE = 0.1
+#: δ′ = this fraction of δ by default (the upper bound's failure probability; the conversion gets the rest).
+DEFAULT_DELTA_PRIME_SHARE = 0.5
 
 
 def _conversion_epsilon(rdp: float, order: float, delta: float, conversion: str) -> float:
@@ -115,16 +166,18 @@ def _conversion_epsilon(rdp: float, order: float, delta: float, conversion: str)
 
 def default_gnss_parameters(*, epsilon: float, delta: float, conversion: str = "improved",
                             order: float | None = None, beta: float | None = None,
-                            sigma: float | None = None) -> GNSSParameters:
-    """The data-independent rule that fixes (λ, β, σ_ss) from the target (ε, δ) before training.
+                            sigma: float | None = None, delta_prime: float | None = None) -> GNSSParameters:
+    """The data-independent rule that fixes (λ, β, σ_ss, δ′) from the target (ε, δ) before training.
 
     Unset values follow the rule (given ones are kept; all are public):
 
+    * δ′ = δ/2: the released value is an upper bound that fails with probability δ/2, converted at δ/2;
     * β = 0.4/λ (inside the reference's search range 0.3/λ … 0.495/λ; GNSS needs β < 1/(2λ));
-    * λ solves ``ε_conv(λ) + (−½ln(1 − 0.8) + 0.4)/(λ − 1) = ε/2``: converting RDP at λ to (ε, δ)
+    * λ solves ``ε_conv(λ) + (−½ln(1 − 0.8) + 0.4)/(λ − 1) = ε/2``: converting RDP at λ to (ε, δ − δ′)
       plus GNSS's β-term take half of the target (``ε_conv`` is the RDP → (ε, δ) conversion of
       RDP 0 at λ, e.g. ``ln(1/δ)/(λ − 1)`` for the classic one);
-    * σ_ss makes GNSS's noise term ``λe^{2β}/σ_ss²`` a tenth of the target.
+    * σ_ss makes GNSS's noise term ``λe^{2β}κ²/σ_ss² = λe^{2β}(1/σ_ss + c(e^β − 1))²`` a tenth of the
+      target, or twice its floor ``λe^{2β}c²(e^β − 1)²`` where that is more.
 
     The rest, 0.4ε, is left for the data-dependent cost and the noise. ``lightning-gpate plan``
     estimates better values from public data (they are public too).
@@ -133,10 +186,15 @@ def default_gnss_parameters(*, epsilon: float, delta: float, conversion: str = "
         epsilon: the target ε the released ε must meet.
         delta: δ.
         conversion: the RDP → (ε, δ) conversion of the accountant.
-        order, beta, sigma: values fixed by the user (``None``: by the rule).
+        order, beta, sigma, delta_prime: values fixed by the user (``None``: by the rule).
     """
     epsilon, delta = _positive("epsilon", epsilon), float(delta)
-    rule = "config" if None not in (order, beta, sigma) else "default"
+    rule = "config" if None not in (order, beta, sigma) else "default"  # of (λ, β, σ_ss)
+    if delta_prime is None:
+        delta_prime = DEFAULT_DELTA_PRIME_SHARE * delta
+    if not 0.0 < delta_prime < delta:
+        raise ValueError(f"delta_prime must lie in (0, delta={delta:g}), got {delta_prime}")
+    conversion_delta = delta - delta_prime
     if order is None:
         frac = BETA_FRACTION if beta is None else None
 
@@ -144,9 +202,9 @@ def default_gnss_parameters(*, epsilon: float, delta: float, conversion: str = "
             b = frac / lam if frac is not None else beta
             if b >= 1.0 / (2.0 * lam):
                 return math.inf
-            fixed = _conversion_epsilon(0.0, lam, delta, conversion) if lam > 1.01 else math.inf
+            fixed = _conversion_epsilon(0.0, lam, conversion_delta, conversion) if lam > 1.01 else math.inf
             if fixed == 0.0:  # the improved conversion gives 0 where the KL bound already gives δ
-                fixed = math.log(1.0 / delta) / (lam - 1.0)
+                fixed = math.log(1.0 / conversion_delta) / (lam - 1.0)
             return fixed + (-0.5 * math.log1p(-2.0 * lam * b) + b * lam) / (lam - 1.0) - DEFAULT_FIXED_SHARE * epsilon
 
         lo, hi = 1.02, 2.0
@@ -162,8 +220,11 @@ def default_gnss_parameters(*, epsilon: float, delta: float, conversion: str = "
     if beta is None:
         beta = BETA_FRACTION / order
     if sigma is None:
-        sigma = math.sqrt(order * math.exp(2.0 * beta) / (DEFAULT_NOISE_SHARE * epsilon))
-    return GNSSParameters(order=float(order), beta=float(beta), sigma=float(sigma), rule=rule)
+        scale = order * math.exp(2.0 * beta)  # noise term = scale·(1/σ + a)²
+        a = float(ndtri(1.0 - delta_prime)) * math.expm1(beta)
+        target = max(DEFAULT_NOISE_SHARE * epsilon, 2.0 * scale * a * a)
+        sigma = 1.0 / (math.sqrt(target / scale) - a)
+    return GNSSParameters(order=float(order), beta=float(beta), sigma=float(sigma), rule=rule, delta_prime=float(delta_prime))
 
 
 # --------------------------------------------------------------------------------------
@@ -389,14 +450,18 @@ class GNSSRelease:
 
     Attributes:
         order, beta, sigma: the GNSS parameters (public, fixed before training).
-        noisy_rdp: ``max(0, β(D) + SS_β(D)·σ_ss·Z)``, the released data-dependent RDP at ``order``.
+        noisy_rdp: ``max(0, β(D) + SS_β(D)·σ_ss·(Z + c))``, the released data-dependent RDP at
+            ``order``: with δ′ an upper bound of β(D) with probability 1 − δ′ (``c = Φ⁻¹(1 − δ′)``),
+            without it (``c = 0``) an unbiased noisy value.
         gnss_rdp: GNSS's own cost at ``order`` (Theorem 23).
         other_rdp: data-independent RDP at ``order`` of everything else recorded (e.g. DP metadata).
         total_rdp: their sum, the released RDP at ``order``.
-        delta: δ.
-        epsilon: ``total_rdp`` converted to (ε, δ) at ``order``.
+        delta: δ in all (the conversion's ``δ − δ′`` and δ′).
+        epsilon: the data-dependent ε: ``total_rdp`` converted at ``order`` with ``δ − δ′``.
         conversion: the conversion used.
         num_queries: queries covered (public: fixed by the run length and settings).
+        delta_prime: δ′ (``None``: the unshifted noisy value).
+        shift: c.
     """
 
     order: float
@@ -410,6 +475,8 @@ class GNSSRelease:
     epsilon: float
     conversion: str
     num_queries: int
+    delta_prime: float | None = None
+    shift: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -420,8 +487,9 @@ def release(ledgers, params: GNSSParameters, *, z: float, delta: float, other_rd
     """Release the data-dependent RDP of ``ledgers`` at ``params.order`` through GNSS.
 
     ``β(D) = Σ`` of the ledgers' data-dependent RDP, its local sensitivity the per-distance sum of
-    theirs; the released value is ``max(0, β(D) + SS_β·σ_ss·z)`` (clipping at 0 is post-processing:
-    a true RDP is never negative).
+    theirs; the released value is ``max(0, β(D) + SS_β·σ_ss·(z + c))`` with ``c = Φ⁻¹(1 − δ′)``
+    (:attr:`GNSSParameters.shift`; clipping at 0 is post-processing: a true RDP is never negative),
+    converted to ε at ``δ − δ′``.
 
     Args:
         ledgers: one ledger or a list of them (their orders must equal ``params.order``).
@@ -442,13 +510,14 @@ def release(ledgers, params: GNSSParameters, *, z: float, delta: float, other_rd
         ss = smooth_sensitivity(ls, params.beta)
     else:
         ss = 0.0
-    noisy = max(0.0, dd + ss * params.sigma * float(z))
+    noisy = max(0.0, dd + ss * params.sigma * (float(z) + params.shift))
     cost = params.cost
     total = noisy + cost + float(other_rdp)
-    eps = _conversion_epsilon(total, params.order, delta, conversion)
+    eps = _conversion_epsilon(total, params.order, params.conversion_delta(delta), conversion)
     return GNSSRelease(order=params.order, beta=params.beta, sigma=params.sigma, noisy_rdp=noisy, gnss_rdp=cost,
                        other_rdp=float(other_rdp), total_rdp=total, delta=float(delta), epsilon=eps,
-                       conversion=conversion, num_queries=int(sum(led.num_queries for led in ledgers)))
+                       conversion=conversion, num_queries=int(sum(led.num_queries for led in ledgers)),
+                       delta_prime=params.delta_prime, shift=params.shift)
 
 
 def _same_length(ledgers):
