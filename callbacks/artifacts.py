@@ -143,6 +143,11 @@ class ReleaseArtifact(pl.Callback):
         return bool(trainer.checkpoint_callbacks) or not getattr(pl_module, "has_release", True)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A smooth-sensitivity run releases its ε first: the training checkpoint must record that the
+        # release was made (a resume would otherwise release the same ledger again, with fresh noise).
+        finalize = getattr(pl_module, "finalize_privacy", None)
+        if finalize is not None:
+            finalize()
         # A collective under DDP (G-PATE gathers its teachers into the checkpoint), so it is written
         # here, by every rank, before the evaluation that rank 0 alone runs at on_fit_end.
         if self.checkpoints_requested(trainer, pl_module):

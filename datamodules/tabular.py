@@ -332,7 +332,8 @@ class TabularDataModule(GenerativeDataModule):
         label_ratio_epsilon: ε spent (pure DP) on the label's class ratio (Laplace counts,
             ``dp_histogram_ratio``; G-PATE spends 0.01 on credit), instead of declaring ``class_ratio``.
         metadata_seed: seed of the DP metadata noise. ``None`` (default) draws fresh OS entropy: a
-            seed anyone can read (e.g. in a logged config) lets them remove the noise.
+            seed anyone can read (e.g. in a logged config) lets them remove the noise, so a run with one
+            is tagged ``privacy_guarantee=false`` (for tests only).
         **kwargs: see :class:`GenerativeDataModule` (batch size, teachers, splits).
     """
 
@@ -470,6 +471,8 @@ class TabularDataModule(GenerativeDataModule):
                          "neighbouring": "add_remove"})
         else:
             ratio, source = list(np.bincount(labels, minlength=num_classes) / len(labels)), "data"
+        if self.metadata_seed is not None:  # replayable noise: the run's ε is no guarantee (privacy.disclosure)
+            paid = [{**cost, "mechanism_seed": "fixed"} for cost in paid]
         paid_columns = {name for cost in paid for name in cost.get("columns", [])}
         private = [c.name for c in columns if not c.public and c.name not in paid_columns]
         if not label_spec.public:

@@ -225,9 +225,12 @@ class Synthesizer:
 
     @property
     def privacy(self) -> dict[str, Any]:
-        """The accountant's summary (ε, δ, analysis, best order …); empty for a non-private model."""
+        """The accountant's summary as it may be released (ε the guarantee, δ, analysis, best order …;
+        :func:`~lightning_gpate.privacy.disclosure.released_summary`); empty for a non-private model."""
+        from lightning_gpate.privacy.disclosure import released_summary
+
         model = self._require_model()
-        return model.accountant.summary() if hasattr(model, "accountant") else {}
+        return released_summary(model) if hasattr(model, "accountant") else {}
 
     @property
     def release_path(self) -> str | None:

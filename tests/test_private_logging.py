@@ -70,12 +70,13 @@ def test_gswgan_pretraining_losses_are_private_diagnostics():
 @pytest.mark.parametrize("kind", ["gpate", "pategan"])
 def test_data_dependent_epsilon_leaves_the_run_only_under_paper_accounting(kind):
     """PATE's data-dependent ε is a function of the private vote histograms without noise: a default
-    (guarantee) run neither logs it nor releases its curve; budget_accounting: paper does, labelled."""
+    (guarantee) run does not compute it, so neither logs it nor releases its curve; budget_accounting:
+    paper does, labelled."""
     run, client = _run(kind, f"dd-{kind}")
     assert not any("data_dependent" in m for m in run.data.metrics)
     assert run.data.params["privacy/analysis"] == "guarantee" and run.data.tags["privacy_guarantee"] == "true"
     state = json.loads(Path(client.download_artifacts(run.info.run_id, "privacy/accountant.json")).read_text())
-    assert state["rdp_paper"] == state["rdp"] and state["withheld_analysis"] == "data_dependent"
+    assert state["rdp_paper"] == state["rdp"] and state["data_dependent"] is False and not state["labels"]
     release = __import__("torch").load(run.data.tags["release_artifact"], weights_only=True)
     assert release["privacy"]["accountant"]["rdp_paper"] == state["rdp"]
     assert release["privacy"]["summary"]["epsilon_paper"] == release["privacy"]["summary"]["epsilon"]

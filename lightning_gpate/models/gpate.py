@@ -89,10 +89,13 @@ class GPATE(PrivateGenerativeModel):
 
     Privacy: DPGradAgg's budget check uses the worst case (every query answered) *before* the
     aggregation runs, so a step is only run when it fits whatever the noisy threshold decides; the
-    recorded event is the actual one. The guarantee is the data-independent Confident-GNMax bound;
-    the data-dependent ε of the paper is logged as ``epsilon_data_dependent`` (not itself private).
-    TopAgg's cost is data-independent (:class:`~lightning_gpate.privacy.TopAggEvent`) and charged
-    before the noise is drawn.
+    recorded event is the actual one. The guarantee is the data-independent Confident-GNMax bound:
+    the budget when the stop rule ended the run, else the worst case of the steps taken (every query
+    answered, and under ``group_fakes_by_label`` every class present: the labels are drawn at random);
+    see :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.guarantee_epsilon`. The paper's
+    data-dependent ε is a function of the private votes: it is computed and logged (as
+    ``epsilon_data_dependent``, not a guarantee) only under ``budget_accounting: paper``. TopAgg's cost is
+    data-independent (:class:`~lightning_gpate.privacy.TopAggEvent`) and charged before the noise is drawn.
 
     Teachers are held outside the module tree (they are never averaged by DDP); under DDP rank r owns
     teachers r, r+W, …, votes are summed with an all-reduce, and the projection and noise come from a
@@ -439,7 +442,9 @@ class GPATE(PrivateGenerativeModel):
             votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
             sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
         )
-        self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()))  # <= the reserved cost
+        worst = self._event(np.zeros((self._max_units() * hp.projection_dim, hp.num_bins)),
+                            np.ones(self._max_units() * hp.projection_dim, dtype=bool))
+        self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()), worst_case=worst)  # <= the reserved cost
         return delta, answered.float().mean()
 
     def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
@@ -458,7 +463,8 @@ class GPATE(PrivateGenerativeModel):
             votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
         if _distributed():
             dist.all_reduce(votes)
-        if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg)):
+        if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg),
+                           worst_case=TopAggEvent(num_samples=self._max_units(), topk=hp.topk, sigma=hp.sigma_topagg)):
             return None, None
         delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
         return delta, delta.abs().mean()
@@ -470,6 +476,12 @@ class GPATE(PrivateGenerativeModel):
             e.lerp_(p, 1.0 - decay)
         for e, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
             e.copy_(b)
+
+    def _max_units(self) -> int:
+        """The most vote units a step can have: the fake batch, or (``group_fakes_by_label``) the classes
+        it can hold. How many it has is drawn with the labels: the worst case counts the most."""
+        m = self.hparams.fake_batch_size
+        return min(m, self.num_classes) if self.hparams.group_fakes_by_label else m
 
     def _event(self, votes: np.ndarray, answered: np.ndarray) -> ConfidentGNMaxEvent:
         hp = self.hparams

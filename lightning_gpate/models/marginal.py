@@ -12,8 +12,10 @@ label because the user of a conditional table wants ``P(features | label)`` firs
    label, then ``feature_edges`` times a (node in the tree, feature outside it) pair. The quality of a
    candidate edge (p, c) is AIM's: ``‖M_pc(D) − N̂·P̂_p⊗P̂_c‖₁ − √(2/π)·σ₂·cells(p, c)``, the L1 distance of
    its true two-way marginal from what the noisy one-way marginals predict, less the expected error of
-   measuring it (a pair is worth measuring only when it is further off than the noise). Changing one
-   record moves the first term by at most 1 (sensitivity 1); the rest is public or already noisy;
+   measuring it (a pair is worth measuring only when it is further off than the noise). Adding or
+   removing one record moves the first term by at most 2 (one cell of ``M_pc`` by 1, and ``N̂·P̂_p⊗P̂_c``
+   by ``P̂_p`` over the child's category, whose entries sum to 1): sensitivity 2; the rest is public or
+   already noisy;
 3. **two-way marginals** of the chosen edges, each measured with the Gaussian mechanism (sensitivity 1);
 4. **the model**: each tree edge's conditional table ``P(child | parent)`` from its noisy marginal
    (negative counts clipped, shrunk towards the child's one-way estimate by a pseudo-count equal to the

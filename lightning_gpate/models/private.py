@@ -25,6 +25,7 @@ from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateS
 from lightning_gpate.models.base import CheckpointError, GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
+from lightning_gpate.privacy.disclosure import PRIVATE_PREFIX, private_diagnostics_allowed
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
@@ -52,17 +53,20 @@ class PrivateGenerativeModel(GenerativeModel):
         budget_accounting: ``"guarantee"`` (default: the budget holds a real (ε, δ)-DP guarantee),
             ``"paper"`` (the paper's own analysis, e.g. data-dependent PATE ε without smooth
             sensitivity or GS-WGAN's per-sample composition — NOT a guarantee; the run is tagged so)
-            or ``"smooth_sensitivity"`` (PATE models only: the data-dependent ε released with smooth
-            sensitivity at the end of a run of fixed length, see :meth:`finalize_privacy`).
+            or ``"smooth_sensitivity"`` (PATE models only: the guarantee is the data-independent bound,
+            kept within ``epsilon_hard_cap``; at the end of a run of fixed length the data-dependent ε is
+            released with smooth sensitivity, and the release artifact is written only if that
+            (high-probability upper bound) meets ``epsilon``, see :meth:`finalize_privacy`).
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size.
         latent_prior: ``"normal"`` or ``"uniform"``.
         epsilon_hard_cap: smooth_sensitivity only (required there): the data-independent ε of
             everything the run releases (training and the GNSS release) never exceeds it; training
             stops before a step that would.
-        smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma}`` of the release (λ, β, σ_ss),
-            any of them ``None``/absent for the data-independent default rule
-            (:func:`~lightning_gpate.privacy.smooth_release.default_gnss_parameters`), and
+        smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma, delta_prime}`` of the release
+            (λ, β, σ_ss, and δ′: the released data-dependent value is an upper bound that fails with
+            probability δ′, default δ/2), any of them ``None``/absent for the data-independent default
+            rule (:func:`~lightning_gpate.privacy.smooth_release.default_gnss_parameters`), and
             optionally ``exact: true`` (walk GNMax's bounds over every distance).
         log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
             (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
@@ -101,7 +105,9 @@ class PrivateGenerativeModel(GenerativeModel):
         self.epsilon_budget = float(epsilon)
         self.delta = float(delta)
         self.budget_accounting = budget_accounting
-        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=self.neighbouring_relation)
+        # A data-dependent analysis is a function of the private votes: computed only when the budget uses it.
+        self.accountant = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=self.neighbouring_relation,
+                                            data_dependent=budget_accounting == "paper")
         self.epsilon_hard_cap: float | None = None
         self.smooth_sensitivity = None  # a SmoothSensitivityAccountant in smooth_sensitivity mode
         if budget_accounting == SMOOTH_SENSITIVITY:
@@ -114,9 +120,10 @@ class PrivateGenerativeModel(GenerativeModel):
         self.budget_exhausted = False
         self.stop_reason: str | None = None
         self.log_private_diagnostics = bool(log_private_diagnostics)
-        if self.spent_epsilon() > self.budget_limit():
+        spent = self.accountant.epsilon_paper() if budget_accounting == "paper" else self.realised_epsilon()
+        if spent > self.budget_limit():
             raise ValueError(
-                f"the metadata estimated with DP already costs ε={self.spent_epsilon():.4g}, "
+                f"the metadata estimated with DP already costs ε={spent:.4g}, "
                 f"more than the budget ε={self.budget_limit():g}"
             )
 
@@ -135,12 +142,13 @@ class PrivateGenerativeModel(GenerativeModel):
                 "guarantee) that the run may never exceed, whatever the votes; e.g. 4 x epsilon. The run length is "
                 "fixed by trainer.max_steps, and the smooth-sensitivity epsilon is released at its end."
             )
-        unknown = set(options) - {"order", "beta", "sigma", "exact"}
+        unknown = set(options) - {"order", "beta", "sigma", "delta_prime", "exact"}
         if unknown:
-            raise ValueError(f"smooth_sensitivity takes order, beta, sigma and exact; unknown: {sorted(unknown)}")
+            raise ValueError(f"smooth_sensitivity takes order, beta, sigma, delta_prime and exact; unknown: {sorted(unknown)}")
         self.epsilon_hard_cap = float(hard_cap)
         params = default_gnss_parameters(epsilon=self.epsilon_budget, delta=self.delta, conversion=self.accountant.conversion,
-                                         order=options.get("order"), beta=options.get("beta"), sigma=options.get("sigma"))
+                                         order=options.get("order"), beta=options.get("beta"), sigma=options.get("sigma"),
+                                         delta_prime=options.get("delta_prime"))
         return SmoothSensitivityAccountant(params=params, num_teachers=int(data_spec.get("num_teachers", 0)) or 1,
                                            delta=self.delta, conversion=self.accountant.conversion,
                                            neighbouring=self.neighbouring_relation, exact=bool(options.get("exact", False)))
@@ -160,8 +168,8 @@ class PrivateGenerativeModel(GenerativeModel):
         networks, secret sampling choices, batch sizes) as ``private/<name>``, only when
         ``log_private_diagnostics`` is on. Everything else a private model logs must be a released
         (noised, paid-for) quantity or post-processing of one."""
-        if self.log_private_diagnostics:
-            self.log_dict({f"private/{k}": v for k, v in metrics.items()}, **kwargs)
+        if private_diagnostics_allowed(self):
+            self.log_dict({f"{PRIVATE_PREFIX}{k}": v for k, v in metrics.items()}, **kwargs)
 
     # ----------------------------------------------------------------- budget
     def budget_limit(self) -> float:
@@ -174,18 +182,39 @@ class PrivateGenerativeModel(GenerativeModel):
         ss = self.smooth_sensitivity
         if ss is None or ss.released is not None:
             return ()
-        return (GNSSEvent(ss.params.beta, ss.params.sigma),)
+        return (GNSSEvent(ss.params.beta, ss.params.sigma_effective),)
 
-    def guarantee_epsilon(self) -> float:
-        """ε of the guarantee in force: the accountant's RDP bound, unless a subclass has a tighter
-        valid one (DP-GAN's ``accountant: pld``); in smooth_sensitivity mode
-        including the GNSS release still to come."""
+    def realised_epsilon(self) -> float:
+        """ε of the guarantee's analysis applied to the costs recorded (in smooth_sensitivity mode with
+        the GNSS release reserved): what the budget stop keeps within :meth:`budget_limit`. Not itself
+        a guarantee when a cost depended on a mechanism's output (how many Confident-GNMax queries were
+        answered) and the run ended before its budget: see :meth:`guarantee_epsilon`."""
         return self.accountant.epsilon_if(*self._gnss_reservation())
 
+    def guarantee_epsilon(self) -> float:
+        """ε of the (ε, δ)-DP guarantee of everything the run has released (in smooth_sensitivity mode,
+        the GNSS release included, reserved before it is made).
+
+        The smaller of two bounds that hold whatever the mechanisms output: the worst case of the steps
+        taken (:meth:`~lightning_gpate.privacy.accountant.PrivacyAccountant.epsilon_worst_case`: every
+        Confident-GNMax query answered) and — where the budget stop used the guarantee's analysis — the
+        budget itself: stopping before the realised ε would pass :meth:`budget_limit` is a privacy
+        filter (Feldman & Zrnic 2021; every adaptively chosen cost here is proportional to the Rényi
+        order), whose guarantee is its limit and not the realised value. Under ``budget_accounting:
+        paper`` the stop used another analysis, and the worst case alone holds. A subclass with a
+        tighter valid analysis overrides it (DP-GAN's ``accountant: pld``).
+        """
+        return self.rdp_guarantee_epsilon()
+
+    def rdp_guarantee_epsilon(self) -> float:
+        """:meth:`guarantee_epsilon` from the accountant's RDP curves (what it is unless a subclass has
+        a tighter analysis)."""
+        worst = self.accountant.epsilon_worst_case(*self._gnss_reservation())
+        return worst if self.budget_accounting == "paper" else min(self.budget_limit(), worst)
+
     def spent_epsilon(self) -> float:
-        """ε spent so far under the accounting the budget uses. In smooth_sensitivity mode: the
-        data-independent ε of everything the run releases, the GNSS release included (reserved
-        before it is made)."""
+        """ε spent so far under the accounting the budget uses: the paper's analysis under
+        ``budget_accounting: paper``, else the guarantee (:meth:`guarantee_epsilon`)."""
         if self.budget_accounting == "paper":
             return self.accountant.epsilon_paper()
         return self.guarantee_epsilon()
@@ -198,23 +227,16 @@ class PrivateGenerativeModel(GenerativeModel):
             return rdp_to_epsilon(acc.rdp_paper + paper, acc.orders, acc.delta, conversion=acc.conversion)[0]
         return self.accountant.epsilon_if(event, *self._gnss_reservation())
 
-    def epsilon_in_force(self) -> float:
-        """The ε a run reports as ``epsilon``: the guarantee (data-independent; in smooth_sensitivity
-        mode including the release to come) or, once a smooth-sensitivity release is made,
-        :meth:`released_epsilon`."""
-        ss = self.smooth_sensitivity
-        if ss is not None and ss.released is not None:
-            return self.released_epsilon()[0]
-        return self.guarantee_epsilon()
-
-    def record(self, event) -> None:
+    def record(self, event, *, worst_case=None) -> None:
         """Record ``event`` (a mechanism's actual cost) in the accountant and, in smooth_sensitivity
-        mode, in the ledger of the release."""
+        mode, in the ledger of the release. ``worst_case``: the largest event the step could have been
+        when its size was drawn at random (see :meth:`PrivacyAccountant.record
+        <lightning_gpate.privacy.accountant.PrivacyAccountant.record>`)."""
         if self.smooth_sensitivity is not None:
             if self.smooth_sensitivity.released is not None:
                 raise RuntimeError("this run's smooth-sensitivity epsilon was released: it records no more events")
             self.smooth_sensitivity.record(event)
-        self.accountant.record(event)
+        self.accountant.record(event, worst_case=worst_case)
 
     def reserve(self, event) -> bool:
         """Whether the budget can pay for ``event``; if not, mark the budget exhausted, record why,
@@ -236,7 +258,7 @@ class PrivateGenerativeModel(GenerativeModel):
         self.budget_exhausted = True
         limit = "epsilon_hard_cap" if self.smooth_sensitivity is not None else "budget"
         self.stop_reason = (
-            f"privacy {limit} reached: the next step could take epsilon from {self.spent_epsilon():.4f} "
+            f"privacy {limit} reached: the next step could take epsilon from {self._charged_epsilon():.4f} "
             f"to {after:.4f} > {self.budget_limit():g} (delta={self.delta:g}, {self.budget_accounting})"
         )
         if self._trainer is not None:
@@ -250,21 +272,26 @@ class PrivateGenerativeModel(GenerativeModel):
                 )
         return False
 
-    def charge(self, event) -> bool:
+    def _charged_epsilon(self) -> float:
+        """What the budget stop compares with :meth:`budget_limit` (the realised costs)."""
+        return self.accountant.epsilon_paper() if self.budget_accounting == "paper" else self.realised_epsilon()
+
+    def charge(self, event, *, worst_case=None) -> bool:
         """Record ``event`` if the budget allows it (:meth:`reserve`) and return ``True``; otherwise
         record nothing and return ``False`` — the caller must then not apply (or use) the outputs
         that the event pays for."""
         if not self.reserve(event):
             return False
-        self.record(event)
+        self.record(event, worst_case=worst_case)
         return True
 
     # ----------------------------------------------------------------- smooth-sensitivity release
     def finalize_privacy(self) -> None:
         """End of training. In smooth_sensitivity mode, release the run's data-dependent RDP at the
-        fixed order λ through GNSS (Papernot et al. 2018, Section 4): ``β(D) + SS_β(D)·σ_ss·Z`` with
-        ``Z ~ N(0, 1)`` from the mechanism's secret generator, plus GNSS's cost and the
-        data-independent cost at λ of everything else; record the release's own cost in the
+        fixed order λ through GNSS (Papernot et al. 2018, Section 4) as an upper bound that holds with
+        probability 1 − δ′: ``β(D) + SS_β(D)·σ_ss·(Z + Φ⁻¹(1 − δ′))`` with ``Z ~ N(0, 1)`` from the
+        mechanism's secret generator (:mod:`~lightning_gpate.privacy.smooth_release`), plus GNSS's cost
+        and the data-independent cost at λ of everything else; record the release's own cost in the
         accountant. Then decide from the released value alone (post-processing) whether the release
         artifact may be written (:meth:`release_allowed`). Idempotent; nothing happens in the other modes.
         """
@@ -279,40 +306,37 @@ class PrivateGenerativeModel(GenerativeModel):
         z = float(torch.randn(1, generator=mechanism_generator("cpu", None if seed is None else int(seed) + 7919)).item())
         if self._trainer is not None and self.trainer.world_size > 1:
             z = float(self.trainer.strategy.broadcast(z, src=0))  # every rank releases the same value
-        released = ss.release(z)
-        self.accountant.record(GNSSEvent(ss.params.beta, ss.params.sigma))
-        final, analysis = self.released_epsilon()
-        lines = [f"Smooth-sensitivity release at order {released.order:g} (beta={released.beta:.4g}, "
-                 f"sigma_ss={released.sigma:.4g}): epsilon={released.epsilon:.4f}; data-independent bound of "
-                 f"everything released: epsilon={self.accountant.epsilon():.4f}; reported: {final:.4f} ({analysis})."]
+        ss.release(z)
+        self.accountant.record(GNSSEvent(ss.params.beta, ss.params.sigma_effective))
         if not self.release_allowed():
             self.stop_reason = (
-                f"{self.stop_reason + '; ' if self.stop_reason else ''}the released epsilon={final:.4f} exceeds the "
-                f"target epsilon={self.epsilon_budget:g}: the release artifact is not written"
+                f"{self.stop_reason + '; ' if self.stop_reason else ''}the released data-dependent epsilon="
+                f"{self.smooth_sensitivity_epsilon():.4f} exceeds the target epsilon={self.epsilon_budget:g}: the "
+                f"release artifact is not written"
             )
-            lines.append(f"NOT RELEASED: {self.stop_reason}")
         if self._trainer is None or self.trainer.is_global_zero:
-            print("\n".join(lines))
+            from lightning_gpate.privacy.disclosure import smooth_sensitivity_release_lines
 
-    def released_epsilon(self) -> tuple[float, str]:
-        """After a smooth-sensitivity release: the smaller of the released smooth-sensitivity ε and
-        the data-independent ε of everything released (both hold for this run), and which it is."""
+            print("\n".join(smooth_sensitivity_release_lines(self)))
+
+    def smooth_sensitivity_epsilon(self) -> float:
+        """After a smooth-sensitivity release: the data-dependent ε it released (an upper bound of the
+        run's data-dependent ε with probability 1 − δ′; NOT a DP guarantee: that is
+        :meth:`guarantee_epsilon`)."""
         ss = self.smooth_sensitivity
         if ss is None or ss.released is None:
             raise RuntimeError("no smooth-sensitivity release was made")
-        independent = self.accountant.epsilon()
-        if ss.released.epsilon <= independent:
-            return ss.released.epsilon, SMOOTH_SENSITIVITY
-        return independent, "data_independent"
+        return float(ss.released.epsilon)
 
     def release_allowed(self) -> bool:
         """Whether this model's release artifact may be written. Always, except in smooth_sensitivity
-        mode, where the released ε (:meth:`released_epsilon`) must meet the target ``epsilon`` (a
-        decision on a released value only). ``False`` before the release is made."""
+        mode, where the released data-dependent ε (:meth:`smooth_sensitivity_epsilon`, an upper bound
+        with probability 1 − δ′) must meet the target ``epsilon`` (a decision on a released value only).
+        ``False`` before the release is made."""
         ss = self.smooth_sensitivity
         if ss is None:
             return True
-        return ss.released is not None and self.released_epsilon()[0] <= self.epsilon_budget
+        return ss.released is not None and self.smooth_sensitivity_epsilon() <= self.epsilon_budget
 
     def on_train_end(self) -> None:
         self.finalize_privacy()
@@ -407,10 +431,13 @@ class PrivateGenerativeModel(GenerativeModel):
         if (saved is None) != (self.smooth_sensitivity is None):
             raise ValueError("the checkpoint's budget_accounting (smooth_sensitivity or not) differs from this model's")
         if saved is not None:
+            if saved["params"].get("delta_prime") is None:
+                raise ValueError("this smooth-sensitivity checkpoint comes from a version whose release was the noisy "
+                                 "data-dependent value, not an upper bound of it: start a new run")
             self.smooth_sensitivity = SmoothSensitivityAccountant.from_state(saved)
 
     def load_released_privacy(self, privacy: dict[str, Any]) -> None:
-        """Restore the privacy state of a release artifact (``callbacks.privacy.released_privacy``)."""
+        """Restore the privacy state of a release artifact (:func:`~lightning_gpate.privacy.disclosure.released_privacy`)."""
         self.accountant.load_state_dict(privacy["accountant"])
         self.budget_exhausted = bool(privacy.get("budget_exhausted", False))
         self.stop_reason = privacy.get("stop_reason")
