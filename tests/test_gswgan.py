@@ -136,9 +136,14 @@ def test_critic_steps_leave_the_generator_untouched():
     assert any("running_mean" in k for k in generator_state)
 
 
-def test_a_generator_step_trains_only_the_drawn_discriminator():
+@pytest.mark.parametrize("state", ["reset", "kept"])
+def test_a_generator_step_trains_only_the_drawn_discriminator(state):
+    """``kept`` (the official code, paper accounting only): the drawn discriminator keeps its training and
+    its own Adam state. ``reset`` (the default): no draw leaves a trace in any discriminator's state, so
+    none depends on the secret history of draws."""
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    model = GSWGAN(dm.spec, epsilon=1e4, discriminator_state=state, budget_accounting="paper" if state == "kept" else "guarantee",
+                   **SMALL)
     drawn = []
 
     class Record(pl.Callback):
@@ -151,8 +156,26 @@ def test_a_generator_step_trains_only_the_drawn_discriminator():
     assert len(drawn) == 6
     for k in range(N_D):
         changed = any(not torch.equal(before[n][k], after[n][k]) for n in before)
-        assert changed == (k in drawn), (k, drawn)
-        assert int(model.discriminator_adam.steps[k]) == 2 * drawn.count(k)  # its own Adam state
+        assert changed == (state == "kept" and k in drawn), (k, drawn)
+        assert int(model.discriminator_adam.steps[k]) == (2 * drawn.count(k) if state == "kept" else 0)
+
+
+def test_a_drawn_discriminator_starts_from_its_state_at_the_start_of_training():
+    """Under the guarantee a step's critic is a function of its own subset, the generator and fresh
+    randomness: drawing the same discriminator twice in a row trains it from the same weights with a
+    fresh Adam state (equal critics for equal batches and latents)."""
+    dm = _table()
+    model = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    _trainer(0).fit(model, dm)
+    teacher, real_x, real_y = next(iter(model.trainer.train_dataloader))
+    critics = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model.train_critic(int(teacher), real_x, real_y)
+        critics.append([p.detach().clone() for p in model.discriminator.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*critics))
+    with pytest.raises(ValueError, match="budget_accounting: paper"):
+        GSWGAN(dm.spec, epsilon=1e4, discriminator_state="kept", **SMALL)
 
 
 def test_the_generator_has_its_own_adam_settings_and_the_paper_shares_one():

@@ -24,6 +24,20 @@ Accounting (see :mod:`lightning_gpate.privacy.gswgan`): ``budget_accounting: gua
 is the sound analysis — one subsampled Gaussian of noise multiplier σ/√B and rate 1/N_D per step;
 ``budget_accounting: paper`` is the official per-sample composition (T·B subsampled Gaussians of
 noise σ), which reproduces published numbers but is NOT a guarantee (the run is tagged so).
+
+Why a drawn discriminator starts afresh (``discriminator_state: reset``, the default). The analysis
+composes, step after step, a mechanism that draws one of N_D discriminators with fresh secret
+randomness and releases a noisy function of *its data* (and of the public generator). In the official
+code a discriminator instead continues from where its last draw left it: its state then records when
+it was drawn before — and since one is drawn per step, also when the others were. That history is the
+secret the amplification by subsampling rests on, and a released gradient may carry it: a
+discriminator that (in the extreme) announced how often it had been trained would tell which steps
+used another one, and those steps would be charged as if there were no subsampling. No composition
+theorem covers such hidden state, so under the guarantee every draw starts the discriminator from its
+state at the start of training (its pretrained weights: a function of its own subset) with a fresh
+Adam state, and takes its ``critic_steps`` against the current generator: each step is then exactly
+the subsampled mechanism the analysis composes. ``discriminator_state: kept`` (the official code) is
+available under ``budget_accounting: paper`` only.
 """
 
 from __future__ import annotations
@@ -47,6 +61,7 @@ from lightning_gpate.privacy.sanitizer import GradientSanitizer
 from lightning_gpate.release import RELEASE_KEY
 
 STAGES = ("pretrain", "train")
+DISCRIMINATOR_STATES = ("reset", "kept")
 GSWGAN_CHECKPOINT_KEY = "gswgan"
 
 
@@ -233,6 +248,9 @@ class GSWGAN(PrivateGenerativeModel):
             discriminators for images (no normalisation).
         pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
             ``None`` uses the main generator's architecture (N_D copies of it are held at once).
+        discriminator_state: ``"reset"`` (default: every draw starts the discriminator from its state at
+            the start of training, with a fresh Adam state; see the module docstring) or ``"kept"``
+            (it continues from its last draw, as the official code: ``budget_accounting: paper`` only).
         log_private_diagnostics: also log what is computed from the private data without noise: the
             discriminator drawn (the secret GS-WGAN's subsampling rests on), the critic and generator
             losses through non-private discriminators, pretraining losses; under ``private/*``.
@@ -275,6 +293,7 @@ class GSWGAN(PrivateGenerativeModel):
         df_dim: int = 32,
         fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
+        discriminator_state: str = "reset",
         log_private_diagnostics: bool = False,
         secure_mode: bool = False,
         noise_seed: int | None = None,
@@ -301,6 +320,12 @@ class GSWGAN(PrivateGenerativeModel):
             raise ValueError(f"generator_lr must be a finite number > 0 or unset, got {generator_lr}")
         if ema_decay is not None and not 0 < ema_decay < 1:
             raise ValueError(f"ema_decay must be in (0, 1) or unset, got {ema_decay}")
+        if discriminator_state not in DISCRIMINATOR_STATES:
+            raise ValueError(f"discriminator_state must be one of {DISCRIMINATOR_STATES}, got {discriminator_state!r}")
+        if discriminator_state == "kept" and budget_accounting != "paper":
+            raise ValueError("discriminator_state: kept lets a discriminator's state depend on the secret history of "
+                             "draws, which no analysis here covers: use it with budget_accounting: paper (not a guarantee), "
+                             "or discriminator_state: reset")
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.num_discriminators = num_discriminators
@@ -464,12 +489,17 @@ class GSWGAN(PrivateGenerativeModel):
 
     def train_critic(self, k: int, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
         """Plain (non-private) WGAN-GP steps of discriminator ``k`` on its own batches
-        ``real_x`` ``[critic_steps, b, ...]``, with its own Adam state; it is left loaded in
-        ``self.discriminator``. Returns the last critic loss."""
+        ``real_x`` ``[critic_steps, b, ...]``, from its state at the start of training and a fresh Adam
+        state (``discriminator_state: reset``) or from its last draw with its own Adam state
+        (``kept``); it is left loaded in ``self.discriminator``. Returns the last critic loss."""
         opt_d = self.optimizers()[1]
         critic = self.discriminator
+        kept = self.hparams.get("discriminator_state", "reset") == "kept"
         self.discriminators.load_member(k, critic)
-        self.discriminator_adam.load_member(k, critic, opt_d.optimizer)
+        if kept:
+            self.discriminator_adam.load_member(k, critic, opt_d.optimizer)
+        else:
+            opt_d.optimizer.state.clear()
         for real_xc, real_yc in zip(real_x, real_y):
             # Fakes with the real batch's labels (as the official code); the generator's BatchNorm
             # statistics must not record those private labels: they are restored afterwards.
@@ -480,8 +510,9 @@ class GSWGAN(PrivateGenerativeModel):
             self.manual_backward(d_loss)
             self.step_uncounted(opt_d)
             self.critic_steps_taken += 1
-        self.discriminators.store_member(k, critic)
-        self.discriminator_adam.store_member(k, critic, opt_d.optimizer)
+        if kept:  # reset: the stacked state never changes, so no draw leaves a trace in it
+            self.discriminators.store_member(k, critic)
+            self.discriminator_adam.store_member(k, critic, opt_d.optimizer)
         return d_loss.detach()
 
     def generator_step(self, critic: nn.Module) -> torch.Tensor:
