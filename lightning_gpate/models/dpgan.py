@@ -317,6 +317,11 @@ class DPGAN(PrivateGenerativeModel):
         rounded = -(-steps // PLD_STEP_GRID) * PLD_STEP_GRID
         return self._pld_epsilon(steps if rounded > self._pld_max_steps() else rounded)
 
+    def stop_rule_filters_rdp(self) -> bool:
+        """With ``accountant: pld`` the budget stop compares the PLD ε: the RDP bound beside it is the
+        plain RDP ε of the steps taken (every DP-GAN cost is fixed in advance), not capped by the budget."""
+        return self.hparams.get("accountant", "rdp") == "rdp" and super().stop_rule_filters_rdp()
+
     def epsilon_if(self, event) -> float:
         """ε after ``event`` under the budget's accountant. With PLD, a step count within the budget's
         maximum reports the ε of that maximum (an upper bound, computed once), so that each step does

@@ -197,12 +197,13 @@ class PrivateGenerativeModel(GenerativeModel):
 
         The smaller of two bounds that hold whatever the mechanisms output: the worst case of the steps
         taken (:meth:`~lightning_gpate.privacy.accountant.PrivacyAccountant.epsilon_worst_case`: every
-        Confident-GNMax query answered) and — where the budget stop used the guarantee's analysis — the
-        budget itself: stopping before the realised ε would pass :meth:`budget_limit` is a privacy
-        filter (Feldman & Zrnic 2021; every adaptively chosen cost here is proportional to the Rényi
-        order), whose guarantee is its limit and not the realised value. Under ``budget_accounting:
-        paper`` the stop used another analysis, and the worst case alone holds. A subclass with a
-        tighter valid analysis overrides it (DP-GAN's ``accountant: pld``).
+        Confident-GNMax query answered) and — where the budget stop compares the RDP guarantee with
+        :meth:`budget_limit` (:meth:`stop_rule_filters_rdp`) — that limit: stopping before the
+        realised ε would pass it is a privacy filter (Feldman & Zrnic 2021; every adaptively chosen
+        cost here is proportional to the Rényi order), whose guarantee is its limit and not the
+        realised value. Under ``budget_accounting: paper`` the stop uses another analysis, and the
+        worst case alone holds. A subclass with a tighter valid analysis overrides it (DP-GAN's
+        ``accountant: pld``).
         """
         return self.rdp_guarantee_epsilon()
 
@@ -210,7 +211,13 @@ class PrivateGenerativeModel(GenerativeModel):
         """:meth:`guarantee_epsilon` from the accountant's RDP curves (what it is unless a subclass has
         a tighter analysis)."""
         worst = self.accountant.epsilon_worst_case(*self._gnss_reservation())
-        return worst if self.budget_accounting == "paper" else min(self.budget_limit(), worst)
+        return min(self.budget_limit(), worst) if self.stop_rule_filters_rdp() else worst
+
+    def stop_rule_filters_rdp(self) -> bool:
+        """Whether the budget stop compares the accountant's RDP guarantee with :meth:`budget_limit` (so
+        that the limit is a guarantee, a privacy filter): not under ``budget_accounting: paper``, nor
+        where a subclass stops on another analysis (DP-GAN's ``accountant: pld``)."""
+        return self.budget_accounting != "paper"
 
     def spent_epsilon(self) -> float:
         """ε spent so far under the accounting the budget uses: the paper's analysis under
