@@ -89,7 +89,8 @@ def test_budget_stop_without_overshoot_and_epsilon_in_mlflow(public_table):
     assert eps == sorted(eps) and max(eps) <= 12.0
     assert "epsilon_data_dependent" not in run.data.metrics  # a function of the private votes: paper accounting only
     assert run.data.tags["stop_reason"].startswith("privacy budget reached")
-    assert math.isclose(run.data.metrics["epsilon_final"], acc.epsilon(), rel_tol=1e-9)
+    # the stop rule is a privacy filter: the guarantee is the budget, not the realised cost below it
+    assert run.data.metrics["epsilon_final"] == 12.0 and acc.epsilon() < 12.0
 
 
 def test_resume_keeps_epsilon_teachers_and_partition(tmp_path, public_table):

@@ -37,8 +37,8 @@ from .accountant import DATA_DEPENDENT, GUARANTEE
 #: Prefix of evaluation figures of a private model computed from its real training split without noise.
 PRIVATE_PREFIX = "private/"
 #: What a private run's ε covers (the tag ``privacy_scope``, the artifact's ``scope``, the summary).
-PRIVACY_SCOPE = ("epsilon covers the release artifact and the training logs; evaluations on held-out rows of the "
-                 "same data (utility/*, quality/*, evaluation/, plots/) use them without noise and are not private")
+PRIVACY_SCOPE = ("epsilon covers the release artifact and the training logs; evaluations on held-out rows "
+                 "(utility/*, quality/*, evaluation/, plots/) are not private")
 
 
 # ----------------------------------------------------------------------------- is it a guarantee
