@@ -265,9 +265,10 @@ def analyze(args) -> None:
              "these private votes: for the benchmark only; a real run fixes it from public data with "
              "`lightning-gpate plan`).", "",
              "Steps allowed: the largest run length whose epsilon fits the target (`*`: beyond the recorded run, "
-             "extrapolated from its mean step). A smooth-sensitivity run reports the released epsilon or, where "
-             "smaller, the data-independent bound of everything it released (the GNSS release included); its "
-             "release is refused when that exceeds the target, so the "
+             "extrapolated from its mean step). A smooth-sensitivity run releases its data-dependent epsilon as an "
+             "upper bound that holds with probability 1 - delta' (delta' = delta/2); its guarantee is the "
+             "data-independent bound of everything it released (the GNSS release included); its "
+             "release is refused when the released value exceeds the target, so the "
              "smooth-sensitivity lengths at Z = 0, +1, +2 are those at which a release would be allowed with "
              "about 50%, 84% and 98% chance.", ""]
     for target in args.targets:
@@ -275,7 +276,8 @@ def analyze(args) -> None:
         probe_plan = plan(Probe(model=model, events=events, steps=n_steps, source="recorded votes"), epsilon=target)
         if probe_plan.recommended:
             p = probe_plan.recommended["model.smooth_sensitivity"]
-            choices.append(("plan's choice", GNSSParameters(order=p["order"], beta=p["beta"], sigma=p["sigma"])))
+            choices.append(("plan's choice", GNSSParameters(order=p["order"], beta=p["beta"], sigma=p["sigma"],
+                                                            delta_prime=p["delta_prime"])))
         paths = {name: ledger_path(params) for name, params in choices}
         entry = {"gnss": {name: params.to_dict() | {"gnss_rdp": params.cost} for name, params in choices},
                  "per_step": [], "steps_allowed": {}}
