@@ -402,3 +402,20 @@ def test_kappa_smooth_sensitivity_bounds_the_shifted_statistic_between_neighbour
     g_a, g_b = a.data_dependent_rdp() + c * sigma * ss_a, b.data_dependent_rdp() + c * sigma * ss_b
     assert abs(g_a - g_b) <= kappa * ss_a * (1 + 1e-9)
     assert GNSSParameters(order=6.0, beta=beta, sigma=sigma, delta_prime=1e-6).kappa == pytest.approx(kappa, rel=1e-9)
+
+
+def test_the_training_checkpoint_is_written_after_the_release(tmp_path):
+    """ReleaseArtifact writes the final training checkpoint at the end of training; in a smooth-sensitivity
+    run it holds the release already, so a resume from it cannot release the same ledger again."""
+    from lightning_gpate.release import load_release
+
+    dm = table()
+    model = GPATE(dm.spec, epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+                  smooth_sensitivity=SS, **GPATE_SMALL)
+    artifact = ReleaseArtifact()
+    trainer(2, enable_checkpointing=True, default_root_dir=tmp_path, callbacks=[artifact]).fit(model, dm)
+    saved = torch.load(artifact.training_checkpoint_path, weights_only=False)["state_dict"]
+    extra = next(v for k, v in saved.items() if k.endswith("_extra_state"))
+    assert extra["smooth_sensitivity"]["released"] is not None
+    assert extra["accountant"]["counts"]["gnss_events"] == 1
+    assert load_release(artifact.training_checkpoint_path)["privacy"]["smooth_sensitivity"]["released"] is not None
