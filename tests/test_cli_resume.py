@@ -40,7 +40,7 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
     fit.kill()
     assert fit.wait() == -9
     checkpoint = tmp_path / "ckpts" / "step=10.ckpt"
-    eps_at_checkpoint = load_generator(str(checkpoint)).accountant.epsilon()
+    eps_at_checkpoint = load_generator(str(checkpoint)).guarantee_epsilon()
     client, (killed,) = _runs(tmp_path, "resume")
     assert killed.info.status == "RUNNING"  # nobody could close it
     # Lightning logs the metrics of global step s at MLflow step s - 1

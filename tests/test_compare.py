@@ -103,7 +103,7 @@ def test_evaluate_an_image_run_and_compare_the_runs(capsys, mixed_frame):
     if "pategan" in model_classes():
         private = table[table["run"] == "pategan-b"].iloc[0]
         assert private["model"] == "PATEGAN" and 0 < private["epsilon"] <= 1.0 and private["delta"] == 1e-5
-        assert private["guarantee"] is True or str(private["guarantee"]).lower() == "true"
+        assert str(private["guarantee"]).lower() == "false"  # noise_seed fixed above (tests): replayable noise
 
 
 def test_compare_errors_are_clear(capsys):
