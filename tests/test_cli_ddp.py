@@ -34,7 +34,8 @@ def test_two_processes_finish_with_one_run_and_the_generator_and_epsilon_of_one(
     assert two.returncode == 0, two.stderr[-4000:]
     assert two.stdout.count("lightning-gpate fit: done") == 1  # rank 0 only
     summary = two.stdout.split("lightning-gpate fit: done\n")[1]
-    assert "stopped   max_steps=3 reached" in summary and "spent of the budget ε = 10 (δ = 1e-05): an (ε, δ)-DP guarantee" in summary
+    # noise_seed is fixed for the comparison: the summary says the run is no guarantee
+    assert "stopped   max_steps=3 reached" in summary and "of the budget ε = 10 (δ = 1e-05): NOT a guarantee (noise_seed fixed" in summary
     for figure in ("CNN accuracy on real test (final epoch)", "Inception Score", "FID"):
         assert figure in summary
     assert "Starting with 2 processes" in two.stderr or "MEMBER: 2/2" in two.stderr
