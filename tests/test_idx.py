@@ -153,7 +153,7 @@ def test_a_truncated_file_fails_the_cli_before_any_run(tmp_path, capsys):
     path = tmp_path / "mnist" / "train-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:-100])
     root = Path(__file__).resolve().parents[1]
-    code = main(["fit", "--config", str(root / "configs" / "mnist" / "gan.yaml"), "--data.root", str(tmp_path / "mnist"),
+    code = main(["fit", "--config", str(root / "configs" / "mnist" / "gan_nonprivate.yaml"), "--data.root", str(tmp_path / "mnist"),
                  "--data.verify_checksums", "false", "--trainer.max_steps", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "error:" in err and "it truncated" in err and len(err.strip().splitlines()) == 1
