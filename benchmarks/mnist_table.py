@@ -195,26 +195,31 @@ def _trainer(a, *, max_steps: int, callbacks: list):
 
 
 def privacy_record(model) -> dict[str, Any]:
-    """What the row's ε is, under which analysis: the guarantee, and any other figure with its label."""
+    """The row's ε as the run may release it (:mod:`lightning_gpate.privacy.disclosure`, the one place that
+    decides): the guarantee, and any other figure with its label."""
+    from lightning_gpate.privacy.disclosure import released_epsilons, released_privacy
+
     if not hasattr(model, "accountant"):
         return {"privacy": "none (non-private)"}
     if model.epsilon_budget >= 1e9:
         return {"privacy": "none (noise-free: σ ≈ 0, no budget)"}
-    mode = model.budget_accounting
-    out = {"privacy": mode, "epsilon_budget": float(model.epsilon_budget), "budget_exhausted": bool(model.budget_exhausted)}
-    if mode == "smooth_sensitivity":
-        ss = model.smooth_sensitivity
-        out["epsilon_guarantee"] = float(model.accountant.epsilon())  # data-independent, the GNSS release included
-        out["epsilon_hard_cap"] = float(model.epsilon_hard_cap)
-        if ss is not None and ss.released is not None:
-            out["epsilon_other"] = float(ss.released.epsilon)
+    released = released_privacy(model)
+    out = {"privacy": released["budget_accounting"], "epsilon_budget": released["epsilon_budget"],
+           "epsilon_guarantee": float(released["summary"]["epsilon"]), "budget_exhausted": released["budget_exhausted"]}
+    ss = released.get("smooth_sensitivity")
+    if ss is not None:
+        out["epsilon_guarantee"] = float(ss.get("epsilon_data_independent", out["epsilon_guarantee"]))
+        out["epsilon_hard_cap"] = float(ss["epsilon_hard_cap"])
+        out["release_allowed"] = bool(ss["release_allowed"])
+        if (ss.get("released") or {}).get("epsilon") is not None:
+            out["epsilon_other"] = float(ss["released"]["epsilon"])
             out["epsilon_other_label"] = "released with smooth sensitivity (data-dependent, noised)"
-            out["release_allowed"] = bool(model.release_allowed())
         return out
-    out["epsilon_guarantee"] = float(model.guarantee_epsilon())
-    if mode == "paper":
-        out["epsilon_other"] = float(model.spent_epsilon())
-        out["epsilon_other_label"] = f"{model.accountant.paper_label} (the paper's accounting, not a guarantee)"
+    others = {k: v for k, v in released_epsilons(model).items() if k not in ("epsilon", "epsilon_rdp")}
+    if others:
+        key, value = next(iter(others.items()))
+        out["epsilon_other"] = float(value)
+        out["epsilon_other_label"] = f"{key.removeprefix('epsilon_')} (the paper's accounting, not a guarantee)"
     return out
 
 
