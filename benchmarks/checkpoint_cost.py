@@ -58,7 +58,7 @@ class StepTimer(pl.Callback):
 
 
 def _model_and_data(args, teachers: int):
-    dm = ImageDataModule("csv", path=str(args.data), num_teachers=teachers, teacher_batch_size=30,
+    dm = ImageDataModule("csv", path=str(args.data), classes=list(range(10)), num_teachers=teachers, teacher_batch_size=30,
                          val_fraction=0.0, test_fraction=0.2)
     model = GPATE(dm.spec, epsilon=1e6, delta=1e-5, fake_batch_size=30, projection_dim=10, sigma_threshold=600.0,
                   sigma_gnmax=100.0, teacher_chunk_size=args.chunk, z_dim=100)

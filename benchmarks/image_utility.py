@@ -13,16 +13,13 @@ be split over several calls (``--models``, ``--eps``).
 "noise-free" runs G-PATE with σ ≈ 0 and no budget (``epsilon=1e12``): what the mechanism's signal
 can do at best; for the GAN it is its only row. DP-GAN, GS-WGAN and PATE-GAN have no noise-free row.
 
-Presets: ``digits`` (scikit-learn's 8×8 digits, CPU-sized), ``mnist5k`` and ``mnist15k`` (the real
-MNIST digits of ``../shared/data``, 80/20 train/test split; GPU-sized, ``--device cuda``).
+Preset: ``digits`` (scikit-learn's 8×8 digits, CPU-sized). The official MNIST (60,000 training and
+10,000 test digits) has its own runner, with the papers' settings: ``benchmarks/mnist_table.py``.
 
 Usage::
 
     python benchmarks/image_utility.py --preset digits --threads 2
     python benchmarks/image_utility.py --preset digits --models gpate gan --eps 10 inf
-    python benchmarks/image_utility.py --device cuda --data mnist15k    # every model and ε, GPU-sized
-    # GPU machine (see ../shared/gpu/README.md; carry .gpu):
-    source .gpu/env.sh && python benchmarks/image_utility.py --preset mnist15k --device cuda --data-dir .gpu/data
     python benchmarks/image_utility.py --preset digits --table-only   # rebuild table and plot
 """
 
@@ -51,10 +48,6 @@ EPSILONS = ("1", "10", NOISE_FREE)
 _GPATE_NOISE_FREE = {"epsilon": 1e12, "sigma_threshold": 1e-3, "sigma_gnmax": 1e-3, "sigma_topagg": 1e-3}
 
 
-def _csv(name: str) -> dict:
-    return {"dataset": "csv", "path": f"{{data_dir}}/{name}.csv.gz", "val_fraction": 0.0, "test_fraction": 0.2}
-
-
 # preset -> data overrides, model -> {eps -> (config, model overrides, data overrides)}
 PRESETS: dict[str, dict[str, Any]] = {
     "digits": {
@@ -75,28 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gan": {NOISE_FREE: ("configs/gan_digits.yaml", {}, {})},
         },
     },
-    "mnist15k": {
-        "data": _csv("mnist_15k"),
-        "cases": {
-            "gpate": {"1": ("configs/gpate_mnist15k_eps1.yaml", {}, {}),
-                      "10": ("configs/gpate_mnist15k_eps10.yaml", {}, {}),
-                      NOISE_FREE: ("configs/gpate_mnist15k_eps10.yaml", _GPATE_NOISE_FREE, {})},
-            "gpate_topagg": {"1": ("configs/gpate_topagg_mnist15k.yaml", {"epsilon": 1.0, "sigma_topagg": 4000.0}, {}),
-                             "10": ("configs/gpate_topagg_mnist15k.yaml", {"epsilon": 10.0}, {}),
-                             NOISE_FREE: ("configs/gpate_topagg_mnist15k.yaml", _GPATE_NOISE_FREE, {})},
-            # DP-GAN keeps its config's 10% validation split: its declared Poisson rate assumes it
-            "dpgan": {"1": ("configs/dpgan_mnist15k.yaml", {"epsilon": 1.0}, {"val_fraction": 0.1}),
-                      "10": ("configs/dpgan_mnist15k.yaml", {"epsilon": 10.0}, {"val_fraction": 0.1})},
-            "gswgan": {"1": ("configs/gswgan_mnist15k.yaml", {"epsilon": 1.0}, {}),
-                       "10": ("configs/gswgan_mnist15k.yaml", {"epsilon": 10.0}, {})},
-            "pategan": {"1": ("configs/pategan_mnist.yaml", {"epsilon": 1.0}, {"val_fraction": 0.0}),
-                        "10": ("configs/pategan_mnist.yaml", {"epsilon": 10.0}, {"val_fraction": 0.0})},
-            "gan": {NOISE_FREE: ("configs/gan_mnist.yaml", {}, {})},
-        },
-    },
 }
-PRESETS["mnist5k"] = copy.deepcopy(PRESETS["mnist15k"])
-PRESETS["mnist5k"]["data"] = _csv("mnist_5k")
 
 
 # ----------------------------------------------------------------------------------------------- one case
@@ -274,12 +246,11 @@ def _plot(preset: str, records: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", "--data", dest="preset", default="digits", choices=sorted(PRESETS),
-                   help="data set and its configs: digits (CPU), mnist5k or mnist15k (GPU)")
+                   help="data set and its configs: digits (CPU; MNIST: benchmarks/mnist_table.py)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--eps", nargs="+", default=list(EPSILONS), choices=EPSILONS)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
-    p.add_argument("--data-dir", default="../shared/data", help="folder of mnist_*.csv.gz")
     p.add_argument("--max-steps", type=int, default=None, help="override every config's max_steps")
     p.add_argument("--num-samples", type=int, default=None, help="generated images for the CNN and IS/FID (default: train size)")
     p.add_argument("--no-quality", action="store_true", help="skip IS/FID")
@@ -296,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     preset = PRESETS[a.preset]
     folder = RESULTS / f"image_utility_{a.preset}"
     folder.mkdir(parents=True, exist_ok=True)
-    data = {k: (v.format(data_dir=a.data_dir) if isinstance(v, str) else v) for k, v in preset["data"].items()}
+    data = dict(preset["data"])
     for case in a.models:
         for eps in a.eps:
             spec = preset["cases"].get(case, {}).get(eps)

@@ -94,7 +94,7 @@ def train(args) -> None:
     else:
         if not DATA.is_file():
             raise SystemExit(f"{DATA} not found (the shared MNIST CSV)")
-        dm = ImageDataModule("csv", path=str(DATA), num_teachers=args.teachers, teacher_batch_size=args.teacher_batch,
+        dm = ImageDataModule("csv", path=str(DATA), classes=list(range(10)), num_teachers=args.teachers, teacher_batch_size=args.teacher_batch,
                              val_fraction=0.0, test_fraction=0.0)
         generator = dict(z_dim=50)
     model = GPATE(dm.spec, epsilon=1e12, delta=1e-5, budget_accounting="paper", fake_batch_size=args.fake_batch,

@@ -352,6 +352,7 @@ class GenerativeDataModule(pl.LightningDataModule):
                 x, y, self.partition, self.owned_teachers(),
                 batch_size=self.teacher_batch_size, seed=self.partition_seed, transform=self._transform,
                 start_step=self.trainer.global_step if self.trainer is not None else 0,  # resume: continue the streams
+                device=self.trainer.strategy.root_device if self.trainer is not None else None,  # batches built there
             )
             return DataLoader(batches, batch_size=None, num_workers=0)
         if len(y) < self.batch_size:

@@ -1,7 +1,12 @@
-"""Image data: embedded digits, MNIST, Fashion-MNIST, CelebA (torchvision), or an image CSV.
+"""Image data: embedded digits, MNIST and Fashion-MNIST (their IDX files), CelebA (torchvision), or an image CSV.
 
 Images are stored as uint8 and mapped to [-1, 1] per batch (the generators end in tanh); the spec's
 ``value_max`` maps generated images back to the dataset's own range.
+
+MNIST and Fashion-MNIST keep their official split: the 60,000 training images are the training data
+(the private data of a private model, partitioned among its teachers), the 10,000 test images are the
+``test`` split (utility is measured on them; they select nothing). Their classes are public by the
+definition of the data sets. An image CSV's classes are public only when declared (``classes``).
 """
 
 from __future__ import annotations
@@ -42,16 +47,24 @@ class ImageDataModule(GenerativeDataModule):
 
     Args:
         dataset: ``digits`` (scikit-learn's 8×8 digits, embedded, no download), ``mnist``,
-            ``fashion_mnist``, ``celeba`` (label: ``celeba_attribute``, default gender) or ``csv``
-            (``path`` to a CSV of flattened square grey images, last column the label, e.g.
-            ``../shared/data/mnist_5k.csv.gz``).
-        root: folder of the torchvision datasets.
-        download: let torchvision download a missing dataset.
+            ``fashion_mnist`` (their four official IDX files, :mod:`datamodules.idx`), ``celeba``
+            (label: ``celeba_attribute``, default gender) or ``csv`` (``path`` to a CSV of flattened
+            square grey images, last column the label, e.g. ``../shared/data/mnist_5k.csv.gz``).
+        root: MNIST/Fashion-MNIST: the folder holding the four IDX files (``train-images-idx3-ubyte``
+            etc., ``.gz`` or not), or torchvision's root with them under ``MNIST/raw`` /
+            ``FashionMNIST/raw``; CelebA: torchvision's root.
+        download: let torchvision download a missing dataset (into ``root``).
+        verify_checksums: check MNIST/Fashion-MNIST files against their published MD5s (a mismatch
+            is an error before any run starts; ``False``: only their headers and sizes are checked).
         image_size: resize to this square size (``None``: native; CelebA defaults to 64).
         path: CSV file for ``dataset="csv"``.
         csv_header: whether the CSV's first line is a header (``None``: detected — a header is a first
             line with a field that is not a number where the second line has one; the decision is
             logged, and no row is ever dropped without it).
+        classes: the CSV's classes, declared public (label codes follow this order; a label not
+            among them is an error). ``None``: read from the labels, which is private metadata —
+            private models refuse it (a record with a new class would change ``num_classes`` and
+            every other record's label code).
         celeba_attribute: CelebA attribute used as the binary label.
         **kwargs: see :class:`GenerativeDataModule`.
     """
@@ -66,6 +79,8 @@ class ImageDataModule(GenerativeDataModule):
         path: str | None = None,
         celeba_attribute: str = "Male",
         csv_header: bool | None = None,
+        classes: list[Any] | None = None,
+        verify_checksums: bool = True,
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
@@ -87,15 +102,21 @@ class ImageDataModule(GenerativeDataModule):
         self.dataset, self.root, self.download = dataset, root, download
         self.image_size, self.path, self.celeba_attribute = image_size, path, celeba_attribute
         self.csv_header = csv_header
+        if classes is not None and len({str(c) for c in classes}) != len(classes):
+            raise DataError(f"data.classes must be distinct, got {list(classes)}")
+        if classes is not None and len(classes) < 2:
+            raise DataError(f"data.classes needs at least 2 classes, got {list(classes)}")
+        self.classes = None if classes is None else list(classes)
+        self.verify_checksums = verify_checksums
         self.save_hyperparameters()
         self._transform = uint8_to_model_space
 
     def _load(self) -> dict[str, Any]:
         loader = {
-            "digits": self._load_digits, "mnist": self._load_torchvision, "fashion_mnist": self._load_torchvision,
+            "digits": self._load_digits, "mnist": self._load_idx, "fashion_mnist": self._load_idx,
             "celeba": self._load_celeba, "csv": self._load_csv,
         }[self.dataset]
-        splits, class_names, value_max = loader()
+        splits, class_names, value_max, private = loader()
         size = self.image_size or (64 if self.dataset == "celeba" else None)
         if size is not None:
             splits = {k: (_resize_uint8(x, size), y) for k, (x, y) in splits.items()}
@@ -109,7 +130,8 @@ class ImageDataModule(GenerativeDataModule):
             # Uniform class ratio: a data-independent choice, so sampling labels from it costs nothing.
             "class_ratio": [1.0 / len(class_names)] * len(class_names),
             "class_ratio_source": "uniform",
-            "private_metadata": [],
+            # the label's classes when they were read from the data (an undeclared CSV): private models refuse them
+            "private_metadata": private,
             "value_max": value_max,
         }
         return {"splits": splits, "spec": spec}
@@ -120,26 +142,31 @@ class ImageDataModule(GenerativeDataModule):
         digits = load_digits()
         x = torch.from_numpy(np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
         y = torch.from_numpy(digits.target.astype(np.int64))
-        return {"train": (x, y)}, [str(i) for i in range(10)], 16.0
+        return {"train": (x, y)}, [str(i) for i in range(10)], 16.0, []
 
-    def _load_torchvision(self):
-        import torchvision
+    def _load_idx(self):
+        """The official IDX files, read and checked by :mod:`datamodules.idx` (torchvision only downloads)."""
+        from datamodules.idx import find_idx_files, load_idx_splits
 
-        cls = torchvision.datasets.MNIST if self.dataset == "mnist" else torchvision.datasets.FashionMNIST
-        try:
-            train = cls(self.root, train=True, download=self.download)
-            test = cls(self.root, train=False, download=self.download)
-        except RuntimeError as err:
-            raise DataError(
-                f"{self.dataset} not found under {Path(self.root).resolve()} ({err}); "
-                f"set data.download: true on a machine with internet, or point data.root at a copy"
-            ) from err
+        if find_idx_files(self.root, self.dataset) is None:
+            if not self.download:
+                raise DataError(
+                    f"no {self.dataset} IDX files in {Path(self.root).resolve()} (train-images-idx3-ubyte.gz etc., or "
+                    f"torchvision's {'MNIST' if self.dataset == 'mnist' else 'FashionMNIST'}/raw/ under it): point "
+                    f"data.root at the folder holding them, or set data.download: true on a machine with internet")
+            import torchvision
+
+            cls = torchvision.datasets.MNIST if self.dataset == "mnist" else torchvision.datasets.FashionMNIST
+            try:
+                cls(self.root, train=True, download=True)  # checks the published MD5s as it downloads
+            except (RuntimeError, OSError) as err:
+                raise DataError(f"{self.dataset} could not be downloaded into {Path(self.root).resolve()} ({err}); "
+                                f"point data.root at a copy of the IDX files") from err
+        raw = load_idx_splits(self.root, self.dataset, verify_checksums=self.verify_checksums)
         names = [str(i) for i in range(10)] if self.dataset == "mnist" else FASHION_CLASSES
-        splits = {
-            "train": (train.data.unsqueeze(1).clone(), train.targets.clone().long()),
-            "test": (test.data.unsqueeze(1).clone(), test.targets.clone().long()),
-        }
-        return splits, names, 255.0
+        splits = {split: (torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64)))
+                  for split, (x, y) in raw.items()}
+        return splits, names, 255.0, []
 
     def _load_celeba(self):
         import torchvision
@@ -164,7 +191,7 @@ class ImageDataModule(GenerativeDataModule):
             for i in tqdm(range(len(ds)), desc=f"CelebA {name}", unit="img"):
                 images[i] = transform(ds[i][0])
             splits[split] = (images, ds.attr[:, col].long())
-        return splits, [f"not {self.celeba_attribute}", self.celeba_attribute], 255.0
+        return splits, [f"not {self.celeba_attribute}", self.celeba_attribute], 255.0, []
 
     def _load_csv(self):
         import pandas as pd
@@ -196,10 +223,17 @@ class ImageDataModule(GenerativeDataModule):
         if np.isnan(pixels).any() or pixels.min() < 0 or pixels.max() > 255:
             raise DataError(f"{path}: pixel values must be grey levels in 0..255 without missing values")
         labels = frame.iloc[:, -1].to_numpy()
-        classes = np.unique(labels)
-        y = torch.from_numpy(np.searchsorted(classes, labels).astype(np.int64))
         x = torch.from_numpy(pixels.astype(np.uint8).reshape(-1, 1, side, side))
-        return {"train": (x, y)}, [str(c) for c in classes], 255.0
+        if self.classes is None:  # read from the private labels: listed as private metadata
+            classes = np.unique(labels)
+            y = torch.from_numpy(np.searchsorted(classes, labels).astype(np.int64))
+            return {"train": (x, y)}, [str(c) for c in classes], 255.0, ["label"]
+        code = {str(c): i for i, c in enumerate(self.classes)}
+        unseen = sorted({str(v) for v in labels} - set(code))
+        if unseen:
+            raise DataError(f"{path}: labels {unseen[:5]} are not among the declared data.classes {[str(c) for c in self.classes][:10]}")
+        y = torch.tensor([code[str(v)] for v in labels], dtype=torch.long)
+        return {"train": (x, y)}, [str(c) for c in self.classes], 255.0, []
 
 
 def _is_number(text: str) -> bool:

@@ -58,25 +58,51 @@ def _to_unit(x: np.ndarray) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def hashed_uniform(seed: int, epoch, teacher_ids: np.ndarray, num_positions: int) -> np.ndarray:
-    """Uniforms in [0, 1) that depend only on ``(seed, epoch, global teacher id, position)``.
+def _as_int64(value: int) -> int:
+    """A uint64 constant as the int64 with the same bits (torch has no general uint64 arithmetic)."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_T1, _T2, _T3, _T4 = (_as_int64(int(c)) for c in (_C1, _C2, _C3, _C4))
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors holding uint64 bits (``>>`` on int64 is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _finalize_bits(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_finalize` on int64 tensors holding uint64 bits (multiplication wraps mod 2^64 alike)."""
+    x = (x ^ _shift_right(x, 30)) * _as_int64(int(_C2))
+    x = (x ^ _shift_right(x, 27)) * _as_int64(int(_C3))
+    return x ^ _shift_right(x, 31)
+
+
+def hashed_uniform(seed: int, epoch, teacher_ids, num_positions: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """Uniforms in [0, 1) (float64) that depend only on ``(seed, epoch, global teacher id, position)``.
 
     ``epoch`` is a number (result ``[len(teacher_ids), num_positions]``) or an array ``[T, P]`` of
     per-teacher passes (result ``[T, P, num_positions]``). A teacher's shuffle is the same whichever
-    other teachers a process owns, so 1 and N DDP processes draw the same batches.
+    other teachers a process owns, so 1 and N DDP processes draw the same batches. Computed with
+    int64 tensor arithmetic on ``device`` (default: that of a tensor ``epoch``, else the CPU), with
+    the same bits on every device: SplitMix64's finaliser of
+    ``seed·C1 ⊕ epoch·C2 ⊕ teacher·C3 + position·C4`` (mod 2^64), its top 53 bits as the fraction.
     """
-    teacher = np.asarray(teacher_ids, dtype=np.uint64)
-    epoch = np.asarray(epoch, dtype=np.uint64)
-    positions = np.arange(num_positions, dtype=np.uint64)
+    if device is None:
+        device = epoch.device if isinstance(epoch, torch.Tensor) else "cpu"
+    teacher = torch.as_tensor(np.asarray(teacher_ids, dtype=np.int64) if not isinstance(teacher_ids, torch.Tensor)
+                              else teacher_ids, dtype=torch.int64, device=device)
+    epoch = torch.as_tensor(epoch, dtype=torch.int64, device=device)
+    positions = torch.arange(num_positions, dtype=torch.int64, device=device)
     if epoch.ndim == 0:
-        epoch, teacher, positions = epoch, teacher[:, None], positions[None, :]
+        teacher, positions = teacher[:, None], positions[None, :]
     else:
         epoch, teacher, positions = epoch[:, :, None], teacher[:, None, None], positions[None, None, :]
-    with np.errstate(over="ignore"):
-        x = (np.uint64(seed) * _C1) ^ (epoch * _C2)
-        x = x ^ (teacher * _C3)
-        x = x + positions * _C4
-    return _to_unit(_finalize(x))
+    x = _as_int64(int(seed) * int(_C1)) ^ (epoch * _T2)
+    x = x ^ (teacher * _T3)
+    x = x + positions * _T4
+    return _shift_right(_finalize_bits(x), 11).to(torch.float64) * (1.0 / (1 << 53))
 
 
 def record_keys(features: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -232,6 +258,11 @@ class TeacherBatches(IterableDataset):
     teachers' sizes, nor on which teachers this process owns. A teacher without records gets an
     all-zero batch (label 0). No Python loop over teachers: rows are gathered with index tensors.
 
+    Everything per step happens on ``device`` (the training device): the stored rows are copied
+    there once, and the shuffle keys, the gather and ``transform`` run there, so a step moves no
+    batch from the host (at 2,000 MNIST teachers the gathered float batch is 188 MB; building it on
+    the CPU and copying it took most of a GPU step).
+
     Args:
         features: all training rows (any storage; ``transform`` maps a gathered batch to model space).
         labels: ``[num_rows]`` class labels.
@@ -242,6 +273,7 @@ class TeacherBatches(IterableDataset):
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
         start_step: the step of the first item (the trainer's global step when resuming).
         steps_per_epoch: items per iteration over the dataset (Lightning's epoch; public).
+        device: where the rows are kept and the batches built (default: the CPU).
     """
 
     def __init__(
@@ -256,16 +288,23 @@ class TeacherBatches(IterableDataset):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         start_step: int = 0,
         steps_per_epoch: int = TEACHER_STEPS_PER_EPOCH,
+        device: torch.device | str | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"teacher batch size must be >= 1, got {batch_size}")
         if steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-        self.features = features
-        self.labels = labels
+        self.device = torch.device(device or "cpu")
+        self.features = features.to(self.device)
+        self.labels = labels.to(self.device)
         self.teacher_ids = list(teacher_ids)
-        self.rows, self.sizes = partition.padded(self.teacher_ids)
+        rows, sizes = partition.padded(self.teacher_ids)
+        self._sizes = sizes.clamp(min=1).numpy()  # host copy: the passes a step spans, without a device sync
+        self.rows, self.sizes = rows.to(self.device), sizes.to(self.device)
+        self._padding = (self.rows < 0).unsqueeze(1)  # [T, 1, R]
+        self._ids = torch.as_tensor(self.teacher_ids, dtype=torch.int64, device=self.device)
         self.empty = self.sizes == 0
+        self.has_empty = bool((sizes == 0).any())
         self.batch_size = batch_size
         self.seed = seed
         self.transform = transform
@@ -278,24 +317,24 @@ class TeacherBatches(IterableDataset):
     def indices(self, step: int) -> torch.Tensor:
         """``[T, batch_size]`` row indices of step ``step`` (``-1`` for a teacher without records)."""
         b = self.batch_size
+        span = int((((step + 1) * b - 1) // self._sizes - (step * b) // self._sizes).max()) + 1  # passes a step spans
         n = self.sizes.clamp(min=1).unsqueeze(1)  # [T, 1]
-        pos = torch.arange(step * b, (step + 1) * b).unsqueeze(0)  # [1, b]
+        pos = torch.arange(step * b, (step + 1) * b, device=self.device).unsqueeze(0)  # [1, b]
         passes, offsets = pos // n, pos % n  # [T, b]: each teacher in its own pass
         first = passes[:, :1]
-        span = int((passes[:, -1:] - first).max()) + 1
-        epochs = (first + torch.arange(span).unsqueeze(0)).numpy()  # [T, span] passes needed
-        keys = torch.from_numpy(hashed_uniform(self.seed, epochs, np.asarray(self.teacher_ids), self.rows.shape[1]))
-        keys[(self.rows < 0).unsqueeze(1).expand_as(keys)] = 2.0  # padding sorts last
+        epochs = first + torch.arange(span, device=self.device).unsqueeze(0)  # [T, span] passes needed
+        keys = hashed_uniform(self.seed, epochs, self._ids, self.rows.shape[1])  # [T, span, R]
+        keys.masked_fill_(self._padding, 2.0)  # padding sorts last
         order = self.rows.unsqueeze(1).expand_as(keys).gather(2, keys.argsort(dim=2))  # [T, span, R]
-        return order.gather(2, offsets.unsqueeze(1).expand(-1, span, -1))[
-            torch.arange(len(n)).unsqueeze(1), passes - first, torch.arange(b).unsqueeze(0)]
+        picked = order.gather(2, offsets.unsqueeze(1).expand(-1, span, -1))  # [T, span, b]
+        return picked.gather(1, (passes - first).unsqueeze(1)).squeeze(1)
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self.indices(step)
-        x, y = self.features[idx.clamp(min=0)], self.labels[idx.clamp(min=0)]
-        if self.empty.any():  # no records: a constant, data-independent batch
-            x[self.empty] = 0
-            y[self.empty] = 0
+        idx = self.indices(step).clamp_(min=0)
+        x, y = self.features[idx], self.labels[idx]
+        if self.has_empty:  # no records: a constant, data-independent batch
+            x = x.masked_fill(self.empty.view(-1, *[1] * (x.ndim - 1)), 0)
+            y = y.masked_fill(self.empty.view(-1, 1), 0)
         if self.transform is not None:
             x = self.transform(x)
         return x, y

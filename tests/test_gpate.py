@@ -334,22 +334,23 @@ def test_grouping_fakes_by_label_votes_on_each_labels_mean_direction(public_tabl
     assert counts["confident_gnmax_queries"] <= 3 * 2 * SMALL["projection_dim"]  # one query set per label, not per fake
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist_15k.csv.gz").is_file(),
-                    reason="needs ../shared/data/mnist_15k.csv.gz")
-@pytest.mark.parametrize("name,epsilon", [("gpate_mnist15k_eps1.yaml", 1.0), ("gpate_mnist15k_eps10.yaml", 10.0),
-                                          ("gpate_topagg_mnist15k.yaml", 10.0)])
-def test_mnist15k_configs_guarantee_their_budget_and_train(name, epsilon):
-    """The GPU configs read the 15k digits without dropping one, pay a guarantee, and their voting options
-    (own-label votes, fakes grouped by label) train and record privacy on a CPU-sized cut (40 teachers)."""
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist").is_dir(),
+                    reason="needs ../shared/data/mnist (the official MNIST IDX files)")
+@pytest.mark.parametrize("name,epsilon", [("gpate_eps10_ladder_guarantee.yaml", 10.0), ("gpate_eps1_ladder_guarantee.yaml", 1.0),
+                                          ("gpate_topagg_eps10_guarantee.yaml", 10.0)])
+def test_mnist_lever_configs_guarantee_their_budget_and_train(name, epsilon):
+    """The MNIST table's lever configs read the official 60,000 training digits (the 10,000 test digits
+    apart), pay a guarantee, and their voting options (own-label votes, fakes grouped by label, TopAgg)
+    train and record privacy on a CPU-sized cut (40 teachers)."""
     import yaml
 
-    config = yaml.safe_load((ROOT / "configs" / name).read_text())
-    data = dict(config["data"]["init_args"], path=str(ROOT / config["data"]["init_args"]["path"]), num_teachers=40)
+    config = yaml.safe_load((ROOT / "configs" / "mnist" / name).read_text())
+    data = dict(config["data"]["init_args"], root=str(ROOT.parent / "shared" / "data" / "mnist"), num_teachers=40)
     dm = ImageDataModule(**data)
     dm.setup("fit")
     x_train, _ = dm.model_space("train")
     x_test, _ = dm.model_space("test")
-    assert len(x_train) + len(x_test) == 15_000 and x_train.shape[1:] == (1, 28, 28)
+    assert len(x_train) == 60_000 and len(x_test) == 10_000 and x_train.shape[1:] == (1, 28, 28)
     args = dict(config["model"]["init_args"], teacher_warmup_steps=1, teacher_precision="32", noise_seed=0)
     model = GPATE(dm.spec, **args)
     assert model.budget_accounting == "guarantee" and model.epsilon_budget == epsilon

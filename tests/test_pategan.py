@@ -449,7 +449,7 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
     assert out["age"].between(18, 90).all() and set(out["region"]) <= {"east", "north", "south", "west"}
 
 
-@pytest.mark.parametrize("name", ["pategan_cervical.yaml", "pategan_credit.yaml", "pategan_mnist.yaml"])
+@pytest.mark.parametrize("name", ["pategan_cervical.yaml", "pategan_credit.yaml", "mnist/pategan_eps1_guarantee.yaml"])
 def test_configs_parse(name, capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(ROOT / "configs" / name), "--print_config"])

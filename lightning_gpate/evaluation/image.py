@@ -283,10 +283,12 @@ def feature_classifier(
     epochs: int | None = None,
     seed: int = 0,
     cache_dir: str | Path | None = None,
+    device: str | torch.device = "cpu",
 ) -> tuple[ConvClassifier, float]:
     """The IS/FID feature classifier trained on the real training split, and its real test accuracy.
 
-    Trained once per process for the same data and settings (and once per ``cache_dir`` on disk).
+    Trained (on ``device``) once per process for the same data and settings (and once per ``cache_dir``
+    on disk); returned on the CPU.
     """
     key = _fingerprint(*train, epochs=epochs, seed=seed, num_classes=num_classes, version=FEATURE_NET_VERSION)
     if key in _FEATURE_CLASSIFIERS:
@@ -298,7 +300,7 @@ def feature_classifier(
         net.load_state_dict(saved["state_dict"])
         result = (net.eval(), float(saved["test_accuracy"]))
     else:
-        net, history = train_classifier(*train, num_classes=num_classes, epochs=epochs, seed=seed,
+        net, history = train_classifier(*train, num_classes=num_classes, epochs=epochs, seed=seed, device=device,
                                         evaluate={"test": test}, desc="IS/FID feature classifier")
         net = net.cpu()
         result = (net, history[-1]["test"])

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
@@ -152,6 +153,9 @@ class GPATE(PrivateGenerativeModel):
         teacher_channels: conv widths ``(c0, c1)`` of image teachers (default: as the paper).
         teacher_fc: dense width of image teachers.
         teacher_chunk_size: teachers processed at once (bounds memory; ``None``: all).
+        teacher_conv_impl: kernels of image teachers (``"auto"``: by device; ``"cpu"``: im2col + batched
+            matmuls and channels-last grouped convolutions; ``"gpu"``: grouped convolutions; the same maths,
+            see :class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`).
         teacher_seed: seed of the teachers' initialisation (per global teacher id).
         generator_lr: generator's Adam learning rate; generator_betas: its betas.
         target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
@@ -204,6 +208,7 @@ class GPATE(PrivateGenerativeModel):
         teacher_channels: Sequence[int] | None = None,
         teacher_fc: int = 256,
         teacher_chunk_size: int | None = None,
+        teacher_conv_impl: str = "auto",
         teacher_seed: int = 0,
         generator_lr: float = 1e-3,
         generator_betas: tuple[float, float] = (0.5, 0.999),
@@ -226,7 +231,8 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError("G-PATE needs teachers: set data.num_teachers (e.g. 2000) in the data config")
         for name, value, choices in (("aggregator", aggregator, AGGREGATORS),
                                      ("teacher_fake_labels", teacher_fake_labels, TEACHER_FAKE_LABELS),
-                                     ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS)):
+                                     ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS),
+                                     ("teacher_conv_impl", teacher_conv_impl, ("auto", "cpu", "gpu"))):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         for name, value in (("fake_batch_size", fake_batch_size), ("projection_dim", projection_dim), ("num_bins", num_bins),
@@ -279,6 +285,7 @@ class GPATE(PrivateGenerativeModel):
             return ConvTeacherEnsemble(
                 teacher_ids=teacher_ids, in_shape=self.data_spec["shape"], num_classes=self.num_classes,
                 channels=hp.teacher_channels, fc=hp.teacher_fc, seed=hp.teacher_seed,
+                conv_impl=hp.get("teacher_conv_impl", "auto"),
             )
         return MLPTeacherEnsemble(
             teacher_ids=teacher_ids, in_features=self.data_spec["shape"][0], num_classes=self.num_classes,
@@ -345,7 +352,9 @@ class GPATE(PrivateGenerativeModel):
     def _teacher_step(self, real_x: torch.Tensor, real_y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """One Adam step of every teacher (own moments) on its own real batch vs new fakes."""
         fakes, fake_y = self._teacher_fakes(real_y, gen)
-        self._teacher_opt.zero_grad(set_to_none=False)
+        # None, not zeros: the chunks write every teacher's gradient once (a copy into fresh memory, no
+        # memset of the whole stacked gradient and no add: 4.4 GB each at 2000 MNIST teachers)
+        self._teacher_opt.zero_grad(set_to_none=True)
         with self._teacher_autocast():
             loss = self.teachers.accumulate_teacher_grads(real_x, real_y, fakes, fake_y,
                                                           chunk_size=self.hparams.teacher_chunk_size)
@@ -362,20 +371,23 @@ class GPATE(PrivateGenerativeModel):
 
         # 0. warm-up: teacher steps only, before the generator ever changes (no aggregation, no privacy event)
         if self.teacher_warmup_done < hp.teacher_warmup_steps:
-            self._teacher_step(real_x, real_y, gen)
+            with record_function("gpate/teacher_step"):
+                self._teacher_step(real_x, real_y, gen)
             self.teacher_warmup_done += 1
             return None
 
-        # 1. the teachers' step(s)
-        for _ in range(hp.teacher_steps):
-            teacher_loss = self._teacher_step(real_x, real_y, gen)
+        # 1. the teachers' step(s)  (record_function: the phases benchmarks/gpate_step_profile.py reports)
+        with record_function("gpate/teacher_step"):
+            for _ in range(hp.teacher_steps):
+                teacher_loss = self._teacher_step(real_x, real_y, gen)
 
         # 2. fakes to vote on, identical on every rank (latent and labels from the shared generator)
-        m = hp.fake_batch_size
-        z = self.latent(m, generator=gen)
-        y = torch.multinomial(self.class_ratio, m, replacement=True, generator=gen).to(self.device)
-        x = self.generator(z, y)
-        fakes = x.detach()
+        with record_function("gpate/fakes"):
+            m = hp.fake_batch_size
+            z = self.latent(m, generator=gen)
+            y = torch.multinomial(self.class_ratio, m, replacement=True, generator=gen).to(self.device)
+            x = self.generator(z, y)
+            fakes = x.detach()
 
         # 3. private aggregation of the teachers' directions on the fakes (None: over budget)
         units = _VoteUnits(y, by_label=hp.group_fakes_by_label)
@@ -389,16 +401,17 @@ class GPATE(PrivateGenerativeModel):
         delta = units.expand(delta)
 
         # 4. generator step(s) towards x̂ = x + Δx (x̂ a constant)
-        target = (fakes.flatten(1) + hp.target_scale * delta).view_as(fakes)
-        opt_g = self.optimizers()
-        for step in range(hp.generator_steps):
-            out = x if step == 0 else self.generator(z, y)
-            g_loss = 0.5 * (out - target).flatten(1).pow(2).sum(dim=1).mean()
-            opt_g.zero_grad()
-            self.manual_backward(g_loss)
-            opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
-        if hp.ema_decay > 0:
-            self._update_ema()
+        with record_function("gpate/generator_step"):
+            target = (fakes.flatten(1) + hp.target_scale * delta).view_as(fakes)
+            opt_g = self.optimizers()
+            for step in range(hp.generator_steps):
+                out = x if step == 0 else self.generator(z, y)
+                g_loss = 0.5 * (out - target).flatten(1).pow(2).sum(dim=1).mean()
+                opt_g.zero_grad()
+                self.manual_backward(g_loss)
+                opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
+            if hp.ema_decay > 0:
+                self._update_ema()
         # released: the answered mask (noisy threshold) or TopAgg's released coordinates, and the loss
         # towards the noisy target x̂; the teachers' loss is a statistic of the private data
         self.log_dict({
@@ -427,24 +440,28 @@ class GPATE(PrivateGenerativeModel):
         m, d = units.count, fakes[0].numel()
         P = random_projection(m, d, hp.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
         votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
-        for t0, t1, grads in self._directions(fakes, y, units):
-            grads = unit_directions(grads) if hp.normalize_directions else grads
-            votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
-                                     voting=None if voting is None else voting[t0:t1])
-        if _distributed():
-            dist.all_reduce(votes)
+        with record_function("gpate/votes"):
+            for t0, t1, grads in self._directions(fakes, y, units):
+                grads = unit_directions(grads) if hp.normalize_directions else grads
+                votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
+                                         voting=None if voting is None else voting[t0:t1])
+            if _distributed():
+                dist.all_reduce(votes)
 
         # budget check on the worst case (all answered) before the mechanism runs
-        flat_votes = votes.reshape(-1, hp.num_bins).cpu().numpy()
-        if not self.reserve(self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))):
-            return None, None
-        delta, answered = aggregate(
-            votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
-            sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
-        )
-        worst = self._event(np.zeros((self._max_units() * hp.projection_dim, hp.num_bins)),
-                            np.ones(self._max_units() * hp.projection_dim, dtype=bool))
-        self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()), worst_case=worst)  # <= the reserved cost
+        with record_function("gpate/budget"):
+            flat_votes = votes.reshape(-1, hp.num_bins).cpu().numpy()
+            if not self.reserve(self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))):
+                return None, None
+        with record_function("gpate/aggregate"):
+            delta, answered = aggregate(
+                votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
+                sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
+            )
+        with record_function("gpate/budget"):
+            worst = self._event(np.zeros((self._max_units() * hp.projection_dim, hp.num_bins)),
+                                np.ones(self._max_units() * hp.projection_dim, dtype=bool))
+            self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()), worst_case=worst)  # <= the reserved cost
         return delta, answered.float().mean()
 
     def _aggregate_topagg(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
@@ -457,16 +474,19 @@ class GPATE(PrivateGenerativeModel):
         uniforms = sign_uniforms(self.num_teachers, m, hp.topk, generator=gen, device=self.device) if hp.topagg_stochastic else None
         votes = torch.zeros(m, d, dtype=torch.long, device=self.device)
         ids = self.teachers.teacher_ids
-        for t0, t1, grads in self._directions(fakes, y, units):
-            u = None if uniforms is None else uniforms[ids[t0:t1]]
-            index, sign = topk_stochastic_signs(grads, hp.topk, u, max_grad=hp.topagg_max_grad)
-            votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
-        if _distributed():
-            dist.all_reduce(votes)
-        if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg),
-                           worst_case=TopAggEvent(num_samples=self._max_units(), topk=hp.topk, sigma=hp.sigma_topagg)):
-            return None, None
-        delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
+        with record_function("gpate/votes"):
+            for t0, t1, grads in self._directions(fakes, y, units):
+                u = None if uniforms is None else uniforms[ids[t0:t1]]
+                index, sign = topk_stochastic_signs(grads, hp.topk, u, max_grad=hp.topagg_max_grad)
+                votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
+            if _distributed():
+                dist.all_reduce(votes)
+        with record_function("gpate/budget"):
+            if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg),
+                               worst_case=TopAggEvent(num_samples=self._max_units(), topk=hp.topk, sigma=hp.sigma_topagg)):
+                return None, None
+        with record_function("gpate/aggregate"):
+            delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
         return delta, delta.abs().mean()
 
     @torch.no_grad()

@@ -481,6 +481,11 @@ def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, A
 def check_metadata_is_public(spec: dict[str, Any]) -> None:
     """Refuse bounds/categories read from the private data unless declared public or paid for."""
     private = list(spec.get("private_metadata", []))
+    if private and spec.get("kind") == "image":
+        raise PrivateMetadataError(
+            "the image classes were read from the private labels, which would leak them for free (a record with a "
+            "new class changes num_classes and every other record's label code): declare them in data.classes"
+        )
     if private:
         raise PrivateMetadataError(
             f"columns {private} have bounds or categories (for the label: its classes) read from the private data, which would leak it "

@@ -473,6 +473,15 @@ def _conv_out(size: int) -> int:  # 5x5, stride 2, padding 2 ("SAME" size in TF)
     return (size + 2 * 2 - 5) // 2 + 1
 
 
+def _im2col(x: torch.Tensor) -> torch.Tensor:
+    """``F.unfold(x, 5, padding=2, stride=2)`` (``[n, C, H, W]`` → ``[n, C·25, L]``) as one copy of a
+    strided view: torch 2.14's CPU ``im2col`` took 1-6 s for the 3,100 MNIST images of a 50-teacher
+    chunk, this copy ~0.1 s (2 threads)."""
+    n, C = x.shape[:2]
+    patches = F.pad(x, (2, 2, 2, 2)).unfold(2, 5, 2).unfold(3, 5, 2)  # [n, C, Ho, Wo, 5, 5] (a view)
+    return patches.permute(0, 1, 4, 5, 2, 3).reshape(n, C * 25, patches.shape[2] * patches.shape[3])
+
+
 class ConvTeacherEnsemble(TeacherEnsemble):
     """T conditional DCGAN discriminators: G-PATE's MNIST teacher, labels concatenated to every layer.
 
@@ -624,7 +633,7 @@ class ConvTeacherEnsemble(TeacherEnsemble):
             h = self._conv(x, wx, p["conv0_b"].reshape(-1), groups=1).view(n, Tc, c0 * L1)
         elif self._cpu_kernels(x):  # x [Tc, n, C, H, W]: im2col + one bmm per chunk
             n = x.shape[1]
-            cols = F.unfold(x.reshape(Tc * n, C, H, W), 5, padding=2, stride=2)  # [Tc*n, C*25, L1]
+            cols = _im2col(x.reshape(Tc * n, C, H, W))  # [Tc*n, C*25, L1]
             cols = cols.view(Tc, n, C * 25, L1).transpose(1, 2).reshape(Tc, C * 25, n * L1)
             h = torch.baddbmm(p["conv0_b"].unsqueeze(-1), wx.view(Tc, c0, C * 25), cols)  # [Tc, c0, n*L1]
             h = h.view(Tc, c0, n, L1).permute(2, 0, 1, 3).reshape(n, Tc, c0 * L1)

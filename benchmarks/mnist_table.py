@@ -1,0 +1,556 @@
+"""The G-PATE paper's MNIST table (Table 1c) on the official MNIST, with every ε a guarantee unless labelled.
+
+The 60,000 training digits are the private data (partitioned among teachers by the hash-keyed
+partition); the 10,000 test digits measure and select nothing. Every row is a config of
+``configs/mnist/`` trained with a plain ``Trainer`` (no logger, no checkpoints) under the row's step
+and time budget, then evaluated:
+
+* **CNN accuracy** of a CNN trained on ``--num-samples`` generated digits (labels uniform), tested on
+  the 10,000 test digits: after the last epoch, and at the epoch with the best accuracy on 10% of the
+  generated digits held out (synthetic validation: post-processing of the released generator, no
+  real data); the paper's own figure — the best test accuracy over epochs, a selection on the test
+  set — is kept beside them, labelled.
+* **IS and FID** with the papers' feature network: a CNN classifier trained on the 60,000 real training
+  digits (the data owner's benchmark: it reads the private split without noise, so these two figures
+  are not part of any private release; a private run's own logs train it on held-out digits
+  instead), FID against the 10,000 test digits.
+* **ε**: the data-independent guarantee (δ = 1e-5) each row's budget enforces, except where the row's
+  name says otherwise: ``paper`` (the paper's accounting, not a guarantee; the sound ε beside it),
+  ``smooth_sensitivity`` (the released data-dependent ε, noised; the guarantee is its data-independent
+  hard cap), ``noisefree`` (σ ≈ 0, no privacy).
+
+Results: ``<results>/mnist_table.md`` with a 10×10 sample grid per row in ``<results>/mnist_table/``
+and every record in ``<results>/mnist_table.json``.
+
+**Calls of at most 10 minutes.** A call runs rows in the table's order until its ``--time-budget``
+would be exceeded, keeping every finished row in ``<state>/results.json`` (and grids, the feature
+classifier); the next call, given that state (``--resume-from``), runs the rows still missing. A row
+whose training checkpoint is small (``--max-carry-mb``: DP-GAN's) is split over calls when its time
+budget is longer than what is left of a call; other rows (thousands of teachers: GBs of state) run
+whole or wait for the next call. ``--rows`` picks rows, ``--list`` shows the plan.
+
+Usage::
+
+    python benchmarks/mnist_table.py --smoke                      # every row for a few steps on CPU (~2 min)
+    python benchmarks/mnist_table.py --list
+    # GPU machine (../shared/gpu/README.md), each call <= 10 min:
+    source .gpu/env.sh && python benchmarks/mnist_table.py --device cuda --data-root .gpu/data/mnist \\
+        --state $OUT/state --results $OUT/results --time-budget 540 [--resume-from .gpu/mnist_state]
+    python benchmarks/mnist_table.py --table-only --state <state>  # rebuild the table from a state
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import gc
+import inspect
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
+TABLE = "mnist_table"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: a config of ``configs/mnist``, what the paper reports, what the issue
+    asks, and the row's budget on the GPU (``max_seconds`` of training, ``max_steps`` cap)."""
+
+    name: str
+    paper: str
+    target: str
+    max_seconds: float
+    kind: str = "lever"  # "paper": a row of the paper's table; "lever": a lever; "extra": labelled extra
+    max_steps: int | None = None
+    pretrain_seconds: float = 0.0  # GS-WGAN: the discriminators' pretraining stage first
+    pretrain_iterations: int | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: its training checkpoint is small (no teacher ensemble): it may be split over calls
+    splittable: bool = False
+
+    @property
+    def config(self) -> str:
+        return f"configs/mnist/{self.name}.yaml"
+
+
+#: In the order a call runs them: the headline rows first. Training budgets sum to ~17 minutes on an H100, plus
+#: ~25 s per row of setup and evaluation: ~24 minutes in all (``--list``; ``--time-scale`` scales them). At the
+#: target step time (G-PATE <= 0.1 s at 2,000 teachers) the paper rows reach their privacy budget well within theirs.
+ROWS: tuple[Row, ...] = (
+    Row("gan_nonprivate", "0.9653 (non-private DC-GAN)", "≥ 0.95", 60, kind="paper"),
+    Row("gpate_eps10_guarantee", "0.8092 (data-dependent ε)", "≥ 0.80 (guarantee)", 45, kind="paper"),
+    Row("gpate_eps1_guarantee", "0.5483 (data-independent), 0.5880 (data-dependent)", "≥ 0.60 (guarantee)", 60, kind="paper"),
+    Row("gpate_eps10_ladder_guarantee", "—", "≥ 0.80 (guarantee)", 120),
+    Row("gpate_eps1_ladder_guarantee", "—", "≥ 0.60 (guarantee)", 90),
+    Row("gpate_noisefree", "—", "≥ 0.95 (no privacy)", 75, kind="paper"),
+    Row("dpgan_eps10_guarantee", "0.8011", "≥ 0.80", 75, kind="paper", splittable=True),
+    Row("dpgan_eps1_guarantee", "0.4036", "≥ 0.40", 45, kind="paper", splittable=True),
+    Row("gswgan_eps10_guarantee", "0.8066 (its unsound ε)", "measured at its sound ε", 45, kind="paper",
+        pretrain_seconds=30, pretrain_iterations=2000),
+    Row("gswgan_eps10_paper", "0.8066 (its unsound ε)", "measured at its paper ε (labelled)", 45, kind="extra",
+        pretrain_seconds=30, pretrain_iterations=2000),
+    Row("pategan_eps1_guarantee", "0.4168", "measured", 60, kind="paper"),
+    Row("gpate_eps10_teacherlabels_guarantee", "—", "lever", 45),
+    Row("gpate_eps10_ownvotes_guarantee", "—", "lever", 45),
+    Row("gpate_topagg_eps10_guarantee", "—", "lever (DataLens' settings)", 45),
+    Row("gpate_topagg_eps1_guarantee", "—", "lever (DataLens' settings)", 45),
+    Row("gpate_eps10_smooth_sensitivity", "—", "extra: smooth-sensitivity release", 75, kind="extra"),
+)
+BY_NAME = {r.name: r for r in ROWS}
+#: Seconds a row needs besides training on a GPU (data, teachers, evaluation, grid), for planning calls.
+ROW_OVERHEAD_S = 25.0
+
+#: --smoke: CPU-sized nets and counts, applied where the model takes the argument.
+SMOKE_MODEL = {"gf_dim": 8, "df_dim": 8, "fc_dim": 32, "teacher_fc": 16, "teacher_chunk_size": None,
+               "generator_hidden": [32], "discriminator_hidden": [16], "teacher_precision": "32",
+               "vote_chunk_size": 64, "query_batch_size": 16, "generator_batch_size": 8}
+SMOKE_CAPS = {"teacher_warmup_steps": 1, "generator_steps": 2, "teacher_steps": 1, "student_steps": 1, "critic_steps": 1, "d_steps": 1}
+SMOKE_TEACHERS = 8
+SMOKE_TRAIN, SMOKE_TEST = 1200, 300
+
+
+# ----------------------------------------------------------------------------------------------- state
+def load_state(state: Path) -> dict[str, Any]:
+    path = state / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else {"rows": {}, "meta": {}}
+
+
+def save_state(state: Path, data: dict[str, Any]) -> None:
+    state.mkdir(parents=True, exist_ok=True)
+    tmp = state / "results.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(state / "results.json")
+
+
+# ----------------------------------------------------------------------------------------------- data
+def smoke_data(source: Path, folder: Path) -> Path:
+    """A tiny MNIST in the IDX layout: the first digits of ``source``'s files, or random digits."""
+    import gzip
+
+    import numpy as np
+
+    from datamodules.idx import find_idx_files, load_idx_splits
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if find_idx_files(source, "mnist") is not None:
+        splits = load_idx_splits(source, "mnist")
+        splits = {"train": tuple(a[:SMOKE_TRAIN] for a in splits["train"]), "test": tuple(a[:SMOKE_TEST] for a in splits["test"])}
+    else:
+        rng = np.random.default_rng(0)
+        splits = {s: (rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), (np.arange(n) % 10).astype(np.uint8))
+                  for s, n in (("train", SMOKE_TRAIN), ("test", SMOKE_TEST))}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        x, y = splits[split]
+        (folder / f"{prefix}-images-idx3-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x03" + np.array(x.shape, ">u4").tobytes() + x.tobytes(), 1))
+        (folder / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"\0\0\x08\x01" + np.array(y.shape, ">u4").tobytes() + y.tobytes(), 1))
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------- one row
+def _accepted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(cls.__init__).parameters
+    return {k: v for k, v in overrides.items() if k in params}
+
+
+class RowBudget(pl.Callback):
+    """Stops a fit at a wall-clock deadline (the row's time budget) and times its generator steps."""
+
+    def __init__(self, seconds: float, sync) -> None:
+        self.deadline = time.perf_counter() + seconds
+        self.sync, self.stamps, self.hit = sync, [], False
+        self._last_step = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self._last_step:  # a generator step (G-PATE's warm-up steps are not)
+            self.sync()
+            self.stamps.append(time.perf_counter())
+            self._last_step = trainer.global_step
+        if time.perf_counter() > self.deadline and not trainer.should_stop:
+            self.hit, trainer.should_stop = True, True
+
+    def seconds_per_step(self) -> float | None:
+        """Median seconds between generator steps (the fit's own hooks and data included)."""
+        gaps = [b - a for a, b in zip(self.stamps[:-1], self.stamps[1:])]
+        return statistics.median(gaps) if gaps else None
+
+
+def _trainer(a, *, max_steps: int, callbacks: list):
+    return pl.Trainer(max_steps=max_steps, accelerator=a.device, devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=a.progress, enable_model_summary=False, num_sanity_val_steps=0,
+                      limit_val_batches=0, callbacks=callbacks)
+
+
+def privacy_record(model) -> dict[str, Any]:
+    """The row's ε as the run may release it (:mod:`lightning_gpate.privacy.disclosure`, the one place that
+    decides): the guarantee, and any other figure with its label."""
+    from lightning_gpate.privacy.disclosure import released_epsilons, released_privacy
+
+    if not hasattr(model, "accountant"):
+        return {"privacy": "none (non-private)"}
+    if model.epsilon_budget >= 1e9:
+        return {"privacy": "none (noise-free: σ ≈ 0, no budget)"}
+    released = released_privacy(model)
+    out = {"privacy": released["budget_accounting"], "epsilon_budget": released["epsilon_budget"],
+           "epsilon_guarantee": float(released["summary"]["epsilon"]), "budget_exhausted": released["budget_exhausted"]}
+    ss = released.get("smooth_sensitivity")
+    if ss is not None:
+        out["epsilon_hard_cap"] = float(ss["epsilon_hard_cap"])
+        out["release_allowed"] = bool(ss["release_allowed"])
+        if (ss.get("released") or {}).get("epsilon") is not None:
+            out["epsilon_other"] = float(ss["released"]["epsilon"])
+            out["epsilon_other_label"] = "released with smooth sensitivity (data-dependent, noised)"
+        return out
+    others = {k: v for k, v in released_epsilons(model).items() if k not in ("epsilon", "epsilon_rdp")}
+    if others:
+        key, value = next(iter(others.items()))
+        out["epsilon_other"] = float(value)
+        out["epsilon_other_label"] = f"{key.removeprefix('epsilon_')} (the paper's accounting, not a guarantee)"
+    return out
+
+
+def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None) -> tuple[dict[str, Any], Any, Any]:
+    """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule."""
+    import torch
+
+    from image_utility import build, load_config
+
+    config = load_config(row.config)
+    cuda = a.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    data_over = {"root": str(a.data_root), "download": False}
+    model_over = dict(row.overrides)
+    model_cls_name = config["model"]["class_path"].rsplit(".", 1)[1]
+    max_steps = int(config["trainer"].get("max_steps", 1000))
+    if row.max_steps is not None:
+        max_steps = min(max_steps, row.max_steps)
+    if a.smoke:
+        data_over["verify_checksums"] = False
+        teachers = config["data"]["init_args"].get("num_teachers", 0)
+        if teachers:
+            data_over["num_teachers"] = min(teachers, SMOKE_TEACHERS)
+        init = config["model"]["init_args"]
+        model_over.update(SMOKE_MODEL)
+        model_over.update({k: min(v, init[k]) for k, v in SMOKE_CAPS.items() if k in init and init[k] is not None})
+        max_steps = min(max_steps, a.smoke_steps)
+    record: dict[str, Any] = {"row": row.name, "config": row.config, "model": model_cls_name, "max_steps": max_steps,
+                              "time_budget_s": seconds}
+    import importlib
+
+    cls = getattr(importlib.import_module(config["model"]["class_path"].rsplit(".", 1)[0]), model_cls_name)
+    model_over = _accepted(cls, model_over)
+    pl.seed_everything(int(config.get("seed_everything", 0)), verbose=False)
+    start = time.perf_counter()
+    pretrained = None
+    if row.pretrain_seconds and config["model"]["init_args"].get("stage") == "train":  # GS-WGAN: stage 1 first
+        iterations = int(row.pretrain_iterations or config["model"]["init_args"].get("pretrain_iterations", 2000))
+        if a.smoke:
+            iterations = min(iterations, a.smoke_steps)
+        dm0, model0 = build(config, model_overrides={**model_over, "stage": "pretrain", "pretrain_iterations": iterations},
+                            data_overrides=data_over)
+        budget0 = RowBudget(row.pretrain_seconds * a.time_scale if not a.smoke else 1e9, sync)
+        trainer0 = _trainer(a, max_steps=iterations, callbacks=[budget0])
+        trainer0.fit(model0, dm0)
+        pretrained = Path(tempfile.mkdtemp(prefix="gswgan_pretrain_")) / "pretrain.ckpt"
+        trainer0.save_checkpoint(pretrained)
+        record.update(pretrain_iterations=int(trainer0.global_step), pretrain_s=time.perf_counter() - start,
+                      pretrain_stopped_by="row time budget" if budget0.hit else f"{iterations} iterations")
+        del trainer0, model0, dm0
+        gc.collect()
+        model_over["pretrained_checkpoint"] = str(pretrained)
+        seconds = max(1.0, seconds - (time.perf_counter() - start))
+    dm, model = build(config, model_overrides=model_over, data_overrides=data_over)
+    budget = RowBudget(seconds, sync)
+    trainer = _trainer(a, max_steps=max_steps, callbacks=[budget])
+    fit_start = time.perf_counter()
+    trainer.fit(model, dm, ckpt_path=str(resume) if resume else None)
+    sync()
+    record.update(
+        steps=int(trainer.global_step), fit_s=time.perf_counter() - fit_start, s_per_step=budget.seconds_per_step(),
+        stopped_by=("row time budget" if budget.hit else (model.stop_reason if getattr(model, "stop_reason", None)
+                                                           else f"max_steps={max_steps}")),
+        complete=not budget.hit,
+        **privacy_record(model),
+    )
+    if budget.hit and a.max_carry_mb > 0 and not a.smoke:  # split over calls if its state is small
+        ckpt = state / "ckpt" / f"{row.name}.ckpt"
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(ckpt)
+        if ckpt.stat().st_size <= a.max_carry_mb * 2**20:
+            record["checkpoint"] = str(ckpt.relative_to(state))
+        else:
+            ckpt.unlink()
+    if pretrained is not None:
+        shutil.rmtree(pretrained.parent, ignore_errors=True)
+    return record, model, dm
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+def feature_evaluator(dm, a, state: Path):
+    """IS/FID with the classifier trained on the real training digits (cached in the state)."""
+    from lightning_gpate.evaluation.image import ImageQualityEvaluator, feature_classifier
+
+    train, test = dm.model_space("train"), dm.model_space("test")
+    epochs = 1 if a.smoke else None
+    feature_classifier(train, test, num_classes=10, epochs=epochs, cache_dir=state / "cache", device=a.device)  # trained once
+    return ImageQualityEvaluator(train, test, num_classes=10, epochs=epochs, cache_dir=str(state / "cache"),
+                                 feature_split="train").to(a.device)
+
+
+def evaluate_row(model, dm, a, state: Path, grids: Path, name: str) -> dict[str, Any]:
+    import torch
+
+    from lightning_gpate.evaluation.image import cnn_utility
+    from lightning_gpate.sampling import image_grid, save_png
+
+    model.to(a.device).eval()
+    n = a.num_samples
+    x, y = model.generate(n, seed=0)
+    test = dm.model_space("test")
+    out = cnn_utility((x, y), test, num_classes=10, epochs=a.cnn_epochs, seed=0, device=a.device)
+    out = {k: v for k, v in out.items() if k != "cnn_num_train"}
+    evaluator = feature_evaluator(dm, a, state)
+    out.update(evaluator.score(x))
+    grid_x, grid_y = model.generate(100, labels=torch.arange(10).repeat_interleave(10), seed=1)
+    grids.mkdir(parents=True, exist_ok=True)
+    save_png(image_grid(grid_x, grid_y, 10, per_class=10), grids / f"{name}.png")
+    out["grid"] = f"{TABLE}/{name}.png"
+    return out
+
+
+def real_baseline(a, state: Path) -> dict[str, Any]:
+    """What real digits score with the same evaluation: a CNN on ``--num-samples`` real training digits,
+    IS of the test digits, FID of the training vs test digits, the feature classifier's test accuracy."""
+    from datamodules import ImageDataModule
+    from lightning_gpate.evaluation.image import cnn_utility
+
+    dm = ImageDataModule("mnist", root=str(a.data_root), val_fraction=0.0, verify_checksums=not a.smoke)
+    x, y = dm.model_space("train")
+    n = min(a.num_samples, len(y))
+    out = cnn_utility((x[:n], y[:n]), dm.model_space("test"), num_classes=10, epochs=a.cnn_epochs, seed=0, device=a.device)
+    out = {k: v for k, v in out.items() if k != "cnn_num_train"}
+    out.update(feature_evaluator(dm, a, state).real_baseline())
+    out.update(num_train=len(y), num_test=len(dm.model_space("test")[1]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the table
+def _f(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _epsilons(r: dict[str, Any]) -> tuple[str, str]:
+    privacy = r.get("privacy", "")
+    if privacy.startswith("none"):
+        return privacy.replace("none ", "").strip("()") if "noise" in privacy else "– (non-private)", ""
+    guarantee = _f(r.get("epsilon_guarantee"), 2) + (f" of {r['epsilon_budget']:g}" if "epsilon_budget" in r else "")
+    if privacy == "smooth_sensitivity":
+        guarantee = f"≤ {_f(r.get('epsilon_guarantee'), 2)} (data-independent, hard cap {r.get('epsilon_hard_cap', 0):g})"
+    other = ""
+    if r.get("epsilon_other") is not None:
+        other = f"{r['epsilon_other']:.2f}: {r.get('epsilon_other_label', '')}"
+        if privacy == "smooth_sensitivity":
+            other += f"; target {r['epsilon_budget']:g}, release {'allowed' if r.get('release_allowed') else 'refused'}"
+    return guarantee, other
+
+
+COLUMNS = ("row", "model", "ε spent (guarantee, δ=1e-5)", "other ε (labelled, not a guarantee)", "steps", "stopped by",
+           "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)", "paper", "target", "best on test (paper's selection)",
+           "IS", "FID", "samples")
+
+
+def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
+    rows, meta = data.get("rows", {}), data.get("meta", {})
+    lines = [f"# {'SMOKE RUN (not results): ' if smoke else ''}The G-PATE paper's MNIST table on the official MNIST", "",
+             "Written by `benchmarks/mnist_table.py` from its state (`results.json`; every record is in "
+             "`mnist_table.json` beside this file). Private data: the 60,000 training digits (teachers: the "
+             "hash-keyed partition); utility on the 10,000 test digits, which select nothing. CNN accuracy: a CNN "
+             f"trained on {meta.get('num_samples', '?')} generated digits, after its last epoch and at the epoch chosen on "
+             "10% of the generated digits held out; the paper's figure is the best test accuracy over epochs (a "
+             "selection on the test set), shown for comparison only. IS/FID: feature classifier trained on the real "
+             "training digits (the papers' setting; the data owner's evaluation, not released by any run), FID "
+             "against the test digits. ε: the guarantee the row's budget enforced (data-independent, δ = 1e-5); "
+             "another ε only where labelled. Rows stop at their privacy budget, their config's max_steps or the "
+             "row's time budget on the GPU (column `stopped by`).", ""]
+    if meta.get("machine"):
+        lines += [f"Machine: {meta['machine']}; torch {meta.get('torch', '?')}.", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in ROWS:
+        r = rows.get(row.name)
+        if r is None or r.get("status") not in ("done",):
+            status = "not run yet" if r is None else f"{r.get('status')}: {r.get('error', r.get('stopped_by', ''))}"[:200]
+            cells = [f"`{row.name}`", "", "", "", _f(r.get("steps")) if r else "", status, "", "", "", row.paper, row.target, "", "", "", ""]
+        else:
+            guarantee, other = _epsilons(r)
+            cells = [f"`{row.name}`", r.get("model", ""), guarantee, other, _f(r.get("steps")),
+                     str(r.get("stopped_by", ""))[:120].replace("|", "/"), _f(r.get("s_per_step"), 3),
+                     _f(r.get("cnn_accuracy_final")), _f(r.get("cnn_accuracy_val_selected")), row.paper, row.target,
+                     _f(r.get("cnn_accuracy_best_on_test_paper_style")), _f(r.get("inception_score"), 2), _f(r.get("fid"), 1),
+                     f"[grid]({r['grid']})" if r.get("grid") else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    base = meta.get("real_baseline")
+    if base:
+        lines += ["", f"Real digits, the same evaluation: CNN on {meta.get('num_samples', '?')} real training digits "
+                      f"{_f(base.get('cnn_accuracy_final'))} (final) / {_f(base.get('cnn_accuracy_val_selected'))} (val-sel.); "
+                      f"IS of the test digits {_f(base.get('inception_score_real'), 2)}; FID train vs test "
+                      f"{_f(base.get('fid_real_train_vs_reference'), 2)}; feature classifier test accuracy "
+                      f"{_f(base.get('feature_net_test_accuracy'))}. Paper: real-data IS 9.86; G-PATE IS 5.16 (ε=10), 3.60 (ε=1)."]
+    lines += ["", "Grids: 10 generated digits per class (rows 0-9), from `<row>.png` in `mnist_table/`."]
+    return lines
+
+
+def write_table(data: dict[str, Any], results: Path, state: Path, *, smoke: bool) -> Path:
+    results.mkdir(parents=True, exist_ok=True)
+    (results / TABLE).mkdir(exist_ok=True)
+    for png in (state / "grids").glob("*.png"):
+        shutil.copy2(png, results / TABLE / png.name)
+    path = results / f"{TABLE}.md"
+    path.write_text("\n".join(table_lines(data, smoke=smoke)) + "\n")
+    (results / f"{TABLE}.json").write_text(json.dumps(data, indent=1, default=str))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- main
+def selected_rows(patterns: list[str] | None) -> list[Row]:
+    if not patterns:
+        return list(ROWS)
+    rows = [r for r in ROWS if any(fnmatch.fnmatch(r.name, p) for p in patterns)]
+    unknown = [p for p in patterns if not any(fnmatch.fnmatch(r.name, p) for r in ROWS)]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; rows: {[r.name for r in ROWS]}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", nargs="*", default=None, help="rows (names or globs) to run; default: all, in the table's order")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    p.add_argument("--data-root", type=Path, default=DEFAULT_DATA, help="folder of the four MNIST IDX files")
+    p.add_argument("--state", type=Path, default=ROOT / "outputs" / TABLE, help="where finished rows are kept (results.json, grids)")
+    p.add_argument("--resume-from", type=Path, default=None, help="a previous call's state to continue (copied into --state)")
+    p.add_argument("--results", type=Path, default=None, help="where the table goes (default: benchmarks/results; --smoke: <state>/results)")
+    p.add_argument("--time-budget", type=float, default=540.0, help="seconds this call may take (rows that do not fit wait)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="scale every row's training time budget")
+    p.add_argument("--num-samples", type=int, default=10_000, help="generated digits for the CNN and IS/FID")
+    p.add_argument("--cnn-epochs", type=int, default=None, help="epochs of the evaluation CNN (default: >= 300 steps, 3-50 epochs)")
+    p.add_argument("--max-carry-mb", type=float, default=20.0, help="largest training checkpoint a row may leave for the next call")
+    p.add_argument("--rerun", action="store_true", help="run selected rows again even if done")
+    p.add_argument("--smoke", action="store_true", help="every row a few steps on a tiny subset on CPU: checks that the table is written")
+    p.add_argument("--smoke-steps", type=int, default=2)
+    p.add_argument("--progress", action="store_true", help="progress bars of the fits")
+    p.add_argument("--no-baseline", action="store_true", help="skip the real digits' row of the evaluation")
+    p.add_argument("--list", action="store_true", help="print the rows, their configs and budgets, and exit")
+    p.add_argument("--table-only", action="store_true", help="only rebuild the table from --state")
+    a = p.parse_args(argv)
+    rows = selected_rows(a.rows)
+    if a.list:
+        total = 0.0
+        for r in rows:
+            seconds = (r.max_seconds + r.pretrain_seconds) * a.time_scale
+            total += seconds + ROW_OVERHEAD_S
+            print(f"{r.name:40s} {r.kind:6s} train ≤ {seconds:4.0f} s  paper {r.paper}  target {r.target}")
+        print(f"planned device time: ~{total / 60:.1f} min (training budgets + ~{ROW_OVERHEAD_S:.0f} s per row)")
+        return 0
+    if a.resume_from is not None and a.resume_from.resolve() != a.state.resolve():
+        shutil.copytree(a.resume_from, a.state, dirs_exist_ok=True)
+    if a.smoke:
+        a.num_samples = min(a.num_samples, 200)
+        a.cnn_epochs = a.cnn_epochs or 1
+    results = a.results or (a.state / "results" if a.smoke else RESULTS)
+    data = load_state(a.state)
+    if a.table_only:
+        print(write_table(data, results, a.state, smoke=data.get("meta", {}).get("smoke", False)))
+        return 0
+
+    import torch
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    call_start = time.perf_counter()
+    deadline = call_start + a.time_budget
+    if a.smoke:
+        a.data_root = smoke_data(a.data_root, a.state / "smoke_data")
+    meta = data.setdefault("meta", {})
+    if meta.get("smoke", a.smoke) != a.smoke:
+        raise SystemExit(f"{a.state} holds a {'smoke' if meta['smoke'] else 'real'} state: give another --state")
+    meta.update(smoke=a.smoke, num_samples=a.num_samples, torch=torch.__version__,
+                machine=torch.cuda.get_device_name() if a.device == "cuda" else f"CPU ({torch.get_num_threads()} threads)")
+    if "real_baseline" not in meta and not a.no_baseline:
+        meta["real_baseline"] = real_baseline(a, a.state)
+        save_state(a.state, data)
+    for row in rows:
+        previous = data["rows"].get(row.name, {})
+        if previous.get("status") == "done" and not a.rerun:
+            continue
+        resume = None
+        used = 0.0
+        if previous.get("status") == "partial" and previous.get("checkpoint") and (a.state / previous["checkpoint"]).is_file():
+            resume, used = a.state / previous["checkpoint"], float(previous.get("train_s_used", 0.0))
+        train_s = max(0.0, row.max_seconds * a.time_scale - used)
+        left = deadline - time.perf_counter()
+        need = (0.0 if a.smoke else row.pretrain_seconds * a.time_scale) + train_s + ROW_OVERHEAD_S
+        seconds = 1e9 if a.smoke else train_s
+        if not a.smoke and need > left:
+            if not (row.splittable and left - ROW_OVERHEAD_S >= 30):
+                print(f"== {row.name}: needs ~{need:.0f} s, {left:.0f} s left in this call: next call", flush=True)
+                continue
+            seconds = left - ROW_OVERHEAD_S
+        print(f"== {row.name} ({row.config}" + ("" if a.smoke else f"; training ≤ {seconds:.0f} s") + ")", flush=True)
+        t0 = time.perf_counter()
+        try:
+            record, model, dm = fit_row(row, a, seconds=seconds, state=a.state, resume=resume)
+            record["train_s_used"] = used + record["fit_s"]
+            if not record["complete"] and record.get("checkpoint") and record["train_s_used"] < row.max_seconds * a.time_scale - 1:
+                record["status"] = "partial"  # more of its time budget in the next call
+            else:
+                record.update(evaluate_row(model, dm, a, a.state, a.state / "grids", row.name))
+                record["status"] = "done"
+                record.pop("checkpoint", None)
+            del model, dm
+        except Exception as err:  # noqa: BLE001 - one failing row must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            record = {"row": row.name, "status": "error", "error": f"{type(err).__name__}: {err}"[:500]}
+        record["row_s"] = time.perf_counter() - t0
+        data["rows"][row.name] = record
+        save_state(a.state, data)
+        write_table(data, results, a.state, smoke=a.smoke)  # after every row: a call cut short still leaves its table
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print("   " + ", ".join(f"{k}={_f(record.get(k))}" for k in ("status", "steps", "epsilon_guarantee", "s_per_step",
+                                                                        "cnn_accuracy_final", "cnn_accuracy_val_selected",
+                                                                        "inception_score", "fid")), flush=True)
+    path = write_table(data, results, a.state, smoke=a.smoke)
+    print(f"wrote {path} ({time.perf_counter() - call_start:.0f} s this call)")
+    if a.smoke:  # the smoke run's check: a line and a grid per row run
+        text = path.read_text()
+        missing = [r.name for r in rows if f"`{r.name}`" not in text or not (results / TABLE / f"{r.name}.png").is_file()]
+        failed = [r.name for r in rows if data["rows"].get(r.name, {}).get("status") != "done"]
+        if missing or failed:
+            print(f"smoke check FAILED: rows without line or grid {missing}, not done {failed}")
+            return 1
+        print(f"smoke check passed: {len(rows)} rows, table and grids written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

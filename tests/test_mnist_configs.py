@@ -1,0 +1,97 @@
+"""Every config of the MNIST table (configs/mnist/) parses with the command line's parser and builds its
+model and DataModule; its file name says its ε and accounting mode, and the config agrees."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_gpate.cli import run_lightning_cli
+from test_idx import write_mnist
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs" / "mnist").glob("*.yaml"))
+#: Models that build every teacher/discriminator in their constructor (G-PATE builds its teachers at fit
+#: start): built here with a few, so that the test stays small; the config's own count is checked below.
+EAGER_ENSEMBLES = ("PATEGAN", "GSWGAN")
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist(tmp_path_factory) -> Path:
+    """4,100 training and 100 test digits (random pixels) in MNIST's IDX layout: enough rows for 4,000 teachers."""
+    folder = tmp_path_factory.mktemp("mnist")
+    write_mnist(folder, train=4100, test=100, compress=False)
+    return folder
+
+
+def test_there_is_a_config_for_every_row_of_the_table():
+    names = {p.stem for p in CONFIGS}
+    assert {"gan_nonprivate", "gpate_eps10_guarantee", "gpate_eps1_guarantee", "dpgan_eps10_guarantee", "dpgan_eps1_guarantee",
+            "gswgan_eps10_guarantee", "gswgan_eps10_paper", "pategan_eps1_guarantee", "gpate_noisefree",
+            "gpate_eps10_smooth_sensitivity", "gpate_topagg_eps1_guarantee", "gpate_topagg_eps10_guarantee"} <= names
+
+
+def _args(path: Path, data_root: Path) -> list[str]:
+    return ["--config", str(path), "--data.root", str(data_root), "--data.download", "false",
+            "--data.verify_checksums", "false", "--trainer.accelerator", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def cli(tiny_mnist):
+    """The command line (``lightning-gpate fit``'s parser), built once: building its parser takes seconds."""
+    return run_lightning_cli(_args(CONFIGS[0], tiny_mnist), run=False)
+
+
+def _build(cli, args: list[str]):
+    """Parse and instantiate ``args`` with ``cli``'s parser as ``lightning-gpate fit`` does. LightningCLI's
+    instantiators read the hyperparameters they save from the CLI's own parsed config (``config`` /
+    ``config_dump``), so those are replaced by this parse first."""
+    cli.config = cli.parser.parse_args(args)
+    cli.__dict__.pop("config_dump", None)
+    return cli.parser.instantiate_classes(cli.config)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_parses_and_builds(path, tiny_mnist, cli):
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    model_class = raw["model"]["class_path"].rsplit(".", 1)[1]
+    # benchmarks/mnist_table.py reads the configs with yaml.safe_load: a number must be one there too
+    # (YAML 1.1 reads 1.0e12 as a string; 1.0e+12 is a number)
+    numbers_as_text = {k: v for k, v in raw["model"]["init_args"].items() if isinstance(v, str) and re.fullmatch(r"[-+.\deE]+", v)}
+    assert not numbers_as_text
+    args = _args(path, tiny_mnist)
+    if model_class in EAGER_ENSEMBLES:
+        args += ["--data.num_teachers", "20"]
+    built = _build(cli, args)
+    model, dm = built.model, built.data
+    assert type(model).__name__ == model_class and model.hparams["_class_path"].endswith(model_class)
+    assert dm.dataset == "mnist" and dm.val_fraction == 0.0  # the official split: every training digit trains
+    assert model.data_spec["shape"] == [1, 28, 28] and model.num_classes == 10
+    assert raw["trainer"]["logger"]["init_args"]["run_name"] == path.stem  # runs are named after their file
+
+    name = path.stem
+    if name.endswith("nonprivate"):
+        assert not hasattr(model, "accountant")
+        return
+    if name == "gpate_noisefree":
+        assert model.epsilon_budget >= 1e9 and model.hparams.sigma_gnmax < 1e-2
+        return
+    mode = re.search(r"_(guarantee|paper|smooth_sensitivity)$", name).group(1)
+    assert model.budget_accounting == mode
+    assert model.epsilon_budget == float(re.search(r"_eps(\d+)", name).group(1)) and model.delta == 1e-5
+    teachers = raw["data"]["init_args"].get("num_teachers", 0)
+    if model_class == "GPATE":
+        assert model.num_teachers == teachers and teachers in (2000, 4000)
+    if "topagg" in name:
+        assert model.hparams.aggregator == "topagg" and model.hparams.topk in (200, 300)
+        assert (model.hparams.sigma_topagg, model.hparams.threshold_fraction) == ((5000.0, 0.7) if "eps1_" in name else (800.0, 0.2))
+    elif model_class == "GPATE" and "ladder" not in name:  # the paper's DPGradAgg settings
+        sigmas = (model.hparams.sigma_threshold, model.hparams.sigma_gnmax)
+        assert sigmas == ((600.0, 100.0) if "eps10" in name else (3000.0, 1000.0))
+        assert (model.hparams.projection_dim, model.hparams.clip, model.hparams.num_bins) == (10, 1e-4, 10)
+        assert teachers == (2000 if "eps10" in name else 4000)

@@ -1,0 +1,48 @@
+"""The MNIST table's runner (benchmarks/mnist_table.py) in its smoke mode: rows trained for a few steps on
+tiny data, the table and the grids written, and a second call that continues from the first's state."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
+    from mnist_table import ROWS, main
+
+    first, second = tmp_path / "call1", tmp_path / "call2"
+    absent = tmp_path / "no_data"  # no IDX files: random digits, whatever the machine holds
+    assert main(["--smoke", "--data-root", str(absent), "--state", str(first), "--rows", "gan_nonprivate", "gpate_eps10_guarantee"]) == 0
+    done_first = json.loads((first / "results.json").read_text())["rows"]
+    assert {k for k, v in done_first.items() if v["status"] == "done"} == {"gan_nonprivate", "gpate_eps10_guarantee"}
+
+    # the next call gets the first's state and runs only what is missing
+    assert main(["--smoke", "--data-root", str(absent), "--state", str(second), "--resume-from", str(first),
+                 "--rows", "gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper"]) == 0
+    rows = json.loads((second / "results.json").read_text())["rows"]
+    assert rows["gpate_eps10_guarantee"]["row_s"] == done_first["gpate_eps10_guarantee"]["row_s"]  # not run again
+    assert rows["gswgan_eps10_paper"]["status"] == "done" and rows["gswgan_eps10_paper"]["pretrain_iterations"] == 2
+
+    table = (second / "results" / "mnist_table.md").read_text()
+    assert table.startswith("# SMOKE RUN (not results)")
+    lines = {line.split(" | ")[0].strip("| `"): line for line in table.splitlines() if line.startswith("| `")}
+    assert set(lines) == {r.name for r in ROWS}  # every row of the table, run or not
+    header = next(line for line in table.splitlines() if line.startswith("| row |"))
+    for column in ("ε spent (guarantee, δ=1e-5)", "steps", "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)",
+                   "paper", "IS", "FID", "samples"):
+        assert f" {column} |" in header
+    gpate = lines["gpate_eps10_guarantee"].split(" | ")
+    assert gpate[2].endswith(" of 10") and 0 < float(gpate[2].split()[0]) <= 10  # a guarantee within the budget
+    assert gpate[4] == "2" and "0.8092" in lines["gpate_eps10_guarantee"]  # steps; the paper's figure beside it
+    assert float(gpate[7]) >= 0 and float(gpate[12]) >= 1.0  # CNN accuracy, IS
+    assert "– (non-private)" in lines["gan_nonprivate"] and "0.9653" in lines["gan_nonprivate"]
+    assert "the paper's accounting, not a guarantee" in lines["gswgan_eps10_paper"]  # labelled, never as the guarantee
+    assert "not run yet" in lines["dpgan_eps10_guarantee"]
+    for name in ("gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper"):
+        assert f"[grid](mnist_table/{name}.png)" in lines[name]
+        assert (second / "results" / "mnist_table" / f"{name}.png").stat().st_size > 0
+    assert "Real digits, the same evaluation" in table
