@@ -309,11 +309,9 @@ def evaluate_checkpoint(
                 f"no MLflow run in {client.tracking_uri} produced {ckpt_path}: pass --run_id, --tracking_uri, "
                 f"or --new_run to record the report in a new run"
             )
-        from lightning_gpate.tracking import default_artifact_location
+        from lightning_gpate.tracking import training_experiment_id
 
-        exp = client.get_experiment_by_name(new_run_experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            new_run_experiment, artifact_location=default_artifact_location(client.tracking_uri))
+        exp_id = training_experiment_id(client, new_run_experiment)
         run_id = client.create_run(exp_id, run_name=f"evaluate-{Path(ckpt_path).stem}").info.run_id
         client.set_tag(run_id, "model_class", type(model).__name__)
         client.set_terminated(run_id)
