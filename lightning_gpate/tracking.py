@@ -21,6 +21,10 @@ DEFAULT_EXPERIMENT = "lightning-gpate"
 #: for an experiment without a kind.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+#: MLflow 3.17's UI chooses its view with a switch (GenAI / Model training, remembered by the browser,
+#: GenAI by default) and not from the experiment's kind: this URL parameter opens the training view.
+UI_TRAINING_VIEW = "workflowType=machine_learning"
+MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 _MLFLOW_UNSAFE = re.compile(r"[^\w\-. :/]")  # MLflow: alphanumerics, _ - . space : / only
 
 
@@ -58,6 +62,16 @@ def training_experiment_id(client, name: str) -> str:
     if EXPERIMENT_KIND_TAG not in experiment.tags and experiment.lifecycle_stage != "deleted":
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return experiment.experiment_id
+
+
+def run_page_url(tracking_uri: str | None, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI, in its model-training view: on the tracking server itself, or on
+    the ``mlflow ui`` a user starts for a local store (its default address). ``None`` for Databricks."""
+    uri = tracking_uri or ""
+    if uri.startswith("databricks"):
+        return None
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else MLFLOW_UI_DEFAULT
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW}"
 
 
 class GPATEMLFlowLogger(MLFlowLogger):

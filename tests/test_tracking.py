@@ -7,7 +7,7 @@ import os
 
 import mlflow
 
-from lightning_gpate.tracking import GPATEMLFlowLogger, training_experiment_id
+from lightning_gpate.tracking import GPATEMLFlowLogger, run_page_url, training_experiment_id
 
 KIND = "mlflow.experimentKind"
 
@@ -52,3 +52,11 @@ def test_evaluate_into_a_new_run_creates_a_model_training_experiment():
     _, run_id, _ = evaluate_checkpoint("release.pt", new_run_experiment="evaluations", utility=False, quality=False, figures=False)
     assert _kind("evaluations") == "custom_model_development"
     assert _client().get_run(run_id).info.experiment_id == _client().get_experiment_by_name("evaluations").experiment_id
+
+
+def test_the_run_page_link_opens_the_model_training_view():
+    # MLflow 3.17's UI picks its view with a switch the browser remembers (GenAI by default), not from
+    # the experiment's kind; the fit summary's link selects the training view with its URL parameter
+    assert run_page_url("sqlite:///mlruns/mlflow.db", "3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert run_page_url("https://mlflow.example.org/", "3", "abc") == "https://mlflow.example.org/#/experiments/3/runs/abc?workflowType=machine_learning"
+    assert run_page_url("databricks", "3", "abc") is None
