@@ -11,7 +11,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from callbacks.periodic import PeriodicEvaluation
-from lightning_gpate.evaluation.report import is_private
+from lightning_gpate.privacy.disclosure import is_private
 from lightning_gpate.sampling import image_grid, load_reference, samples_to_frame, save_png
 from lightning_gpate.tracking import mlflow_logger_of
 

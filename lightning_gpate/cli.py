@@ -148,7 +148,8 @@ def sample_command(argv: Sequence[str]) -> int:
     if args.num_samples < 1:
         parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
     from lightning_gpate.release import load_release, model_from_release
-    from lightning_gpate.sampling import load_reference, real_test_split, write_samples
+    from lightning_gpate.evaluation.store import real_test_split
+    from lightning_gpate.sampling import load_reference, write_samples
 
     release = load_release(args.ckpt_path)
     model = model_from_release(release, source=str(args.ckpt_path))
@@ -159,7 +160,7 @@ def sample_command(argv: Sequence[str]) -> int:
     for path in write_samples(model, args.num_samples, args.output, seed=args.seed, reference=reference, reference_title=title):
         print(f"wrote {path}")
     if reference is None:
-        from lightning_gpate.evaluation.report import is_private
+        from lightning_gpate.privacy.disclosure import is_private
 
         print("the picture shows synthetic data only" + (" (a private model's pictures never show its real data; "
               "--reference adds a public set)" if is_private(model) else " (the real test split could not be read)"))

@@ -181,27 +181,6 @@ def load_reference(path: str | Path, spec: dict[str, Any]):
     return images / float(spec["value_max"]) * 2.0 - 1.0, labels
 
 
-def real_test_split(model, release: dict[str, Any]):
-    """The real test split of a **non-private** model's data (rebuilt from the release's data config),
-    to draw beside its samples: ``(images, labels)`` or a DataFrame; ``None`` for a private model (its
-    pictures never show real data unless a public reference is given) or where the data cannot be read."""
-    from lightning_gpate.evaluation.report import is_private
-
-    if is_private(model):
-        return None
-    from lightning_gpate.evaluation.store import datamodule_for
-
-    try:
-        datamodule = datamodule_for(release, model)
-        if model.data_spec["kind"] == "tabular":
-            frame = datamodule.split_frame("test")
-            return frame if len(frame) else None
-        x, y = datamodule.model_space("test")
-        return (x, y) if len(y) else None
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 def write_samples(
     model, num_samples: int, output: str | Path, *, seed: int | None = None, reference=None, reference_title: str = "real"
 ) -> list[Path]:
@@ -211,7 +190,7 @@ def write_samples(
     Tables: ``output`` is a ``.csv``; the picture shows the marginals of a few columns. Images:
     ``output`` is an ``.npz``; the picture is a grid with one labelled class per row
     (:func:`image_grid`). ``reference`` (``(images, labels)`` in [-1, 1] or a DataFrame, see
-    :func:`load_reference` and :func:`real_test_split`) is drawn beside the synthetic data under
+    :func:`load_reference` and :func:`lightning_gpate.evaluation.store.real_test_split`) is drawn beside the synthetic data under
     ``reference_title``. Returns the written paths.
     """
     if num_samples < 1:

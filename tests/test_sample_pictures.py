@@ -159,7 +159,7 @@ def test_real_test_split_is_for_non_private_models_only(private):
     from datamodules import ImageDataModule
     from lightning_gpate.models import GAN, GPATE
     from lightning_gpate.release import build_release
-    from lightning_gpate.sampling import real_test_split
+    from lightning_gpate.evaluation.store import real_test_split
 
     dm = ImageDataModule("digits", num_teachers=20 if private else 0)
     model = GPATE(dm.spec, epsilon=1.0, delta=1e-5) if private else GAN(dm.spec, z_dim=8, gf_dim=8, df_dim=8, fc_dim=16)

@@ -80,6 +80,23 @@ def datamodule_for(release: dict[str, Any], model, data: str | None = None):
     return datamodule
 
 
+def real_test_split(model, release: dict[str, Any]):
+    """The real test split of a **non-private** model's data (rebuilt from the release's data config),
+    to draw beside its samples: ``(images, labels)`` or a DataFrame; ``None`` for a private model (its
+    pictures never show real data unless a public reference is given) or where the data cannot be read."""
+    if is_private(model):
+        return None
+    try:
+        datamodule = datamodule_for(release, model)
+        if model.data_spec["kind"] == "tabular":
+            frame = datamodule.split_frame("test")
+            return frame if len(frame) else None
+        x, y = datamodule.model_space("test")
+        return (x, y) if len(y) else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def check_data_matches(model_spec: dict[str, Any], data_spec: dict[str, Any]) -> None:
     """Refuse to evaluate a model against data of another shape, classes or columns."""
     for key in ("kind", "shape", "num_classes", "class_names", "column_order"):
