@@ -1,16 +1,18 @@
-"""SampleLogger: image grids (one row per class, and one grid per class) or sample tables and their
-marginals against real data, as MLflow artifacts."""
+"""SampleLogger: image grids (one labelled row per class, and one grid per class) or sample tables and
+their marginals against real data, as MLflow artifacts."""
 
 from __future__ import annotations
 
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 
 from callbacks.periodic import PeriodicEvaluation
-from lightning_gpate.sampling import image_grid, samples_to_frame, save_png
+from lightning_gpate.privacy.disclosure import is_private
+from lightning_gpate.sampling import image_grid, load_reference, samples_to_frame, save_png
 from lightning_gpate.tracking import mlflow_logger_of
 
 
@@ -19,8 +21,11 @@ class SampleLogger(PeriodicEvaluation):
 
     Artifacts (``<tag>`` is ``step000100`` … or ``final``):
 
-    * images: ``samples/samples_<tag>.png`` (one row of ``per_class`` samples per class); at the end
-      also ``samples_per_class/class_<i>_<name>.png`` (a ``per_class_grid_size``² grid per class);
+    * images: ``samples/samples_<tag>.png`` (one row of ``per_class`` samples per class, its name at
+      the row's start, small images enlarged to at least 48 pixels); at the end also
+      ``samples_per_class/class_<i>_<name>.png`` (a ``per_class_grid_size``² grid per class). Real
+      images of the same classes are drawn beside the samples for a non-private model (its real test
+      split) or from ``reference``; a private model's grids never show its real data.
     * tables: ``samples/samples_<tag>.csv`` (``num_samples`` rows in the original schema) and
       ``plots/marginals_<tag>.png`` (each column's distribution, synthetic vs the real test split).
 
@@ -32,6 +37,8 @@ class SampleLogger(PeriodicEvaluation):
         per_class_grids: log one larger grid per class at the end.
         per_class_grid_size: side of a per-class grid (its images: the square of it).
         marginals: log the tables' marginal plots.
+        reference: an ``.npz`` of images (``images`` in the dataset's range, ``labels``: what
+            ``lightning-gpate sample`` writes) that you declare public, drawn beside the samples.
         enabled: ``False`` turns it off.
     """
 
@@ -47,11 +54,24 @@ class SampleLogger(PeriodicEvaluation):
         per_class_grids: bool = True,
         per_class_grid_size: int = 8,
         marginals: bool = True,
+        reference: str | None = None,
         enabled: bool = True,
     ) -> None:
         super().__init__(enabled=enabled, every_n_steps=every_n_steps)
         self.num_samples, self.per_class, self.seed = num_samples, per_class, seed
         self.per_class_grids, self.per_class_grid_size, self.marginals = per_class_grids, per_class_grid_size, marginals
+        self.reference = reference
+
+    def _reference_images(self, trainer: pl.Trainer, pl_module) -> tuple[Any, str]:
+        """The real images drawn beside the samples, and their header: the given public reference,
+        else a non-private model's real test split, else none."""
+        if self.reference is not None:
+            return load_reference(self.reference, pl_module.data_spec), f"reference ({Path(self.reference).name})"
+        datamodule = trainer.datamodule
+        if is_private(pl_module) or datamodule is None or not hasattr(datamodule, "model_space"):
+            return None, ""
+        x, y = datamodule.model_space("test")
+        return ((x, y), "real (test split)") if len(y) else (None, "")
 
     def evaluate(self, trainer: pl.Trainer, pl_module, *, tag: str, final: bool) -> None:
         import torch
@@ -65,7 +85,8 @@ class SampleLogger(PeriodicEvaluation):
                 labels = torch.arange(spec["num_classes"]).repeat_interleave(self.per_class)
                 x, y = pl_module.generate(len(labels), labels=labels, seed=self.seed)
                 path = tmp / f"samples_{tag}.png"
-                save_png(image_grid(x, y, spec["num_classes"], self.per_class), path)
+                reference, title = self._reference_images(trainer, pl_module)
+                save_png(image_grid(x, y, spec["class_names"], self.per_class, reference=reference, reference_title=title), path)
                 client.log_artifact(run_id, str(path), "samples")
                 if final and self.per_class_grids:
                     self._log_class_grids(client, run_id, pl_module, tmp)
@@ -83,9 +104,6 @@ class SampleLogger(PeriodicEvaluation):
 
     def _log_class_grids(self, client, run_id: str, pl_module, tmp: Path) -> None:
         import torch
-        from torchvision.utils import make_grid
-
-        from datamodules.image import model_space_to_unit
 
         spec, side = pl_module.data_spec, self.per_class_grid_size
         for c, name in enumerate(spec["class_names"]):
@@ -93,7 +111,7 @@ class SampleLogger(PeriodicEvaluation):
             x, _ = pl_module.generate(len(labels), labels=labels, seed=self.seed + c)
             safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))[:40]
             path = tmp / f"class_{c}_{safe}.png"
-            save_png(make_grid(model_space_to_unit(x), nrow=side, padding=1, pad_value=1.0), path)
+            save_png(image_grid(x, labels, spec["class_names"], side, classes=[c], rows_per_class=side), path)
             client.log_artifact(run_id, str(path), "samples_per_class")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from lightning_gpate.privacy.disclosure import privacy_lines, release_allowed, stop_reason
-from lightning_gpate.tracking import mlflow_logger_of
+from lightning_gpate.tracking import mlflow_logger_of, run_page_url
 
 #: Figures worth a line of the summary, in this order: (metric key, label). The evaluation callbacks
 #: log many more (see MLflow); these are the papers' headline measures.
@@ -170,6 +170,10 @@ class FitSummary(pl.Callback):
             rows.append(("sample", f"{command} sample --ckpt_path {release} --num_samples 1000 --output samples.{ext}"))
         if logger is not None:
             rows.append(("browse", _sqlite_ui_command(getattr(logger, "_tracking_uri", None))))
+            if getattr(logger, "_run_id", None) is not None:
+                url = run_page_url(getattr(logger, "_tracking_uri", None), logger.experiment_id, logger.run_id)
+                if url:
+                    rows.append(("browse", f"then {url}  (MLflow's model-training view)"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{command} fit: done"]
         previous = None

@@ -133,22 +133,37 @@ def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) ->
 def sample_command(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="lightning-gpate sample",
-        description="Write synthetic data from a trained generator, in the original data's schema.",
+        description="Write synthetic data from a trained generator, in the original data's schema, and a picture of it "
+                    "(images: a grid with one labelled class per row; tables: a few columns' marginals) beside it.",
     )
     parser.add_argument("--ckpt_path", required=True, help="release artifact of a run (release/release.pt, printed by fit; "
                         "its MLflow tag release_artifact), or a private training checkpoint (its release is extracted)")
     parser.add_argument("--num_samples", type=int, required=True, help="rows or images to generate (>= 1)")
-    parser.add_argument("--output", required=True, help="output .csv (tables) or .npz (images; a .png grid is written beside it)")
+    parser.add_argument("--output", required=True, help="output .csv (tables) or .npz (images); a .png picture is written beside it")
     parser.add_argument("--seed", type=int, default=None, help="seed of the latent draws")
+    parser.add_argument("--reference", default=None, help="a reference set YOU declare public, drawn beside the samples in the "
+                        "picture: .npz with images and labels (as this command writes) or a .csv table. Without it the picture "
+                        "of a non-private model shows its real test split, that of a private model synthetic data only")
     args = parser.parse_args(argv)
     if args.num_samples < 1:
         parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
-    from lightning_gpate.models.base import load_generator
-    from lightning_gpate.sampling import write_samples
+    from lightning_gpate.release import load_release, model_from_release
+    from lightning_gpate.evaluation.store import real_test_split
+    from lightning_gpate.sampling import load_reference, write_samples
 
-    model = load_generator(args.ckpt_path)
-    for path in write_samples(model, args.num_samples, args.output, seed=args.seed):
+    release = load_release(args.ckpt_path)
+    model = model_from_release(release, source=str(args.ckpt_path))
+    if args.reference is not None:
+        reference, title = load_reference(args.reference, model.data_spec), f"reference ({Path(args.reference).name})"
+    else:
+        reference, title = real_test_split(model, release), "real (test split)"
+    for path in write_samples(model, args.num_samples, args.output, seed=args.seed, reference=reference, reference_title=title):
         print(f"wrote {path}")
+    if reference is None:
+        from lightning_gpate.privacy.disclosure import is_private
+
+        print("the picture shows synthetic data only" + (" (a private model's pictures never show its real data; "
+              "--reference adds a public set)" if is_private(model) else " (the real test split could not be read)"))
     return 0
 
 

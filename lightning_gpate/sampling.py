@@ -1,16 +1,21 @@
 """Turn generated samples into files in the original data's form.
 
 Tables become a CSV with the original column names, order, dtypes, ranges and categories; images an
-``.npz`` (``images`` in the dataset's own range, ``labels``) plus a PNG grid with one row per class.
-Files are written to a temporary name and renamed, so a failure never leaves a half-written output.
+``.npz`` (``images`` in the dataset's own range, ``labels``). Beside either, a picture to look at: for
+images a grid with one labelled class per row (:func:`image_grid`, which draws every image grid of
+the project), for tables the marginals of a few columns. Real data appears in these pictures only for
+a non-private model (its real test split) or when the user gives a reference set they declare public:
+a private model's pictures show synthetic data only. Files are written to a temporary name and
+renamed, so a failure never leaves a half-written output.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,24 +29,116 @@ def samples_to_frame(spec: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> 
     return TabularTransformer.from_spec(spec).inverse_transform(x.double().numpy(), y.numpy())
 
 
-def image_grid(x: torch.Tensor, y: torch.Tensor, num_classes: int, per_class: int = 10) -> torch.Tensor:
-    """A ``[C, H, W]`` grid in [0, 1]: one row per class with up to ``per_class`` samples of it."""
-    from torchvision.utils import make_grid
+#: Smallest side, in pixels, of one image in a grid: small images (8×8 digits) are enlarged to it.
+MIN_TILE_PX = 48
+_GAP_PX = 2
+_BACKGROUND = (255, 255, 255)
+_GAP = (200, 200, 200)
 
+
+def _tiles_uint8(x: torch.Tensor, scale: int) -> np.ndarray:
+    """Images in the generator's space [-1, 1], ``[n, C, H, W]`` → ``[n, H·scale, W·scale, 3]`` uint8,
+    enlarged by repeating pixels (nearest neighbour: no smoothing invents detail)."""
     from datamodules.image import model_space_to_unit
 
-    tiles = []
-    blank = torch.zeros_like(x[0])
-    for c in range(num_classes):
-        of_class = x[y == c][:per_class]
-        tiles += list(of_class) + [blank] * (per_class - len(of_class))
-    return make_grid(model_space_to_unit(torch.stack(tiles)), nrow=per_class, padding=1, pad_value=1.0)
+    unit = model_space_to_unit(x.detach().float().cpu())
+    if unit.shape[1] == 1:
+        unit = unit.expand(-1, 3, -1, -1)
+    arr = (unit[:, :3].permute(0, 2, 3, 1).numpy() * 255.0).round().astype(np.uint8)
+    return arr.repeat(scale, axis=1).repeat(scale, axis=2)
 
 
-def save_png(grid: torch.Tensor, path: Path) -> None:
-    from torchvision.utils import save_image
+def image_grid(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    class_names: Sequence[str] | int,
+    per_class: int = 10,
+    *,
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reference_title: str = "real",
+    per_class_reference: int | None = None,
+    classes: Sequence[int] | None = None,
+    rows_per_class: int = 1,
+    title: str = "synthetic",
+    min_tile: int = MIN_TILE_PX,
+):
+    """A labelled grid of images, one class per row: every image of the project's pictures (the
+    ``sample`` command's PNG, the MLflow sample grids, the README's picture) is drawn by it.
 
-    save_image(grid, path)
+    Each class gets ``rows_per_class`` rows of ``per_class`` of its images (in the order of ``x``),
+    with its name at the start of its first row; a class with fewer images leaves blanks. Small
+    images are enlarged by an integer factor (nearest neighbour) to at least ``min_tile`` pixels.
+    ``reference`` images of the same classes (e.g. the real test split of a non-private run, or a
+    public reference set a user gives; never a private model's training data) are drawn to the right,
+    under the header ``reference_title``.
+
+    Args:
+        x: images in the generator's space [-1, 1], ``[n, C, H, W]`` (grey or RGB).
+        y: their labels, ``[n]``.
+        class_names: the names of the classes (a number: the classes are named 0, 1, …).
+        per_class: images per row.
+        reference: ``(images, labels)`` to draw beside, in the same space.
+        reference_title: header over the reference images.
+        per_class_reference: reference images per row (default: half of ``per_class``, at least 1).
+        classes: the classes to draw, in this order (default: all).
+        rows_per_class: rows of each class.
+        title: header over the generated images.
+        min_tile: smallest side of one image, in pixels.
+
+    Returns:
+        A ``PIL.Image.Image`` (RGB); :func:`save_png` writes it.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    names = [str(c) for c in range(class_names)] if isinstance(class_names, int) else [str(n) for n in class_names]
+    classes = list(range(len(names))) if classes is None else [int(c) for c in classes]
+    height, width = int(x.shape[-2]), int(x.shape[-1])
+    scale = max(1, -(-min_tile // max(height, width)))
+    tile_h, tile_w = height * scale, width * scale
+    font = ImageFont.load_default(size=max(12, min(20, tile_h // 3)))
+    text_w = lambda s: int(math.ceil(font.getlength(s)))  # noqa: E731
+    label_w = max([text_w(names[c]) for c in classes] + [0]) + 3 * _GAP_PX + 6
+    header_h = int(font.size * 1.6)
+    n_ref = 0 if reference is None else (per_class_reference or max(1, per_class // 2))
+    block_w = lambda n: n * tile_w + (n - 1) * _GAP_PX  # noqa: E731
+    synth_w = block_w(per_class)
+    ref_x0 = label_w + synth_w + 4 * tile_w // 3  # a gap of a third of a tile between the two blocks
+    total_w = (ref_x0 + block_w(n_ref) if n_ref else label_w + synth_w) + _GAP_PX
+    rows = len(classes) * rows_per_class
+    total_h = header_h + rows * tile_h + (rows - 1) * _GAP_PX + _GAP_PX
+    canvas = Image.new("RGB", (total_w, total_h), _BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    draw.text((label_w, header_h // 2), title, fill=(0, 0, 0), font=font, anchor="lm")
+    if n_ref:
+        draw.text((ref_x0, header_h // 2), reference_title, fill=(0, 0, 0), font=font, anchor="lm")
+
+    def paste(images: torch.Tensor, x0: int, top: int, count: int) -> None:
+        tiles = _tiles_uint8(images, scale) if len(images) else []
+        for i in range(count):
+            left = x0 + i * (tile_w + _GAP_PX)
+            if i < len(tiles):
+                canvas.paste(Image.fromarray(tiles[i]), (left, top))
+            else:  # a blank where the class has no more images
+                draw.rectangle([left, top, left + tile_w - 1, top + tile_h - 1], fill=_GAP)
+
+    y = y.detach().cpu()
+    ref_y = None if reference is None else reference[1].detach().cpu()
+    for row_of_class, c in enumerate(classes):
+        of_class = x[y == c]
+        ref_of_class = reference[0][ref_y == c] if reference is not None else None
+        for r in range(rows_per_class):
+            top = header_h + (row_of_class * rows_per_class + r) * (tile_h + _GAP_PX)
+            if r == 0:
+                draw.text((label_w - 2 * _GAP_PX - 3, top + tile_h // 2), names[c], fill=(0, 0, 0), font=font, anchor="rm")
+            paste(of_class[r * per_class:(r + 1) * per_class], label_w, top, per_class)
+            if n_ref:
+                paste(ref_of_class[r * n_ref:(r + 1) * n_ref], ref_x0, top, n_ref)
+    return canvas
+
+
+def save_png(image, path: Path) -> None:
+    """Write a grid (a ``PIL.Image`` from :func:`image_grid`) as PNG."""
+    image.save(path, format="PNG", optimize=True)
 
 
 def _atomic(path: Path, write) -> Path:
@@ -57,11 +154,44 @@ def _atomic(path: Path, write) -> Path:
     return path
 
 
-def write_samples(model, num_samples: int, output: str | Path, *, seed: int | None = None) -> list[Path]:
-    """Generate ``num_samples`` rows/images with ``model`` and write them to ``output``.
+#: Columns drawn in the picture beside a sampled table (the label first).
+MARGINAL_COLUMNS = 6
 
-    Tables: ``output`` is a ``.csv``. Images: ``output`` is a ``.npz`` and a ``.png`` grid is written
-    beside it. Returns the written paths.
+
+def load_reference(path: str | Path, spec: dict[str, Any]):
+    """A reference set a user gives (declared public) to draw beside the samples: an ``.npz`` with
+    ``images`` in the dataset's own range [0, value_max] and ``labels`` (the format ``sample`` writes)
+    for images, a CSV with the data's columns for tables. Returns ``(images in [-1, 1], labels)`` or a
+    DataFrame."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"reference file not found: {path}")
+    if spec["kind"] == "tabular":
+        frame = pd.read_csv(path)
+        missing = [c for c in spec.get("column_order", []) if c not in frame.columns]
+        if missing:
+            raise ValueError(f"the reference table {path.name} lacks the data's columns {missing[:5]}")
+        return frame
+    with np.load(path, allow_pickle=False) as data:
+        if "images" not in data or "labels" not in data:
+            raise ValueError(f"the reference {path.name} must be an .npz with 'images' and 'labels' (as `lightning-gpate sample` writes)")
+        images, labels = torch.as_tensor(data["images"]).float(), torch.as_tensor(data["labels"]).long()
+    if tuple(images.shape[1:]) != tuple(spec["shape"]):
+        raise ValueError(f"the reference images have shape {tuple(images.shape[1:])}, the model's {tuple(spec['shape'])}")
+    return images / float(spec["value_max"]) * 2.0 - 1.0, labels
+
+
+def write_samples(
+    model, num_samples: int, output: str | Path, *, seed: int | None = None, reference=None, reference_title: str = "real"
+) -> list[Path]:
+    """Generate ``num_samples`` rows/images with ``model`` and write them to ``output``, with a picture
+    beside it (same name, ``.png``).
+
+    Tables: ``output`` is a ``.csv``; the picture shows the marginals of a few columns. Images:
+    ``output`` is an ``.npz``; the picture is a grid with one labelled class per row
+    (:func:`image_grid`). ``reference`` (``(images, labels)`` in [-1, 1] or a DataFrame, see
+    :func:`load_reference` and :func:`lightning_gpate.evaluation.store.real_test_split`) is drawn beside the synthetic data under
+    ``reference_title``. Returns the written paths.
     """
     if num_samples < 1:
         raise ValueError(f"--num_samples must be >= 1, got {num_samples}")
@@ -70,9 +200,15 @@ def write_samples(model, num_samples: int, output: str | Path, *, seed: int | No
     if spec["kind"] == "tabular":
         if output.suffix.lower() != ".csv":
             raise ValueError(f"tabular samples are written as CSV: give an output ending in .csv, not {output.name!r}")
+        from lightning_gpate.evaluation.plots import marginal_plot
+
         x, y = model.generate(num_samples, seed=seed)
         frame = samples_to_frame(spec, x, y)
-        return [_atomic(output, lambda p: frame.to_csv(p, index=False))]
+        csv = _atomic(output, lambda p: frame.to_csv(p, index=False))
+        label = spec["label"]["name"]
+        columns = [label] + [c for c in frame.columns if c != label][:MARGINAL_COLUMNS - 1]
+        png = _atomic(output.with_suffix(".png"), lambda p: marginal_plot(reference, frame, p, columns=columns, real_label=reference_title))
+        return [csv, png]
     if output.suffix.lower() != ".npz":
         raise ValueError(f"image samples are written as .npz (plus a .png grid): give an output ending in .npz, not {output.name!r}")
     from datamodules.image import images_to_original_range
@@ -81,5 +217,6 @@ def write_samples(model, num_samples: int, output: str | Path, *, seed: int | No
     images = images_to_original_range(x, spec)
     classes = np.asarray(spec["class_names"])
     npz = _atomic(output, lambda p: np.savez_compressed(p, images=images, labels=y.numpy(), class_names=classes))
-    png = _atomic(output.with_suffix(".png"), lambda p: save_png(image_grid(x, y, len(classes)), p))
+    grid = image_grid(x, y, list(classes), reference=reference, reference_title=reference_title)
+    png = _atomic(output.with_suffix(".png"), lambda p: save_png(grid, p))
     return [npz, png]

@@ -12,9 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from pytorch_lightning.loggers import MLFlowLogger
+from pytorch_lightning.loggers.logger import rank_zero_experiment
 
 DEFAULT_STORE_DIR = Path("mlruns")
 DEFAULT_EXPERIMENT = "lightning-gpate"
+#: The experiment tag MLflow 3's UI reads to choose its view, and the kind of ours: model training
+#: (runs with metric charts and artifacts), not the GenAI view (traces, judges, prompts) it opens
+#: for an experiment without a kind.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: MLflow 3.17's UI chooses its view with a switch (GenAI / Model training, remembered by the browser,
+#: GenAI by default) and not from the experiment's kind: this URL parameter opens the training view.
+UI_TRAINING_VIEW = "workflowType=machine_learning"
+MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 _MLFLOW_UNSAFE = re.compile(r"[^\w\-. :/]")  # MLflow: alphanumerics, _ - . space : / only
 
 
@@ -33,6 +43,35 @@ def default_artifact_location(tracking_uri: str) -> str | None:
         db_path = Path(tracking_uri[len("sqlite:///"):])
         return (db_path.parent / "artifacts").resolve().as_uri()
     return None
+
+
+def training_experiment_id(client, name: str) -> str:
+    """The id of the MLflow experiment ``name``, created as a model-training experiment if it does not
+    exist (artifacts under ``mlruns/artifacts`` for the embedded store). An existing experiment
+    without a kind (e.g. created by an older version) gets the training kind; another kind is kept.
+    Every experiment this project creates comes from here.
+
+    Args:
+        client: an ``mlflow.MlflowClient``.
+        name: the experiment's name.
+    """
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return client.create_experiment(name, artifact_location=default_artifact_location(client.tracking_uri),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    if EXPERIMENT_KIND_TAG not in experiment.tags and experiment.lifecycle_stage != "deleted":
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment.experiment_id
+
+
+def run_page_url(tracking_uri: str | None, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI, in its model-training view: on the tracking server itself, or on
+    the ``mlflow ui`` a user starts for a local store (its default address). ``None`` for Databricks."""
+    uri = tracking_uri or ""
+    if uri.startswith("databricks"):
+        return None
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else MLFLOW_UI_DEFAULT
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW}"
 
 
 class GPATEMLFlowLogger(MLFlowLogger):
@@ -59,6 +98,16 @@ class GPATEMLFlowLogger(MLFlowLogger):
             run_id=run_id,
             log_model=False,
         )
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        """Lightning's MLflow client, with the experiment looked up or created as a model-training
+        experiment (:func:`training_experiment_id`) before Lightning's own lookup would create it
+        without a kind."""
+        if not self._initialized and self._run_id is None and self._experiment_id is None:
+            self._experiment_id = training_experiment_id(self._mlflow_client, self._experiment_name)
+        return super().experiment
 
     def log_hyperparams(self, params) -> None:
         """Lightning's flattening, with characters MLflow refuses in a parameter name (e.g. the

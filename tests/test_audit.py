@@ -169,6 +169,7 @@ def test_audit_command_trains_both_worlds_resumes_and_reports_to_mlflow(tmp_path
     assert "| GAN | groundhog | ∞ (not private) |" in second.stdout and "| 4 (2) |" in second.stdout
     run, client = query_run("audit")
     assert run.data.params["attack"] == "groundhog" and run.data.params["runs"] == "4"
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert {"epsilon_emp", "epsilon_emp_max", "fit_seconds_mean"} <= set(run.data.metrics)
     assert {a.path for a in client.list_artifacts(run.info.run_id, "audit")} >= {"audit/roc.png", "audit/audit.json"}
 

@@ -40,6 +40,8 @@ def test_fit_then_sample_digits(capsys):
     assert f"release   {ckpt}\n" in summary and f"run {run.info.run_id} in experiment 'digits'" in summary
     assert f"sample    lightning-gpate sample --ckpt_path {ckpt} --num_samples 1000 --output samples.npz" in summary
     assert "browse    mlflow ui --backend-store-uri sqlite:///" in summary
+    view = f"then http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
+    assert f"\n            {view}  (MLflow's model-training view)\n" in summary
     assert main(["sample", "--ckpt_path", ckpt, "--num_samples", "25", "--output", "out/s.npz", "--seed", "1"]) == 0
     data = np.load("out/s.npz")
     assert data["images"].shape == (25, 1, 8, 8) and data["labels"].shape == (25,)

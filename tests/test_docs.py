@@ -93,3 +93,12 @@ def test_documented_error_examples_are_what_the_cli_prints(command, printed, tmp
     # "..." in the documentation stands for the rest of a long list
     pattern = ".*".join(re.escape(part) for part in printed.split("..."))
     assert re.fullmatch(pattern, last), (printed, last)
+
+
+def test_every_committed_picture_is_shown_somewhere_and_small():
+    docs = _all_docs()
+    pictures = sorted((ROOT / "docs" / "img").glob("*.png"))
+    assert pictures
+    for picture in pictures:
+        assert f"img/{picture.name}" in docs, f"{picture.name} is shown on no page"
+        assert picture.stat().st_size <= 300_000, f"{picture.name} is {picture.stat().st_size // 1000} KB"

@@ -131,12 +131,10 @@ def log_to_mlflow(result: AuditResult, outcome: AttackOutcome, features: np.ndar
     the attack's features. Returns the run id."""
     import mlflow
 
-    from lightning_gpate.tracking import default_artifact_location, default_tracking_uri
+    from lightning_gpate.tracking import default_tracking_uri, training_experiment_id
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        experiment, artifact_location=default_artifact_location(client.tracking_uri))
+    exp_id = training_experiment_id(client, experiment)
     run_id = client.create_run(exp_id, run_name=run_name or f"audit-{result.model}-{result.attack}").info.run_id
     params = {k: v for k, v in result.as_dict().items() if isinstance(v, str) or k in ("runs", "test_models", "num_rows", "confidence", "delta")}
     params.update({f"setting/{k}": str(v)[:500] for k, v in settings.items()})

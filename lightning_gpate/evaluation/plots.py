@@ -24,33 +24,51 @@ def _figure(width: float, height: float):
     return fig
 
 
-def marginal_plot(real: pd.DataFrame, synthetic: pd.DataFrame, path: str | Path, *, max_columns: int = 48, max_categories: int = 20) -> Path:
+def marginal_plot(
+    real: pd.DataFrame | None,
+    synthetic: pd.DataFrame,
+    path: str | Path,
+    *,
+    max_columns: int = 48,
+    max_categories: int = 20,
+    columns: list[str] | None = None,
+    real_label: str = "real",
+) -> Path:
     """One panel per column: overlaid density histograms (numeric, bins over the real range) or side by
-    side category frequencies (other columns), real vs synthetic. Writes ``path`` (PNG)."""
-    numeric, _ = FeatureEncoder.column_kinds(real)
-    columns = list(real.columns)[:max_columns]
+    side category frequencies (other columns), real vs synthetic; the synthetic alone where ``real`` is
+    ``None`` (e.g. the picture beside a private model's samples). Writes ``path`` (PNG).
+
+    Args:
+        columns: the columns to draw (default: the first ``max_columns``).
+        real_label: the legend's name of ``real`` (e.g. a public reference set).
+    """
+    base = real if real is not None else synthetic
+    numeric, _ = FeatureEncoder.column_kinds(base)
+    columns = (list(columns) if columns is not None else list(base.columns))[:max_columns]
     ncols = min(6, len(columns))
     nrows = math.ceil(len(columns) / ncols)
     fig = _figure(3.0 * ncols, 2.4 * nrows)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax, name in zip(axes.flat, columns):
-        r, s = real[name], synthetic[name]
-        if name in numeric and r.nunique(dropna=True) > 2:
-            rv = pd.to_numeric(r, errors="coerce").dropna().to_numpy(float)
+        r, s = (real[name] if real is not None else None), synthetic[name]
+        if name in numeric and base[name].nunique(dropna=True) > 2:
+            rv = pd.to_numeric(r, errors="coerce").dropna().to_numpy(float) if r is not None else None
             sv = pd.to_numeric(s, errors="coerce").dropna().to_numpy(float)
-            lo, hi = (rv.min(), rv.max()) if len(rv) else (0.0, 1.0)
+            ranged = rv if rv is not None else sv
+            lo, hi = (ranged.min(), ranged.max()) if len(ranged) else (0.0, 1.0)
             bins = np.linspace(lo, hi if hi > lo else lo + 1.0, 21)
-            ax.hist(rv, bins=bins, density=True, alpha=0.5, label="real")
-            ax.hist(np.clip(sv, bins[0], bins[-1]), bins=bins, density=True, alpha=0.5, label="synthetic")
+            if rv is not None:
+                ax.hist(rv, bins=bins, density=True, alpha=0.5, label=real_label)
+            ax.hist(np.clip(sv, bins[0], bins[-1]), bins=bins, density=True, alpha=0.5, label="synthetic", color="C1")
         else:
-            rc = FeatureEncoder._as_category(r)
+            rc = FeatureEncoder._as_category(r) if r is not None else None
             sc = FeatureEncoder._as_category(s)
-            cats = pd.Series(rc).value_counts().index[:max_categories].tolist()
-            rf = [np.mean(rc == c) for c in cats]
-            sf = [np.mean(sc == c) for c in cats]
+            cats = pd.Series(rc if rc is not None else sc).value_counts().index[:max_categories].tolist()
             pos = np.arange(len(cats))
-            ax.bar(pos - 0.2, rf, width=0.4, label="real")
-            ax.bar(pos + 0.2, sf, width=0.4, label="synthetic")
+            width = 0.4 if rc is not None else 0.8
+            if rc is not None:
+                ax.bar(pos - 0.2, [np.mean(rc == c) for c in cats], width=width, label=real_label)
+            ax.bar(pos + (0.2 if rc is not None else 0.0), [np.mean(sc == c) for c in cats], width=width, label="synthetic", color="C1")
             ax.set_xticks(pos, [str(c)[:8] for c in cats], fontsize=6, rotation=45)
         ax.set_title(str(name)[:30], fontsize=8)
         ax.tick_params(labelsize=6)

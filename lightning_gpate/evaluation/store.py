@@ -80,6 +80,23 @@ def datamodule_for(release: dict[str, Any], model, data: str | None = None):
     return datamodule
 
 
+def real_test_split(model, release: dict[str, Any]):
+    """The real test split of a **non-private** model's data (rebuilt from the release's data config),
+    to draw beside its samples: ``(images, labels)`` or a DataFrame; ``None`` for a private model (its
+    pictures never show real data unless a public reference is given) or where the data cannot be read."""
+    if is_private(model):
+        return None
+    try:
+        datamodule = datamodule_for(release, model)
+        if model.data_spec["kind"] == "tabular":
+            frame = datamodule.split_frame("test")
+            return frame if len(frame) else None
+        x, y = datamodule.model_space("test")
+        return (x, y) if len(y) else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def check_data_matches(model_spec: dict[str, Any], data_spec: dict[str, Any]) -> None:
     """Refuse to evaluate a model against data of another shape, classes or columns."""
     for key in ("kind", "shape", "num_classes", "class_names", "column_order"):
@@ -309,11 +326,9 @@ def evaluate_checkpoint(
                 f"no MLflow run in {client.tracking_uri} produced {ckpt_path}: pass --run_id, --tracking_uri, "
                 f"or --new_run to record the report in a new run"
             )
-        from lightning_gpate.tracking import default_artifact_location
+        from lightning_gpate.tracking import training_experiment_id
 
-        exp = client.get_experiment_by_name(new_run_experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            new_run_experiment, artifact_location=default_artifact_location(client.tracking_uri))
+        exp_id = training_experiment_id(client, new_run_experiment)
         run_id = client.create_run(exp_id, run_name=f"evaluate-{Path(ckpt_path).stem}").info.run_id
         client.set_tag(run_id, "model_class", type(model).__name__)
         client.set_terminated(run_id)

@@ -1,0 +1,153 @@
+"""Utility against ε across models, drawn from the committed benchmark results (nothing is trained here).
+
+Panels:
+
+* **cervical** and **cardio** (tables): mean AUROC of PATE-GAN's 12 classifiers trained on synthetic
+  rows and tested on real ones (Setting B), mean ± sd over seeds, from ``tabular_utility.jsonl``
+  (``benchmarks/tabular_utility.py``); cardio shows the logistic regression's AUROC (its larger
+  benchmark scored fewer systems). Real data (Setting A) and the non-private GAN are lines.
+* **images**: accuracy on the real test digits of a logistic regression trained on 2,000 generated
+  digits: the quickstart's runs (``quickstart.jsonl``, ``benchmarks/quickstart_check.py``), the G-PATE
+  ladder (``gpate_ladder_digits.jsonl``: ε≈10 and noise-free variants), and every record of
+  ``benchmarks/image_utility.py`` (``image_utility_<preset>/*.json``: the MNIST presets once they are
+  measured on a GPU). Noise-free runs sit at the right edge, labelled "no noise".
+
+Every ε is a guarantee (δ = 1e-5). Writes ``docs/img/utility_vs_epsilon.png``::
+
+    python benchmarks/utility_vs_epsilon.py [--out docs/img/utility_vs_epsilon.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+NO_NOISE_X = 100.0  # where noise-free runs are drawn on the log ε axis
+CHANCE_DIGITS = 0.1
+
+
+def tabular_cells(path: Path) -> dict[tuple[str, str], dict[float, list[float]]]:
+    """(dataset, system) → ε → the seeds' scores (AUROC on cervical, LR AUROC on cardio), one per cell."""
+    from tabular_utility import cell_key, load_results
+
+    cells: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    last = {cell_key(r): r for r in load_results(path) if r.get("status") == "ok"}
+    for r in last.values():
+        score = r.get("lr_auroc") if r["dataset"] == "cardio" else r.get("auroc")
+        if score is not None and not math.isnan(float(score)):
+            cells[(r["dataset"], r["system"])][float(r["epsilon"])].append(float(score))
+    return cells
+
+
+def image_points() -> list[dict]:
+    """Every committed image result with a logistic-regression score: ``{series, epsilon, score}``."""
+    points = []
+    for line in (RESULTS / "quickstart.jsonl").read_text().splitlines() if (RESULTS / "quickstart.jsonl").exists() else []:
+        r = json.loads(line)
+        if r.get("logreg_2000") is not None and not r.get("extra"):
+            points.append({"series": "G-PATE, the quickstart (700 teachers × 2 digits)", "epsilon": r["epsilon"], "score": r["logreg_2000"]})
+    ladder = RESULTS / "gpate_ladder_digits.jsonl"
+    for line in ladder.read_text().splitlines() if ladder.exists() else []:
+        r = json.loads(line)
+        if r.get("logreg_2000") is None or r.get("epsilon_spent") is None:
+            continue
+        noise_free = r["epsilon_budget"] > 1e6
+        points.append({"series": "G-PATE ladder variants (digits)", "epsilon": math.inf if noise_free else r["epsilon_spent"],
+                       "score": r["logreg_2000"]})
+    for folder in sorted(RESULTS.glob("image_utility_*")):
+        if not folder.is_dir():
+            continue
+        preset = folder.name.removeprefix("image_utility_")
+        for path in sorted(folder.glob("*.json")):
+            r = json.loads(path.read_text())
+            if r.get("logreg_2000") is None:
+                continue
+            eps = math.inf if str(r.get("eps")) == "inf" else float(r.get("epsilon_spent") or r.get("eps"))
+            points.append({"series": f"{r.get('model', r.get('case'))} ({preset})", "epsilon": eps, "score": r["logreg_2000"]})
+    return points
+
+
+def _x(eps: float) -> float:
+    return NO_NOISE_X if math.isinf(eps) else eps
+
+
+def draw(out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tabular_utility import NAMES
+
+    cells = tabular_cells(RESULTS / "tabular_utility.jsonl")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 6.4))
+    for ax, dataset, ylabel in ((axes[0], "cervical", "mean AUROC of 12 classifiers (synthetic → real)"),
+                                (axes[1], "cardio", "logistic regression AUROC (synthetic → real)")):
+        systems = sorted({s for (d, s) in cells if d == dataset}, key=lambda s: list(NAMES).index(s) if s in NAMES else 99)
+        for i, system in enumerate(systems):
+            by_eps = cells[(dataset, system)]
+            if system in ("real", "gan"):
+                value = float(np.mean(by_eps[math.inf]))
+                ax.axhline(value, ls=":", color="black" if system == "gan" else "grey", label=f"{NAMES[system]}: {value:.2f}")
+                continue
+            eps = sorted(by_eps)
+            means = [float(np.mean(by_eps[e])) for e in eps]
+            sds = [float(np.std(by_eps[e])) for e in eps]
+            peer = system in ("mst", "aim", "pategan_sn", "dpctgan_sn")
+            ax.errorbar([e * (1 + 0.04 * (i - len(systems) / 2)) for e in eps], means, yerr=sds, marker="o", capsize=3,
+                        ls="--" if peer else "-", label=NAMES.get(system, system))
+        ax.axhline(0.5, color="lightgrey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xticks([1, 10], ["1", "10"])
+        ax.set_xlabel("ε (guarantee, δ = 1e-5)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{dataset} (table)")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+
+    ax = axes[2]
+    series: dict[str, list[dict]] = defaultdict(list)
+    for p in image_points():
+        series[p["series"]].append(p)
+    markers = iter("o^Dv<>p*")
+    for name, pts in sorted(series.items(), key=lambda kv: "quickstart" in kv[0]):  # the quickstart drawn last, on top
+        quickstart = "quickstart" in name
+        ax.scatter([_x(p["epsilon"]) for p in pts], [p["score"] for p in pts], label=name, alpha=0.9,
+                   marker="*" if quickstart else next(markers, "o"), s=180 if quickstart else 30, zorder=3 if quickstart else 2,
+                   edgecolors="black" if quickstart else "none")
+    ax.axhline(CHANCE_DIGITS, color="lightgrey", lw=0.8, label="chance")
+    ax.set_xscale("log")
+    ax.set_xlim(0.7, NO_NOISE_X * 1.6)
+    ax.set_xticks([1, 10, NO_NOISE_X], ["1", "10", "no noise"])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("ε (guarantee, δ = 1e-5)")
+    ax.set_ylabel("accuracy on real test digits (LogReg on 2,000 samples)")
+    measured_mnist = any("mnist" in name for name in series)
+    ax.set_title("8×8 digits (images)" + ("" if measured_mnist else "; MNIST: awaiting a GPU run"))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
+    fig.suptitle("Utility against ε across models (from benchmarks/results/, every ε a guarantee)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "docs" / "img" / "utility_vs_epsilon.png"))
+    args = parser.parse_args(argv)
+    print(f"wrote {draw(Path(args.out))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
