@@ -70,7 +70,7 @@ def run(epsilon: float, seed: int, num_teachers: int, planned_queries: int, teac
     gap = np.abs(counts[:, 1] - counts[:, 0])
     flip = 0.5 * np.exp(-model.lam * gap) * (1 + model.lam * gap / 2)
     synthetic = synthetic_table(model, 2000, seed=seed)
-    s = score(dm.split_frame("train"), dm.split_frame("test"), synthetic, "Biopsy", seed, ["LogisticRegression", "RandomForest"])
+    s = score(dm.split_frame("train"), dm.split_frame("test"), synthetic, "Biopsy", seed, ["LogisticRegression", "RandomForest"], dm.spec)
     return {"epsilon": epsilon, "seed": seed, "teacher_vote": teacher_vote, "num_teachers": num_teachers, "rows_per_teacher": round(dm.spec["num_train"] / num_teachers, 1),
             "planned_queries": planned_queries, "lam": model.lam, "teacher_steps": teacher_steps, "steps": trainer.global_step,
             "eps_spent": model.spent_epsilon(), "real_votes": float(frac_real.mean()), "unanimous": float(((frac_real >= 0.95) | (frac_real <= 0.05)).mean()),
