@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 from lightning_gpate.planning import Probe, plan  # noqa: E402
 from lightning_gpate.privacy import ConfidentGNMaxEvent, PrivacyAccountant  # noqa: E402
 from lightning_gpate.privacy.rdp import rdp_to_epsilon  # noqa: E402
-from lightning_gpate.privacy.smooth_sensitivity import (  # noqa: E402
+from lightning_gpate.privacy.smooth_release import (  # noqa: E402
     GNSSParameters,
     SmoothSensitivityAccountant,
     default_gnss_parameters,

@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import SaveConfigCallback
 
+from lightning_gpate.privacy.disclosure import release_allowed
 from lightning_gpate.tracking import mlflow_logger_of
 
 
@@ -30,14 +31,6 @@ RELEASE_ARTIFACT_DIR = "release"
 RELEASE_FILE = "release.pt"
 TRAINING_CHECKPOINT_FILE = "last.ckpt"
 PRIVATE_DIR = "private"
-
-
-def release_allowed(pl_module) -> bool:
-    """Whether the model's release artifact may be written: ``False`` only for a
-    ``budget_accounting: smooth_sensitivity`` run whose released ε exceeds its target (or before
-    its release; :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.release_allowed`)."""
-    check = getattr(pl_module, "release_allowed", None)
-    return True if check is None else bool(check())
 
 
 class PrivateCheckpointError(RuntimeError):

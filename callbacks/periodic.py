@@ -6,7 +6,7 @@ import warnings
 
 import pytorch_lightning as pl
 
-from callbacks.artifacts import release_allowed
+from lightning_gpate.privacy.disclosure import release_allowed
 from lightning_gpate.progress import progress_bars
 from lightning_gpate.tracking import mlflow_logger_of
 

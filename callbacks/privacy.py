@@ -1,103 +1,19 @@
-"""PrivacyBudget: ε on the progress bar and in MLflow every step, and why training stopped; and the
-one place that decides which privacy quantities may leave a run (logs, release artifact)."""
+"""PrivacyBudget: ε on the progress bar and in MLflow every step, and why training stopped. What may be
+logged is decided by :mod:`lightning_gpate.privacy.disclosure`."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytorch_lightning as pl
 
-from callbacks.summary import stop_reason
-from lightning_gpate.privacy.accountant import DATA_DEPENDENT, GUARANTEE
+from lightning_gpate.errors import NoPrivateStepError
+from lightning_gpate.privacy.disclosure import (
+    released_accountant_state,
+    released_epsilons,
+    released_smooth_sensitivity,
+    released_summary,
+    stop_reason,
+)
 from lightning_gpate.tracking import mlflow_logger_of
-
-
-# ----------------------------------------------------------------------------- what may be released
-def paper_analysis_released(pl_module) -> bool:
-    """Whether the accountant's paper-style ε may leave the run (be logged or released).
-
-    A data-dependent analysis (PATE's ε from the vote histograms, without smooth sensitivity) is a
-    function of the private votes without noise: it is released only when the user asked for
-    paper-style accounting (``budget_accounting: paper``, whose run is tagged as not a guarantee).
-    A data-independent paper analysis (GS-WGAN's per-sample composition) depends on public settings
-    only and is always released.
-    """
-    label = pl_module.accountant.paper_label
-    if label == GUARANTEE:
-        return False  # no separate analysis
-    if pl_module.budget_accounting == "paper":
-        return True
-    return DATA_DEPENDENT not in label.split("+")
-
-
-def released_epsilons(pl_module) -> dict[str, float]:
-    """The ε values that may be logged now: ``epsilon`` (the ε in force: the guarantee, or after a
-    smooth-sensitivity release the released ε, see ``epsilon_in_force``) and, where
-    :func:`paper_analysis_released`, ``epsilon_<analysis>`` (never in smooth_sensitivity mode: its
-    data-dependent ε leaves the run only once, noised)."""
-    acc = pl_module.accountant
-    out = {"epsilon": pl_module.epsilon_in_force()}
-    if out["epsilon"] != acc.epsilon() and pl_module.smooth_sensitivity is None:
-        out["epsilon_rdp"] = acc.epsilon()  # a tighter analysis than RDP is in force (DP-GAN's PLD): RDP beside it
-    if paper_analysis_released(pl_module):
-        out[f"epsilon_{acc.paper_label}"] = acc.epsilon_paper()
-    return out
-
-
-def released_accountant_state(pl_module) -> dict[str, Any]:
-    """The accountant's state as it may be released: a paper-style curve that may not be
-    (:func:`paper_analysis_released`) is replaced by the guarantee's, and its name is kept under
-    ``withheld_analysis``. The full state stays in the private training checkpoint."""
-    acc = pl_module.accountant
-    state = acc.state_dict()
-    if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
-        state["rdp_paper"] = list(state["rdp"])
-        state["labels"] = []
-        state["withheld_analysis"] = acc.paper_label
-    return state
-
-
-def released_summary(pl_module) -> dict[str, Any]:
-    """The accountant's summary (ε, δ, analysis, best order, counts) as it may be released."""
-    acc = pl_module.accountant
-    summary = acc.summary()
-    if pl_module.smooth_sensitivity is None and pl_module.guarantee_epsilon() != summary["epsilon"]:
-        summary.update(epsilon=pl_module.guarantee_epsilon(), epsilon_rdp=summary["epsilon"])
-    if acc.paper_label != GUARANTEE and not paper_analysis_released(pl_module):
-        summary.update(epsilon_paper=summary["epsilon"], best_order_paper=summary["best_order"],
-                       analysis=GUARANTEE, withheld_analysis=acc.paper_label)
-    return summary
-
-
-def released_smooth_sensitivity(pl_module) -> dict[str, Any] | None:
-    """What a smooth-sensitivity run releases about its ε (``None`` in the other modes): the GNSS
-    parameters, the released (noised) values, the ε in force and which analysis gave it, the hard
-    cap and the release decision. Never the ledger (sums over the private votes)."""
-    ss = getattr(pl_module, "smooth_sensitivity", None)
-    if ss is None:
-        return None
-    out = {**ss.public_state(), "epsilon_hard_cap": pl_module.epsilon_hard_cap,
-           "release_allowed": pl_module.release_allowed()}
-    if ss.released is not None:
-        out["epsilon"], out["epsilon_analysis"] = pl_module.released_epsilon()
-        out["epsilon_data_independent"] = pl_module.accountant.epsilon()
-    return out
-
-
-def released_privacy(pl_module) -> dict[str, Any]:
-    """Everything about a private model's privacy that its release artifact holds."""
-    return {
-        "epsilon_budget": float(pl_module.epsilon_budget),
-        "delta": float(pl_module.delta),
-        "budget_accounting": pl_module.budget_accounting,
-        "privacy_guarantee": pl_module.budget_accounting == "guarantee",
-        "neighbouring_relation": pl_module.accountant.neighbouring,
-        "budget_exhausted": bool(pl_module.budget_exhausted),
-        "stop_reason": pl_module.stop_reason,
-        "summary": released_summary(pl_module),
-        "accountant": released_accountant_state(pl_module),
-        "smooth_sensitivity": released_smooth_sensitivity(pl_module),
-    }
 
 
 class PrivacyBudget(pl.Callback):
@@ -148,8 +64,6 @@ class PrivacyBudget(pl.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # A budget that refused the first step (NoPrivateStepError) fails the run: it still says why.
         # The reason is computed from public settings and the accountant only (never from data values).
-        from lightning_gpate.models.private import NoPrivateStepError
-
         logger = mlflow_logger_of(trainer)
         if (not isinstance(exception, NoPrivateStepError) or logger is None or trainer.global_rank != 0
                 or getattr(logger, "_run_id", None) is None or not pl_module.stop_reason):

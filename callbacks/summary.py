@@ -13,6 +13,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from lightning_gpate.privacy.disclosure import privacy_lines, release_allowed, stop_reason
 from lightning_gpate.tracking import mlflow_logger_of
 
 #: Figures worth a line of the summary, in this order: (metric key, label). The evaluation callbacks
@@ -48,22 +49,6 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def stop_reason(trainer: pl.Trainer, pl_module: pl.LightningModule) -> str:
-    """Why training stopped: the model's own reason (e.g. the privacy budget), else the Trainer's limits."""
-    reason = getattr(pl_module, "stop_reason", None)
-    if reason:
-        return reason
-    if trainer.global_step == 0:
-        return "no training step"
-    if trainer.max_steps is not None and trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
-        return f"max_steps={trainer.max_steps} reached"
-    if trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch >= trainer.max_epochs:
-        return f"max_epochs={trainer.max_epochs} reached"
-    if trainer.should_stop:
-        return "stopped by a callback (e.g. early stopping)"
-    return "step or epoch limit reached"
-
-
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 60:
@@ -96,43 +81,6 @@ def _data_line(datamodule, spec: dict[str, Any]) -> str:
     teachers = getattr(datamodule, "num_teachers", 0) if datamodule is not None else 0
     parts = [p for p in (source, what, f"{teachers} teachers" if teachers else None) if p]
     return ", ".join(parts)
-
-
-def _privacy_lines(pl_module) -> list[str]:
-    acc = getattr(pl_module, "accountant", None)
-    if acc is None or not hasattr(pl_module, "epsilon_budget"):
-        return ["none: a non-private model (no privacy guarantee)"]
-    budget, delta = pl_module.epsilon_budget, acc.delta
-    label = acc.paper_label
-    if pl_module.budget_accounting == "paper":
-        return [
-            f"ε = {acc.epsilon_paper():.4f} spent of the budget ε = {budget:g} (δ = {delta:g}) by the paper's "
-            f"{label.replace('_', '-')} analysis: NOT a guarantee",
-            f"the guarantee in force is ε = {acc.epsilon():.4f}",
-        ]
-    if getattr(pl_module, "smooth_sensitivity", None) is not None:
-        return _smooth_sensitivity_lines(pl_module, budget, delta)
-    lines = [f"ε = {acc.epsilon():.4f} spent of the budget ε = {budget:g} (δ = {delta:g}): an (ε, δ)-DP guarantee"]
-    if label != "guarantee" and not math.isclose(acc.epsilon_paper(), acc.epsilon(), rel_tol=1e-6):
-        lines.append(f"the paper's {label.replace('_', '-')} analysis gives ε = {acc.epsilon_paper():.4f} (not a guarantee)")
-    return lines
-
-
-def _smooth_sensitivity_lines(pl_module, budget: float, delta: float) -> list[str]:
-    """A smooth-sensitivity run: the ε in force (released, or the data-independent bound if the
-    release did not happen), against the target ``epsilon`` and the hard cap."""
-    from callbacks.privacy import released_smooth_sensitivity
-
-    info = released_smooth_sensitivity(pl_module)
-    independent = pl_module.accountant.epsilon()
-    if info is None or info.get("released") is None:
-        return [f"ε = {independent:.4f} (δ = {delta:g}) by the data-independent bound (hard cap "
-                f"{pl_module.epsilon_hard_cap:g}): an (ε, δ)-DP guarantee; no smooth-sensitivity release was made"]
-    released = info["released"]["epsilon"]
-    return [f"ε = {info['epsilon']:.4f} (δ = {delta:g}) in force, target ε = {budget:g}: an (ε, δ)-DP guarantee "
-            f"({info['epsilon_analysis'].replace('_', '-')})",
-            f"smooth-sensitivity release ε = {released:.4f} (noised); data-independent bound of everything "
-            f"released ε = {independent:.4f} (hard cap {pl_module.epsilon_hard_cap:g})"]
 
 
 def _metric_lines(metrics: dict[str, float]) -> list[str]:
@@ -185,7 +133,7 @@ class FitSummary(pl.Callback):
     # ----------------------------------------------------------------- the summary
     def text(self, trainer: pl.Trainer, pl_module, *, command: str = "lightning-gpate") -> str:
         """The summary of a finished fit (call it on global rank 0, after ``trainer.fit``)."""
-        from callbacks.artifacts import ReleaseArtifact, release_allowed
+        from callbacks.artifacts import ReleaseArtifact
         from callbacks.periodic import PeriodicEvaluation
 
         rows: list[tuple[str, str]] = []
@@ -198,7 +146,7 @@ class FitSummary(pl.Callback):
             steps += f" ({trainer.global_step - self._first_step} in this run, resumed at step {self._first_step})"
         rows.append(("training", f"{steps}{took}{after}"))
         rows.append(("stopped", stop_reason(trainer, pl_module)))
-        rows += [("privacy", line) for line in _privacy_lines(pl_module)]
+        rows += [("privacy", line) for line in privacy_lines(pl_module)]
         metrics: dict[str, float] = {}
         for cb in trainer.callbacks:
             if isinstance(cb, PeriodicEvaluation):

@@ -252,7 +252,7 @@ EXTRA_COMMANDS["audit"] = audit_command
 def plan_command(argv: Sequence[str]) -> int:
     from lightning_gpate.planning import plan_command as plan
 
-    return plan(argv)
+    return plan(argv, build_cli=run_lightning_cli)
 
 
 EXTRA_COMMANDS["plan"] = plan_command

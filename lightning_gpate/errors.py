@@ -17,3 +17,12 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """A combination of options this program does not run (e.g. a model on several processes
     that trains on one only)."""
+
+
+class BudgetExhaustedError(UserError, RuntimeError):
+    """Training was asked of a model whose privacy budget is already spent."""
+
+
+class NoPrivateStepError(BudgetExhaustedError):
+    """The budget could not pay for a single training step: the generator would be untrained while the
+    fit looked like a success (ε spent 0)."""

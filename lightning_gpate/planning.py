@@ -29,18 +29,14 @@ import argparse
 import math
 import tempfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from lightning_gpate.privacy.accountant import ConfidentGNMaxEvent, LaplaceVoteEvent, PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
-from lightning_gpate.privacy.smooth_sensitivity import (
-    BETA_FRACTION,
-    GNSSParameters,
-    SmoothSensitivityAccountant,
-    gnss_rdp_curve,
-)
+from lightning_gpate.privacy.smooth_release import BETA_FRACTION, GNSSParameters, SmoothSensitivityAccountant
+from lightning_gpate.privacy.smooth_sensitivity import gnss_rdp_curve
 
 #: Orders tried for the smooth-sensitivity release.
 PLAN_ORDERS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
@@ -93,25 +89,29 @@ def _worst_case(event):
     return event
 
 
-def _cli(args: list[str]):
+#: Builds the LightningCLI objects of a config without running a subcommand: ``(args, run=False) → cli``
+#: (:func:`lightning_gpate.cli.run_lightning_cli`, which passes itself: the command line sits above
+#: this module and is not imported by it).
+BuildCLI = Callable[..., Any]
+
+
+def _cli(args: list[str], build_cli: BuildCLI):
     """The LightningCLI objects of ``args`` without running a subcommand."""
     import warnings
 
-    from lightning_gpate.cli import run_lightning_cli
-
     with warnings.catch_warnings():  # plan's own arguments are on sys.argv; LightningCLI gets ``args``
         warnings.filterwarnings("ignore", message=".*args parameter is intended to run from within Python.*")
-        return run_lightning_cli(args, run=False)
+        return build_cli(args, run=False)
 
 
-def probe_public_run(argv: Sequence[str], steps: int) -> Probe:
+def probe_public_run(argv: Sequence[str], steps: int, *, build_cli: BuildCLI) -> Probe:
     """Train the configured model for ``steps`` steps on the config's (declared public) data and
     record every vote event. Nothing is logged, no artifact is kept, budgets are lifted."""
     with tempfile.TemporaryDirectory() as tmp:
         args = list(argv) + ["--trainer.max_steps", str(steps), "--trainer.logger", "false",
                              "--trainer.enable_checkpointing", "false", "--trainer.default_root_dir", tmp,
                              "--utility.enabled", "false", "--image_quality.enabled", "false"]
-        cli = _cli(args)
+        cli = _cli(args, build_cli)
         model, dm = cli.model, cli.datamodule
         _lift_budget(model)
         events: list = []
@@ -275,7 +275,8 @@ def _best_smooth_sensitivity(probe: Probe, metadata: list, epsilon: float, z: fl
 # ----------------------------------------------------------------------------- command
 
 
-def plan_command(argv: Sequence[str]) -> int:
+def plan_command(argv: Sequence[str], *, build_cli: BuildCLI) -> int:
+    """``lightning-gpate plan``; ``build_cli`` builds the config's LightningCLI objects (see :data:`BuildCLI`)."""
     parser = argparse.ArgumentParser(
         prog="lightning-gpate plan",
         description="ESTIMATE how many training steps of a G-PATE or PATE-GAN config fit a target epsilon under the "
@@ -295,11 +296,11 @@ def plan_command(argv: Sequence[str]) -> int:
     cli_args = ["--config", args.config, *rest]
     if args.vote_shares is not None:
         with tempfile.TemporaryDirectory() as tmp:
-            cli = _cli(cli_args + ["--trainer.logger", "false", "--trainer.default_root_dir", tmp])
+            cli = _cli(cli_args + ["--trainer.logger", "false", "--trainer.default_root_dir", tmp], build_cli)
         _lift_budget(cli.model)
         probe = synthetic_probe(cli.model, [float(s) for s in args.vote_shares.split(",")], args.probe_steps)
     elif args.data_is_public:
-        probe = probe_public_run(cli_args, args.probe_steps)
+        probe = probe_public_run(cli_args, args.probe_steps, build_cli=build_cli)
     else:
         raise ValueError("plan reads votes without privacy: pass --data_is_public (the config's data, or the one you "
                          "pass with --data.*, is public or synthetic) or --vote_shares (synthetic votes)")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from lightning_gpate.errors import UserError
+from lightning_gpate.privacy.disclosure import released_privacy
 
 RELEASE_KEY = "lightning_gpate_release"
 RELEASE_FORMAT = 1
@@ -83,8 +84,6 @@ def build_release(model, *, datamodule=None, mlflow_run: dict | None = None, glo
         data = {"class_path": class_path, "init_args": plain({k: v for k, v in args.items() if not str(k).startswith("_")})}
     privacy = None
     if hasattr(model, "accountant"):
-        from callbacks.privacy import released_privacy
-
         privacy = released_privacy(model)
     return {
         RELEASE_KEY: {"format": RELEASE_FORMAT, "model_class": model_class_path(model)},

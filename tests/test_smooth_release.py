@@ -20,7 +20,8 @@ from lightning_gpate.models import DPGAN, GPATE, PATEGAN
 from lightning_gpate.models.private import BudgetExhaustedError
 from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
-from lightning_gpate.privacy.smooth_sensitivity import GNSSParameters, gnss_rdp
+from lightning_gpate.privacy.smooth_release import GNSSParameters
+from lightning_gpate.privacy.smooth_sensitivity import gnss_rdp
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
 GPATE_SMALL = dict(fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0, threshold_fraction=0.3,

@@ -19,12 +19,16 @@ import numpy as np
 import pytest
 
 from lightning_gpate.privacy.pate import confident_gnmax_rdp, gaussian_rdp_given_logq, gnmax_logq, laplace_vote_rdp
-from lightning_gpate.privacy.smooth_sensitivity import (
+from lightning_gpate.privacy.smooth_release import (
     ConfidentGNMaxLedger,
     GNSSParameters,
     LaplaceVoteLedger,
-    ball_maximum,
     default_gnss_parameters,
+    ledger_from_state,
+    release,
+)
+from lightning_gpate.privacy.smooth_sensitivity import (
+    ball_maximum,
     gnmax_conditions,
     gnmax_local_sensitivity_bounds,
     gnmax_logq0,
@@ -33,8 +37,6 @@ from lightning_gpate.privacy.smooth_sensitivity import (
     gnss_rdp,
     laplace_local_sensitivity_bounds,
     laplace_rdp_table,
-    ledger_from_state,
-    release,
     smooth_sensitivity,
     threshold_local_sensitivity_bounds,
     threshold_local_sensitivity_table,

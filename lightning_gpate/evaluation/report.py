@@ -4,8 +4,8 @@ One place for what the callbacks (:class:`callbacks.DownstreamUtility`, :class:`
 ``lightning-gpate evaluate`` and the Python API compute, so a finished run and a live run get the same
 report. Metric names in MLflow: ``utility/<name>`` (downstream utility) and ``quality/<name>`` (IS/FID).
 
-What a private model's evaluation may log by default is decided here too (:func:`is_private`,
-:func:`real_baselines_allowed`, :func:`uses_training_split`): nothing computed from the real **training**
+What a private model's evaluation may log by default is decided by :mod:`lightning_gpate.privacy.disclosure`
+(:func:`is_private`, :func:`real_baselines_allowed`, :func:`split_private`) with :func:`uses_training_split`: nothing computed from the real **training**
 split without noise (Setting A, the A/B and A/C ranking agreements, a feature network trained on
 it, the training split's size). Those are the data owner's diagnostics: computed only on request and
 then logged under ``private/`` (:data:`PRIVATE_PREFIX`). Evaluation against the held-out real splits
@@ -19,34 +19,16 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
 
 from lightning_gpate.evaluation.tabular import SETTINGS, evaluate_tabular
+from lightning_gpate.privacy.disclosure import PRIVATE_PREFIX, is_private, real_baselines_allowed, split_private  # noqa: F401 (their home is the disclosure policy)
 
 UTILITY_PREFIX = "utility/"
 QUALITY_PREFIX = "quality/"
-#: Prefix of evaluation figures of a private model computed from its real training split without noise.
-PRIVATE_PREFIX = "private/"
-
-
-def is_private(model) -> bool:
-    """Whether ``model`` is a private generator (it holds a privacy accountant)."""
-    return getattr(model, "accountant", None) is not None
-
-
-def real_baselines_allowed(model, requested: bool | None = None) -> bool:
-    """Whether evaluation may compute figures from the real training split without noise (Setting A,
-    ranking agreements with A, a feature network trained on it).
-
-    ``requested``: an explicit choice; ``None`` (default): always for a non-private model, for a
-    private one only when it logs private diagnostics (``log_private_diagnostics: true``).
-    """
-    if requested is not None:
-        return bool(requested)
-    return not is_private(model) or bool(getattr(model, "log_private_diagnostics", False))
 
 
 def uses_training_split(name: str) -> bool:
@@ -54,14 +36,6 @@ def uses_training_split(name: str) -> bool:
     training split: Setting A (real→real, and the real fidelity floor ``A/fidelity/*``) and every
     ranking agreement with it."""
     return name.startswith("A/") or name.startswith("ranking_agreement_A")
-
-
-def split_private(model, metrics: Mapping[str, float], private: Callable[[str], bool]) -> tuple[dict[str, float], dict[str, float]]:
-    """``metrics`` as ``(public, private)``: for a private model, the names ``private`` picks go to the
-    second dict (to be logged under :data:`PRIVATE_PREFIX`); a non-private model keeps everything public."""
-    if not is_private(model):
-        return dict(metrics), {}
-    return ({k: v for k, v in metrics.items() if not private(k)}, {k: v for k, v in metrics.items() if private(k)})
 
 
 def default_num_samples(model, datamodule) -> int:

@@ -21,7 +21,7 @@ import inspect
 import warnings
 from typing import Any
 
-from lightning_gpate.errors import ConfigError, UserError
+from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
 from lightning_gpate.models.base import CheckpointError, GenerativeModel
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
@@ -29,15 +29,6 @@ from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
 SMOOTH_SENSITIVITY = "smooth_sensitivity"
-
-
-class BudgetExhaustedError(UserError, RuntimeError):
-    """Training was asked of a model whose privacy budget is already spent."""
-
-
-class NoPrivateStepError(BudgetExhaustedError):
-    """The budget could not pay for a single training step: the generator would be untrained while the
-    fit looked like a success (ε spent 0)."""
 
 
 class PrivateMetadataError(UserError, ValueError):
@@ -71,7 +62,7 @@ class PrivateGenerativeModel(GenerativeModel):
             stops before a step that would.
         smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma}`` of the release (λ, β, σ_ss),
             any of them ``None``/absent for the data-independent default rule
-            (:func:`~lightning_gpate.privacy.smooth_sensitivity.default_gnss_parameters`), and
+            (:func:`~lightning_gpate.privacy.smooth_release.default_gnss_parameters`), and
             optionally ``exact: true`` (walk GNMax's bounds over every distance).
         log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
             (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
@@ -130,7 +121,7 @@ class PrivateGenerativeModel(GenerativeModel):
             )
 
     def _smooth_sensitivity_accountant(self, data_spec, hard_cap, options: dict[str, Any]):
-        from lightning_gpate.privacy.smooth_sensitivity import SmoothSensitivityAccountant, default_gnss_parameters
+        from lightning_gpate.privacy.smooth_release import SmoothSensitivityAccountant, default_gnss_parameters
 
         if not self.SUPPORTS_SMOOTH_SENSITIVITY:
             raise ValueError(
@@ -407,7 +398,7 @@ class PrivateGenerativeModel(GenerativeModel):
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
-        from lightning_gpate.privacy.smooth_sensitivity import SmoothSensitivityAccountant
+        from lightning_gpate.privacy.smooth_release import SmoothSensitivityAccountant
 
         self.accountant.load_state_dict(state["accountant"])
         self.budget_exhausted = bool(state["budget_exhausted"])
@@ -425,7 +416,7 @@ class PrivateGenerativeModel(GenerativeModel):
         self.stop_reason = privacy.get("stop_reason")
         released = (privacy.get("smooth_sensitivity") or {}).get("released")
         if self.smooth_sensitivity is not None and released is not None:  # the public part only: no ledger
-            from lightning_gpate.privacy.smooth_sensitivity import GNSSRelease
+            from lightning_gpate.privacy.smooth_release import GNSSRelease
 
             self.smooth_sensitivity.released = GNSSRelease(**released)
 

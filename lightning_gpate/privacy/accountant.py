@@ -46,6 +46,7 @@ from .rdp import (
     subsampled_gaussian_rdp,
     validate_orders,
 )
+from .smooth_sensitivity import gnss_rdp_curve
 
 __all__ = [
     "ADD_REMOVE",
@@ -439,8 +440,6 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper:
             "pure_dp_epsilon": eps,
         })
     if isinstance(event, GNSSEvent):
-        from .smooth_sensitivity import gnss_rdp_curve  # deferred: smooth_sensitivity imports this module
-
         return _Cost(gnss_rdp_curve(beta=event.beta, sigma=event.sigma, orders=orders), None, None, {"gnss_events": 1})
     if isinstance(event, ExponentialMechanismEvent):
         return _Cost(exponential_mechanism_rdp(event.epsilon, orders), None, None, {"exponential_mechanism_events": 1})
