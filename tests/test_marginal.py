@@ -112,9 +112,25 @@ def test_tree_spans_every_column_finds_the_label_driven_feature_and_reproduces_t
     for column in ("noise", "colour"):  # every column's one-way marginal, not only the label's neighbours
         share = synthetic[column].value_counts(normalize=True).sort_index()
         np.testing.assert_allclose(share, real[column].value_counts(normalize=True).sort_index(), atol=0.02)
+    # integer ages are drawn among the integers of their bin: the 10-bin histogram matches the data's
+    from lightning_gpate.evaluation.fidelity import discretize, marginal_tvds
+
+    age = [c for c in model.data_spec["columns"] if c["name"] == "age"]
+    (a, cards), (b, _) = discretize(real, age), discretize(synthetic, age)
+    assert synthetic["age"].dtype == np.int64 and marginal_tvds(a, b, cards)[0][0] < 0.02
     # the ages are uniform on the integers 20..79 in the data: the last bin of [18, 90] (from 82.8) holds none
     # and stays (nearly) empty; the first, [18, 25.2), holds 20..25, a tenth of them
     assert (synthetic["age"] >= 90 - 7.2).mean() < 0.01 and (synthetic["age"] < 18 + 7.2).mean() == pytest.approx(0.1, abs=0.02)
+
+    # stratified draws: the class counts and the label edge's conditional counts are met to within a row
+    small = synthetic_table(model, 1000, seed=11)
+    ratio = model.generator.label_ratio.double().numpy()
+    assert abs(int((small["y"] == 1).sum()) - 1000 * ratio[1]) <= 1
+    marker = model.data_spec["column_order"].index("marker")
+    p_marker = model.generator.cpt[marker, :2, 1].numpy()  # P(marker = 1 | y)
+    for y in (0, 1):
+        rows = small[small["y"] == y]
+        assert abs(int((rows["marker"] == 1).sum()) - len(rows) * p_marker[y]) <= 1
 
     path = tmp_path / "tree.ckpt"
     trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
@@ -126,7 +142,15 @@ def test_tree_spans_every_column_finds_the_label_driven_feature_and_reproduces_t
 
 
 def test_estimation_helpers_by_hand():
-    from lightning_gpate.models.marginal import _compression, _ipf, _simplex, _within_shares
+    from lightning_gpate.models.marginal import _compression, _integer_grid, _ipf, _simplex, _within_shares
+
+    # an integer column on [0, 12] in 10 bins of 1.2: [0, 1.2) holds 0 and 1, [1.2, 2.4) holds 2, [6, 7.2) holds 6
+    # and 7, the last [10.8, 12] holds 11 and 12; positions in the generator space 2(v - 0)/12 - 1, one integer = 2/12
+    grid = _integer_grid({"min": 0, "max": 12, "dtype": "int64"}, 10)
+    assert [n for _, n in grid["bins"]] == [2, 1, 1, 1, 1, 2, 1, 1, 1, 2]
+    assert grid["bins"][5][0] == pytest.approx(0.0) and grid["bins"][9][0] == pytest.approx(2 * 11 / 12 - 1)
+    assert grid["step"] == pytest.approx(2 / 12)
+    assert _integer_grid({"min": 0, "max": 12, "dtype": "float64"}, 10) is None
 
     # Euclidean projection on {x >= 0, sum = 10}: subtract tau = 3 from [12, 4, -5] -> [9, 1, 0]
     np.testing.assert_allclose(_simplex(np.array([12.0, 4.0, -5.0]), 10.0), [9.0, 1.0, 0.0])

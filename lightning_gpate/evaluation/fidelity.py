@@ -57,7 +57,8 @@ def discretize(frame: pd.DataFrame, columns: Sequence[Mapping[str, Any]], num_bi
             lo, hi = float(c["min"]), float(c["max"])
             with np.errstate(invalid="ignore"):
                 scaled = np.zeros_like(values) if hi <= lo else (np.clip(values, lo, hi) - lo) / (hi - lo) * card
-            col = np.clip(np.floor(np.nan_to_num(scaled)), 0, card - 1).astype(np.int64)
+            # a value on a bin edge belongs to the upper bin, whatever the last bit of the division says
+            col = np.clip(np.floor(np.nan_to_num(scaled) + 1e-9), 0, card - 1).astype(np.int64)
             col[np.isnan(values)] = card
         else:
             categories = [str(v) for v in c["categories"]]

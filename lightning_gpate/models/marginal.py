@@ -49,6 +49,7 @@ and the label, so ``generate``/``sample``/checkpoints work as for every other mo
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import Any
@@ -62,6 +63,7 @@ from lightning_gpate.privacy import ExponentialMechanismEvent, SubsampledGaussia
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 NUMERIC, BINARY, CATEGORICAL = 0, 1, 2
+BIN_TOLERANCE = 1e-4  # in bins: the float32 data tensor puts an integer on a bin edge up to ~1e-6 below it
 LABEL_PARENT, NO_PARENT = -1, -2
 
 
@@ -80,7 +82,8 @@ class TreeSampler(nn.Module):
         num_classes: classes of the label (the root).
     """
 
-    def __init__(self, kinds: list[int], cards: list[int], starts: list[int], num_classes: int) -> None:
+    def __init__(self, kinds: list[int], cards: list[int], starts: list[int], num_classes: int,
+                 integer_bins: list[list[tuple[float, int]]] | None = None) -> None:
         super().__init__()
         n = len(kinds)
         width = max(max(cards, default=1), num_classes, 1)
@@ -95,6 +98,35 @@ class TreeSampler(nn.Module):
         self.register_buffer("cpt", torch.zeros(n, width, width, dtype=torch.float64))
         # The measured (noisy) class ratio: part of the generator, so that it travels in the release.
         self.register_buffer("label_ratio", torch.zeros(num_classes, dtype=torch.float32))
+        # Integer columns: per bin, the generator-space position of its first integer and how many it
+        # holds (0: none, the bin is filled uniformly), and one integer's width in generator space: a
+        # sampled value is an integer of its own bin, so the decoder's rounding keeps it there.
+        first = torch.zeros(n, width, dtype=torch.float64)
+        count = torch.zeros(n, width, dtype=torch.long)
+        step = torch.zeros(n, dtype=torch.float64)
+        for node, grid in enumerate(integer_bins or []):
+            if grid is not None:
+                step[node] = grid["step"]
+                for k, (position, number) in enumerate(grid["bins"]):
+                    first[node, k], count[node, k] = position, number
+        self.register_buffer("integer_first", first)
+        self.register_buffer("integer_count", count)
+        self.register_buffer("integer_step", step)
+
+    def _rows(self, node: int, y: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Each row's distribution of ``node`` given its parent's value: ``[b, cards[node]]``."""
+        card, parent = int(self.cards[node]), int(self.parents[node])
+        if parent == LABEL_PARENT:
+            return self.cpt[node][y.long(), :card]
+        if parent == NO_PARENT:
+            return self.cpt[node][0, :card].expand(y.shape[0], card)
+        return self.cpt[node][codes[:, parent], :card]
+
+    @staticmethod
+    def _code(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Inverse CDF: the category of each row whose cumulative probability first exceeds ``u``."""
+        cdf = rows.cumsum(1) / rows.sum(1, keepdim=True).clamp_min(1e-300)
+        return (u[:, None] > cdf).sum(1).clamp(max=rows.shape[1] - 1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         b = z.shape[0]
@@ -102,24 +134,45 @@ class TreeSampler(nn.Module):
         codes = torch.zeros(b, self.num_nodes, dtype=torch.long, device=z.device)
         out = torch.zeros(b, self.output_dim, dtype=z.dtype, device=z.device)
         for node in self.order.tolist():
-            card, parent = int(self.cards[node]), int(self.parents[node])
-            if parent == LABEL_PARENT:
-                rows = self.cpt[node][y.long(), :card]
-            elif parent == NO_PARENT:
-                rows = self.cpt[node][0, :card].expand(b, card)
-            else:
-                rows = self.cpt[node][codes[:, parent], :card]
-            cdf = rows.cumsum(1) / rows.sum(1, keepdim=True).clamp_min(1e-300)
-            code = (u[:, 2 * node:2 * node + 1] > cdf).sum(1).clamp(max=card - 1)
+            code = self._code(self._rows(node, y, codes), u[:, 2 * node])
             codes[:, node] = code
-            start, kind = int(self.starts[node]), int(self.kinds[node])
+            start, kind, card = int(self.starts[node]), int(self.kinds[node]), int(self.cards[node])
             if kind == NUMERIC:
-                out[:, start] = (-1.0 + (code.double() + u[:, 2 * node + 1]) * 2.0 / card).to(out.dtype)
+                within = u[:, 2 * node + 1]
+                number = self.integer_count[node][code]
+                integer = self.integer_first[node][code] + torch.floor(within * number) * self.integer_step[node]
+                value = torch.where(number > 0, integer, -1.0 + (code.double() + within) * 2.0 / card)
+                out[:, start] = value.to(out.dtype)
             elif kind == BINARY:
                 out[:, start] = (2.0 * code - 1.0).to(out.dtype)
             else:
                 out[torch.arange(b, device=z.device), start + code] = 1.0
         return out
+
+    @torch.no_grad()
+    def stratified_latent(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Latent vectors (float64) for the labels ``y`` whose ancestral draws are stratified: among the
+        rows that share a node's parent value, the node's uniforms are ``(i + U_i)/m`` in random order,
+        so every conditional table is met to within a row per group rather than with the binomial
+        noise of independent draws (randomized rounding, as private-pgm's ``synthetic_data`` does; a
+        function of the released tables and fresh randomness only). Within-bin positions stay iid."""
+        y = y.long().cpu()
+        b = y.shape[0]
+        u = torch.rand(b, 2 * self.num_nodes, generator=generator, dtype=torch.float64)
+        codes = torch.zeros(b, self.num_nodes, dtype=torch.long)
+        cpu = self if self.cpt.device.type == "cpu" else copy.deepcopy(self).cpu()
+        for node in cpu.order.tolist():
+            parent = int(cpu.parents[node])
+            key = y if parent == LABEL_PARENT else codes[:, parent] if parent >= 0 else torch.zeros(b, dtype=torch.long)
+            column = u[:, 2 * node]
+            for value in key.unique().tolist():
+                idx = (key == value).nonzero().squeeze(1)
+                m = len(idx)
+                column[idx] = (torch.randperm(m, generator=generator).double()
+                               + torch.rand(m, generator=generator, dtype=torch.float64)) / m
+            u[:, 2 * node] = column.clamp(0.0, 1.0 - 1e-12)
+            codes[:, node] = cpu._code(cpu._rows(node, y, codes), u[:, 2 * node])
+        return u * 2.0 - 1.0
 
 
 # ============================================================================ the model
@@ -193,7 +246,8 @@ class MarginalTree(PrivateGenerativeModel):
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
         starts = [int(s[0]) for s in data_spec["spans"]]
-        self.generator = TreeSampler(kinds, cards, starts, self.num_classes)
+        self.generator = TreeSampler(kinds, cards, starts, self.num_classes,
+                                     [_integer_grid(c, int(num_bins)) if k == NUMERIC else None for k, c in zip(kinds, columns)])
         self.num_edges = len(columns)  # a spanning tree of the d features and the label
         self.plan = self.plan_budget()
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
@@ -267,8 +321,8 @@ class MarginalTree(PrivateGenerativeModel):
         codes = np.zeros((x.shape[0], g.num_nodes), dtype=np.int64)
         for i in range(g.num_nodes):
             start, kind, card = int(g.starts[i]), int(g.kinds[i]), int(g.cards[i])
-            if kind == NUMERIC:
-                codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * card), 0, card - 1)
+            if kind == NUMERIC:  # + BIN_TOLERANCE: a value on a bin edge, rounded in float32, stays in the upper bin
+                codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * card + BIN_TOLERANCE), 0, card - 1)
             elif kind == BINARY:
                 codes[:, i] = (x[:, start] >= 0).astype(np.int64)
             else:
@@ -417,11 +471,30 @@ class MarginalTree(PrivateGenerativeModel):
 
     def sample_labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Labels from the declared class ratio if it is public or paid for, else from the ratio the
-        fit measured (the generator's ``label_ratio``), else uniform (before a fit)."""
+        fit measured (the generator's ``label_ratio``), else uniform (before a fit); stratified (each
+        class within one of ``n`` times its share, in random order)."""
         ratio = self.class_ratio
         if self.data_spec.get("class_ratio_source") not in ("public", "dp") and float(self.generator.label_ratio.sum()) > 0:
             ratio = self.generator.label_ratio
-        return torch.multinomial(ratio, n, replacement=True, generator=generator).to(self.device)
+        cdf = (ratio.double().cpu().cumsum(0) / ratio.double().sum()).clamp(max=1.0)
+        u = (torch.randperm(n, generator=generator).double() + torch.rand(n, generator=generator, dtype=torch.float64)) / max(n, 1)
+        return torch.searchsorted(cdf, u, right=True).clamp(max=len(ratio) - 1).to(self.device)
+
+    @torch.no_grad()
+    def generate(self, n: int, labels: torch.Tensor | None = None, *, batch_size: int = 100_000, seed: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` rows in the generator's space and their labels, drawn with stratification
+        (:meth:`TreeSampler.stratified_latent`; chunks of ``batch_size`` rows stratified separately)."""
+        if n < 1:
+            raise ValueError(f"number of samples must be >= 1, got {n}")
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        if labels is None:
+            labels = self.sample_labels(n, generator=gen)
+        out = []
+        for y in labels.cpu().split(batch_size):
+            z = self.generator.stratified_latent(y, generator=gen)
+            out.append(self.generator(z.to(self.device), y.to(self.device)).float().cpu())
+        return torch.cat(out), labels.cpu()
 
     # ----------------------------------------------------------------- reporting
     def tree_edges(self) -> list[tuple[str, str]]:
@@ -430,6 +503,22 @@ class MarginalTree(PrivateGenerativeModel):
         label = self.data_spec["label"]["name"]
         return [(label if p == LABEL_PARENT else names[p], names[c])
                 for c, p in enumerate(self.generator.parents.tolist()) if p != NO_PARENT]
+
+
+def _integer_grid(column: dict[str, Any], num_bins: int) -> dict[str, Any] | None:
+    """For an integer column, per equal-width bin of its declared range, the generator-space position of
+    the bin's first integer and their number (the last bin holds its upper bound), and one integer's
+    width in generator space; ``None`` for other columns."""
+    lo, hi = float(column["min"]), float(column["max"])
+    if not str(column.get("dtype", "")).startswith(("int", "uint", "Int", "UInt")) or hi <= lo:
+        return None
+    width = (hi - lo) / num_bins
+    bins = []
+    for k in range(num_bins):
+        first = math.ceil(lo + k * width - 1e-9 * width)
+        last = math.floor(hi) if k == num_bins - 1 else math.ceil(lo + (k + 1) * width - 1e-9 * width) - 1
+        bins.append((2.0 * (first - lo) / (hi - lo) - 1.0, max(last - first + 1, 0)))
+    return {"step": 2.0 / (hi - lo), "bins": bins}
 
 
 def _compression(noisy: np.ndarray, threshold: float) -> np.ndarray:
