@@ -70,7 +70,7 @@ def run(args) -> dict:
     model.eval()
     synthetic = synthetic_table(model, 5000, seed=args.seed)
     scores = score(dm.split_frame("train"), dm.split_frame("test"), synthetic, "cardio", args.seed,
-                   ["LogisticRegression", "RandomForest"])
+                   ["LogisticRegression", "RandomForest"], dm.spec)
     record = {k: v for k, v in vars(args).items() if k not in ("out", "report")}
     record.update(lr_auroc=scores["per_classifier"].get("LogisticRegression"), rf_auroc=scores["per_classifier"].get("RandomForest"),
                   eps_spent=float(model.guarantee_epsilon()), steps_taken=int(trainer.global_step),

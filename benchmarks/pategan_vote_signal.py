@@ -60,21 +60,32 @@ def run(epsilon: float, seed: int, num_teachers: int, planned_queries: int, teac
     start = time.perf_counter()
     trainer.fit(model, datamodule=dm)
     wall = time.perf_counter() - start
+    votes = vote_statistics(model)
+    synthetic = synthetic_table(model, 2000, seed=seed)
+    s = score(dm.split_frame("train"), dm.split_frame("test"), synthetic, "Biopsy", seed, ["LogisticRegression", "RandomForest"], dm.spec)
+    return {"epsilon": epsilon, "seed": seed, "teacher_vote": teacher_vote, "num_teachers": num_teachers, "rows_per_teacher": round(dm.spec["num_train"] / num_teachers, 1),
+            "planned_queries": planned_queries, "lam": model.lam, "teacher_steps": teacher_steps, "steps": trainer.global_step,
+            "eps_spent": model.spent_epsilon(), **votes, "auroc_lr_rf": s["auroc"], "wall_s": wall}
+
+
+def vote_statistics(model, n: int = 2000) -> dict:
+    """The teachers' votes on ``n`` fresh generated samples, WITHOUT noise (a private diagnostic, for
+    this investigation only): ``real_votes``, ``unanimous``, ``gap``, ``flip`` (see the module doc) and
+    ``student_real``, the share of the samples the student calls real."""
+    import torch
+
     model.eval()
     with torch.no_grad():
-        y = model.query_labels(2000)
-        x = model.generator(model.latent(2000), y)
-        counts = model.teacher_votes(x, y).numpy()  # private diagnostic: no noise
+        y = model.query_labels(n)
+        x = model._fakes(y)  # as the teachers see them in training
+        counts = model.teacher_votes(x, y).cpu().numpy()
+        student_real = float((model.student(x, y) > 0).float().mean())
     t = counts.sum(1)
     frac_real = counts[:, 1] / t
     gap = np.abs(counts[:, 1] - counts[:, 0])
     flip = 0.5 * np.exp(-model.lam * gap) * (1 + model.lam * gap / 2)
-    synthetic = synthetic_table(model, 2000, seed=seed)
-    s = score(dm.split_frame("train"), dm.split_frame("test"), synthetic, "Biopsy", seed, ["LogisticRegression", "RandomForest"])
-    return {"epsilon": epsilon, "seed": seed, "teacher_vote": teacher_vote, "num_teachers": num_teachers, "rows_per_teacher": round(dm.spec["num_train"] / num_teachers, 1),
-            "planned_queries": planned_queries, "lam": model.lam, "teacher_steps": teacher_steps, "steps": trainer.global_step,
-            "eps_spent": model.spent_epsilon(), "real_votes": float(frac_real.mean()), "unanimous": float(((frac_real >= 0.95) | (frac_real <= 0.05)).mean()),
-            "gap": float((gap / t).mean()), "flip": float(flip.mean()), "auroc_lr_rf": s["auroc"], "wall_s": wall}
+    return {"real_votes": float(frac_real.mean()), "unanimous": float(((frac_real >= 0.95) | (frac_real <= 0.05)).mean()),
+            "gap": float((gap / t).mean()), "flip": float(flip.mean()), "student_real": student_real}
 
 
 def main() -> None:

@@ -1,22 +1,30 @@
-"""Downstream utility of every tabular generator of the project, and of its strongest peers.
+"""Fidelity and downstream utility of every tabular generator of the project, and of its strongest peers.
 
 For each dataset (cervical cancer, cardio), guaranteed ε ∈ {1, 10} and seed, every system is trained
 on the same real training split (``split_seed = seed``: identical for all systems) and scored with the
 project's evaluation (:func:`~lightning_gpate.evaluation.tabular.evaluate_tabular`, Setting B: the 12
-classifiers of PATE-GAN trained on ``--num-samples`` synthetic rows and tested on the real test split).
-Reported per cell: mean ± sd over seeds of the mean AUROC and AUPRC of the classifiers, logistic
-regression's AUROC, the ε actually spent (the guarantee), steps, wall time and why training stopped.
+classifiers of PATE-GAN trained on ``--num-samples`` synthetic rows and tested on the real test split;
+:func:`~lightning_gpate.evaluation.fidelity.fidelity`: mean 1-way and 2-way TVD, numeric columns in 10
+equal-width bins of their declared bounds, and the mean Pearson-correlation gap, of the synthetic rows
+against the real training split, and against the test split in the JSONL).
+Reported per cell: mean ± sd over seeds of the fidelity measures, the mean AUROC and AUPRC of the
+classifiers, logistic regression's AUROC, the ε actually spent (the guarantee), steps, wall time and
+why training stopped. Two reference rows: ``real`` (Setting A; fidelity of the test split against the
+training split: the noise floor) and ``uniform`` (independent uniform columns: what learning nothing gives).
 
 Systems of the project: MarginalTree (noisy marginals on a label-rooted tree), PATE-GAN, G-PATE (MLP
 teachers), DP-GAN (PLD accountant), GS-WGAN (sound accounting; pretraining is part of the wall time),
-and the non-private GAN (reported once, at ε = ∞). Peers (smartnoise-synth's MST, AIM, PATE-GAN,
-DP-CTGAN) run in the optional ``peers`` environment through ``benchmarks/peers_synth.py`` (a
-subprocess of ``--peers-python``, default ``.venv-peers/bin/python``); without it they are skipped with
-a message. Real→real (Setting A) is reported as the ceiling.
+and the non-private GAN (reported once, at ε = ∞). Peers: private-pgm's MST and AIM (``mst_pgm``,
+``aim_pgm``; the author's mechanisms on the ``mbi`` package) run in their own virtualenv through
+``benchmarks/peers_pgm.py`` (a subprocess of ``--pgm-python``, default ``.venv-pgm/bin/python``; see
+that file for its install line); smartnoise-synth's MST, AIM, PATE-GAN, DP-CTGAN in the optional
+``peers`` environment through ``benchmarks/peers_synth.py`` (``--peers-python``, default
+``.venv-peers/bin/python``). A missing environment skips its peers with a message.
 
 Every cell is appended to ``<out>.jsonl`` as soon as it finishes, and cells already there are skipped:
 rerun the same command to resume. ``--report-only`` rebuilds the tables (``<out>.md``, ``<out>.csv``)
-and the plot (``<out>.png``: AUROC against ε) from the JSONL.
+and the plots (``<out>.png``: AUROC against ε; ``<out>_fidelity.png``: the fidelity measures against ε)
+from the JSONL.
 
 Usage::
 
@@ -52,7 +60,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results" / "tabular_utility"
-PEERS = ("mst", "aim", "pategan_sn", "dpctgan_sn")
+SMARTNOISE = ("mst", "aim", "pategan_sn", "dpctgan_sn")
+PGM = ("mst_pgm", "aim_pgm")
+PEERS = (*PGM, *SMARTNOISE)
+REFERENCES = ("real", "uniform")  # not trained: the real split (noise floor) and independent uniform columns
 PROJECT = ("marginaltree", "pategan", "gpate", "dpgan", "gswgan", "gan")
 DELTA = 1e-5
 
@@ -102,17 +113,16 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
     on one split, as the papers do); each line says what it was measured at in the results table.
     """
     cervical = dataset == "cervical"
-    if system == "marginaltree":
-        if epsilon <= 1:  # one well-measured label edge beats several drowned ones at ε = 1
-            model = dict(label_edges=1, selection_fraction=0.6, num_bins=8)
-        else:
-            model = dict(label_edges=3, feature_edges=6, one_way_fraction=0.1, num_bins=8)
-        return {"data": {}, "model": model, "max_steps": 1}  # one pass over the data measures everything
+    if system == "marginaltree":  # its defaults, the same for every data set and ε
+        return {"data": {}, "model": {}, "max_steps": 1}  # one pass over the data measures everything
     if system == "pategan":
+        # The ladder's fix (benchmarks/results/pategan_ladder.md): teachers judge generated rows as released
+        # (discrete_samples) and vote relative to their median on generated rows; 500+ teachers keep the vote
+        # gaps far above the Laplace noise, which affords 4x the queries at ε = 10.
         teachers = 500 if cervical else 1000
-        queries = 2000 if epsilon <= 1 else 8000
+        queries = 2000 if epsilon <= 1 else 32000
         model = dict(planned_queries=queries, teacher_steps=1, student_steps=1, query_batch_size=16, query_labels="uniform",
-                     lr=1e-3, teacher_lr=1e-3)
+                     lr=1e-3, teacher_lr=1e-3, discrete_samples=True, teacher_vote="relative")
         return {"data": dict(num_teachers=teachers, teacher_batch_size=8), "model": model, "max_steps": queries // 16}
     if system == "gpate":
         teachers = 100 if cervical else 1000
@@ -210,25 +220,32 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     return synthetic, dm.split_frame("train"), dm.split_frame("test"), info
 
 
+#: Options of the private-pgm runs (benchmarks/peers_pgm.py): MST as published; AIM with the paper's
+#: mirror-descent iterations and model-size limit reduced for a shared 2-core CPU (documented in the results).
+PGM_OPTIONS = {"mst_pgm": {}, "aim_pgm": {"max_iters": 250, "max_model_size": 5.0}}
+
+
 def peer_columns(dm) -> dict:
     spec = dm.spec
     cols = {}
     for c in spec["columns"] + [spec["label"]]:
-        cols[c["name"]] = {"type": "numeric", "min": c["min"], "max": c["max"]} if c["type"] == "numeric" else {"type": "categorical"}
+        cols[c["name"]] = ({"type": "numeric", "min": c["min"], "max": c["max"]} if c["type"] == "numeric"
+                           else {"type": "categorical", "categories": c["categories"]})
     return {name: cols[name] for name in spec["column_order"]}
 
 
 def run_peer(system: str, dataset: str, epsilon: float, seed: int, num_samples: int, python: str, timeout: int):
     dm = datamodule(dataset, seed)
     train, test = dm.split_frame("train"), dm.split_frame("test")
-    synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan"}.get(system, system)
+    synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan", "mst_pgm": "mst", "aim_pgm": "aim"}.get(system, system)
+    script = "peers_pgm.py" if system in PGM else "peers_synth.py"
     with tempfile.TemporaryDirectory() as tmp:
         train.to_csv(Path(tmp) / "train.csv", index=False)
         job = {"synth": synth, "epsilon": epsilon, "delta": DELTA, "train_csv": str(Path(tmp) / "train.csv"),
                "out_csv": str(Path(tmp) / "synthetic.csv"), "num_rows": num_samples, "columns": peer_columns(dm), "seed": seed,
-               "bins": 10}
+               "bins": 10, "options": PGM_OPTIONS.get(system, {})}
         start = time.perf_counter()
-        proc = subprocess.run([python, str(ROOT / "benchmarks" / "peers_synth.py")], input=json.dumps(job), capture_output=True,
+        proc = subprocess.run([python, str(ROOT / "benchmarks" / script)], input=json.dumps(job), capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"})
         wall = time.perf_counter() - start
         if proc.returncode != 0:
@@ -242,11 +259,16 @@ def run_peer(system: str, dataset: str, epsilon: float, seed: int, num_samples: 
     for name in dm.spec["column_order"]:  # integer columns back to integers (the bins' midpoints are floats)
         if name in train and pd.api.types.is_integer_dtype(train[name]) and not synthetic[name].isna().any():
             synthetic[name] = synthetic[name].round().astype(train[name].dtype)
-    reason = "smartnoise fit (spends its epsilon)" + (f"; {unlabelled} unlabelled rows dropped" if unlabelled else "")
+    reason = ("private-pgm fit" if system in PGM else "smartnoise fit") + " (spends its epsilon)" + (
+        f"; {unlabelled} unlabelled rows dropped" if unlabelled else "")
     return synthetic, train, test, {"wall_s": wall, "eps_spent": float(epsilon), "stop_reason": reason, "unlabelled_rows": unlabelled}
 
 
-def score(train, test, synthetic, label, seed, classifiers, settings=("B",)):
+def score(train, test, synthetic, label, seed, classifiers, spec, settings=("B",)):
+    """AUROC/AUPRC of the classifiers in ``settings[0]`` and the fidelity of ``synthetic`` against the
+    real training split (``tvd_1way``, ``tvd_2way``, ``corr_mae``; the issue's convention) and the test
+    split (``test_*``)."""
+    from lightning_gpate.evaluation.fidelity import fidelity
     from lightning_gpate.evaluation.tabular import evaluate_tabular
 
     with warnings.catch_warnings():
@@ -255,6 +277,8 @@ def score(train, test, synthetic, label, seed, classifiers, settings=("B",)):
     s = settings[0]
     out = {"auroc": m[f"{s}/auroc_mean"], "auprc": m[f"{s}/auprc_mean"], "lr_auroc": m.get(f"{s}/auroc/LogisticRegression", float("nan"))}
     out["per_classifier"] = {k.split("/")[-1]: v for k, v in m.items() if k.startswith(f"{s}/auroc/")}
+    out.update(fidelity(train, synthetic, spec))
+    out.update({f"test_{k}": v for k, v in fidelity(test, synthetic, spec).items()})
     return out
 
 
@@ -265,77 +289,106 @@ def load_results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def is_complete(r: dict) -> bool:
+    """A finished cell with every measure (cells from before the fidelity measures are run again)."""
+    return r.get("status") == "ok" and r.get("tvd_1way") is not None
+
+
 def cell_key(r: dict) -> tuple:
     return (r["dataset"], r["system"], float(r["epsilon"]), int(r["seed"]))
 
 
 SEEDS_PLANNED = 5
-# Why a cell has fewer seeds than planned (the table's notes): (dataset, system) -> reason.
-SHORT_REASONS = {
-    ("cardio", "gswgan"): "Each seed pretrains 1,500 discriminators (~4 min on a free core, far longer on the shared "
-                          "one) and runs 8,000 steps; the ladder (tabular_ladder.md) showed this setting at chance even "
-                          "without noise, so the CPU went to the ladder instead.",
-    ("cervical", "gswgan"): "Cut for CPU time (2 cores shared by 5 sessions).",
-    ("cervical", "pategan_sn"): "smartnoise's PATE-GAN makes int(rows / 1000) teachers: none for 534 rows, so it cannot run on cervical.",
+# Why a cell has fewer seeds than planned (the table's notes): (dataset, system) -> reason. Filled from
+# what the committed run could not do (see the results' notes).
+SHORT_REASONS: dict[tuple[str, str], str] = {
+    ("cervical", "mst_pgm"): "Each fit takes 30-60 minutes of wall time on this machine (2 cores shared by 6 sessions; "
+                             "mirror descent over 35 columns); the run that made this table ran out of time. Rerun the "
+                             "command to add the missing seeds.",
 }
-NOTES = ["## Not run", "",
-         "- smartnoise AIM (both datasets) and smartnoise PATE-GAN / DP-CTGAN on cardio: not run for CPU time (2 cores "
-         "shared by 5 sessions); AIM's fit grows with the workload of marginals (34 columns on cervical). Run them with "
-         "`--systems aim pategan_sn dpctgan_sn`.",
-         "- Cardio PATE-GAN, G-PATE, DP-GAN, the non-private GAN and GS-WGAN at ε = 1: not run for CPU time (56,000 rows; "
-         "the issue's cardio target is GS-WGAN at ε ≤ 10, whose ladder is in tabular_ladder.md). `--datasets cardio` runs them.",
-         ""]
+NOTES: list[str] = [
+    "## Notes", "",
+    "- private-pgm MST (`benchmarks/peers_pgm.py`): the author's `mechanisms/mst.py` on mbi 2.0.0 as published (one-way "
+    "marginals, domain compression, an exponential-mechanism maximum spanning tree, mirror descent: 2,500 iterations for the "
+    "selection, 10,000 for the model), with the same declared bounds in 10 bins and the same δ. On this machine (2 cores "
+    "shared by 6 sessions) one cervical fit takes 15-35 minutes of wall time, which is what limits its seeds.",
+    "- private-pgm AIM: the author's `mechanisms/aim.py` with the workload of all 2-way marginals, mirror descent reduced to "
+    "250 iterations per round and the model-size limit to 5 MB (the paper: 1,000 and 80 MB) for CPU time.",
+    "- Not in this table yet (CPU time of the session that made it; the command resumes): private-pgm AIM on both "
+    "data sets; PATE-GAN, G-PATE, DP-GAN, GS-WGAN and the non-private GAN with the fidelity measures (their AUROC-only "
+    "rows of the earlier table are in git history: commit 198d6e7, `benchmarks/results/tabular_utility.md`). "
+    "`python benchmarks/tabular_utility.py` runs every missing cell.",
+    "- Fidelity is measured against the real training split (the data the model saw; the issue's convention); the JSONL also "
+    "holds it against the test split (`test_*`). A private model's own evaluation (`lightning-gpate fit`) measures it "
+    "against the test split.",
+    "",
+]
 
-NAMES = {"real": "real data (Setting A)", "marginaltree": "MarginalTree (this project)", "pategan": "PATE-GAN", "gpate": "G-PATE",
-         "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "gan": "GAN (non-private)", "mst": "smartnoise MST",
-         "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN", "dpctgan_sn": "smartnoise DP-CTGAN"}
+NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "uniform": "independent uniform columns",
+         "marginaltree": "MarginalTree (this project)", "pategan": "PATE-GAN", "gpate": "G-PATE",
+         "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "gan": "GAN (non-private)", "mst_pgm": "private-pgm MST",
+         "aim_pgm": "private-pgm AIM", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
+         "dpctgan_sn": "smartnoise DP-CTGAN"}
+FIDELITY = ("tvd_1way", "tvd_2way", "corr_mae")
+MEASURES = (*FIDELITY, "auroc", "auprc")
 
 
 def summarise(results: list[dict], out: Path) -> pd.DataFrame:
-    ok = list({cell_key(r): r for r in results if r.get("status") == "ok"}.values())  # one result per cell (the last)
+    ok = list({cell_key(r): r for r in results if is_complete(r)}.values())  # one result per cell (the last)
     if not ok:
         return pd.DataFrame()
-    frame = pd.DataFrame([{k: r.get(k) for k in ("dataset", "system", "epsilon", "seed", "auroc", "auprc", "lr_auroc", "eps_spent",
+    frame = pd.DataFrame([{k: r.get(k) for k in ("dataset", "system", "epsilon", "seed", *MEASURES, "lr_auroc", "eps_spent",
                                                   "steps", "wall_s", "stop_reason", "classifiers")} for r in ok])
     frame["epsilon"] = frame["epsilon"].astype(float)
     rows = []
     for (ds, sys_, eps), g in frame.groupby(["dataset", "system", "epsilon"], sort=False):
-        rows.append({
-            "dataset": ds, "system": NAMES.get(sys_, sys_), "epsilon": "inf" if math.isinf(eps) else f"{eps:g}", "seeds": len(g),
-            "auroc_mean": g.auroc.mean(), "auroc_sd": g.auroc.std(ddof=1) if len(g) > 1 else float("nan"),
-            "auprc_mean": g.auprc.mean(), "auprc_sd": g.auprc.std(ddof=1) if len(g) > 1 else float("nan"),
-            "lr_auroc_mean": g.lr_auroc.mean(), "eps_spent_mean": g.eps_spent.astype(float).mean(),
-            "eps_spent_max": g.eps_spent.astype(float).max(), "steps_mean": g.steps.astype(float).mean(),
-            "wall_s_mean": g.wall_s.astype(float).mean(), "classifiers": int(g.classifiers.iloc[0]),
-            "stop_reason": str(g.stop_reason.iloc[0])[:90],
-        })
-    table = pd.DataFrame(rows).sort_values(["dataset", "epsilon", "auroc_mean"], ascending=[True, True, False])
-    table.to_csv(out.with_suffix(".csv"), index=False)
+        row = {"dataset": ds, "key": sys_, "system": NAMES.get(sys_, sys_), "epsilon": "inf" if math.isinf(eps) else f"{eps:g}",
+               "eps_value": eps, "seeds": len(g)}
+        for m in MEASURES:
+            values = g[m].astype(float)
+            row[f"{m}_mean"], row[f"{m}_sd"] = values.mean(), values.std(ddof=1) if len(g) > 1 else float("nan")
+        row.update({"lr_auroc_mean": g.lr_auroc.astype(float).mean(), "eps_spent_max": g.eps_spent.astype(float).max(),
+                    "steps_mean": g.steps.astype(float).mean(), "wall_s_mean": g.wall_s.astype(float).mean(),
+                    "classifiers": int(g.classifiers.iloc[0]), "stop_reason": str(g.stop_reason.iloc[0])[:90]})
+        rows.append(row)
+    order = {k: i for i, k in enumerate(["real", "uniform", *PROJECT, *PEERS])}
+    table = pd.DataFrame(rows)
+    table["_order"] = table.key.map(lambda k: order.get(k, 99))
+    table = table.sort_values(["dataset", "eps_value", "_order"]).drop(columns=["_order"])
+    table.drop(columns=["eps_value"]).to_csv(out.with_suffix(".csv"), index=False)
 
-    def pm(m, s):
-        return f"{m:.3f}" if not np.isfinite(s) else f"{m:.3f} ± {s:.3f}"
+    def pm(m, s, digits=3):
+        if not np.isfinite(m):
+            return "–"
+        return f"{m:.{digits}f}" if not np.isfinite(s) else f"{m:.{digits}f} ± {s:.{digits}f}"
 
-    lines = ["# Tabular utility: Setting B (train on synthetic, test on real), mean of the classifiers", "",
+    lines = ["# Tabular fidelity and utility", "",
              "Generated by `benchmarks/tabular_utility.py` (see its docstring; raw cells in `tabular_utility.jsonl`). "
-             "ε is the guarantee actually spent (δ = 1e-5); '–' for non-private rows. Cervical: 534 train / 134 test rows "
-             "(10 positive in test); cardio: full size, 56,000 train / 14,000 test. Synthetic training sets: 2,000 rows "
-             "(cervical), 5,000 (cardio).", ""]
+             "Fidelity (lower is better) of the synthetic rows against the real **training** split: mean total variation "
+             "distance of the 1-way marginals (over all columns, label included) and of the 2-way marginals (over all pairs), "
+             "numeric columns in 10 equal-width bins of their declared bounds; corr Δ: mean |gap| of the Pearson correlations. "
+             "AUROC / AUPRC: Setting B (12 classifiers trained on the synthetic rows, tested on the real test split); "
+             "the real row is Setting A and its fidelity is that of the real test split (the noise floor). "
+             "ε is the guarantee actually spent (δ = 1e-5); '–' for rows without one. Means ± sd over split seeds. "
+             "Cervical: 534 train / 134 test rows (10 positive in test); cardio: full size, 56,000 train / 14,000 test. "
+             "Synthetic training sets: 2,000 rows (cervical), 5,000 (cardio).", ""]
     for ds in table.dataset.unique():
-        lines += [f"## {ds}", "", "| system | ε | seeds | AUROC | AUPRC | LR AUROC | ε spent (max) | steps¹ | wall s | classifiers | stop |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## {ds}", "",
+                  "| system | ε | seeds | 1-way TVD ↓ | 2-way TVD ↓ | corr Δ ↓ | AUROC ↑ | AUPRC ↑ | LR AUROC | ε spent (max) | steps¹ | wall s | stop |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in table[table.dataset == ds].iterrows():
             spent = "–" if not np.isfinite(r.eps_spent_max) else f"{r.eps_spent_max:.3f}"
             steps = "–" if not np.isfinite(r.steps_mean) else f"{r.steps_mean:.0f}"
-            lines.append(f"| {r.system} | {r.epsilon} | {r.seeds} | {pm(r.auroc_mean, r.auroc_sd)} | {pm(r.auprc_mean, r.auprc_sd)} | "
-                         f"{r.lr_auroc_mean:.3f} | {spent} | {steps} | {r.wall_s_mean:.0f} | {r.classifiers} | {r.stop_reason} |")
+            lines.append(f"| {r.system} | {r.epsilon} | {r.seeds} | {pm(r.tvd_1way_mean, r.tvd_1way_sd)} | "
+                         f"{pm(r.tvd_2way_mean, r.tvd_2way_sd)} | {pm(r.corr_mae_mean, r.corr_mae_sd)} | {pm(r.auroc_mean, r.auroc_sd)} | "
+                         f"{pm(r.auprc_mean, r.auprc_sd)} | {r.lr_auroc_mean:.3f} | {spent} | {steps} | {r.wall_s_mean:.0f} | {r.stop_reason} |")
         lines.append("")
-    lines += ["¹ generator steps; MarginalTree: marginals measured; smartnoise: its own epochs/iterations (not reported).", ""]
-    short = table[table.seeds < SEEDS_PLANNED]
+    lines += ["¹ generator steps; MarginalTree: Gaussian measurements; peers: not reported.", ""]
+    short = table[(table.seeds < SEEDS_PLANNED)]
     if len(short):
         lines += [f"## Cells with fewer than {SEEDS_PLANNED} seeds", ""]
         for _, r in short.iterrows():
-            key = next((k for k in SHORT_REASONS if k[0] == r.dataset and NAMES.get(k[1], k[1]) == r.system), None)
-            lines.append(f"- {r.dataset} {r.system} ε={r.epsilon}: {r.seeds} seed(s). {SHORT_REASONS.get(key, '')}".rstrip())
+            lines.append(f"- {r.dataset} {r.system} ε={r.epsilon}: {r.seeds} seed(s). {SHORT_REASONS.get((r.dataset, r.key), '')}".rstrip())
         lines.append("")
     ok_keys = {cell_key(r) for r in ok}
     failed = list({cell_key(r): r for r in results if r.get("status") != "ok" and cell_key(r) not in ok_keys}.values())
@@ -350,36 +403,46 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
         lines.append("")
     lines += NOTES
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plot(frame, out.with_suffix(".png"))
+    plot(frame, out.with_suffix(".png"), ["auroc"])
+    plot(frame, out.with_name(out.name + "_fidelity.png"), list(FIDELITY))
     return table
 
 
-def plot(frame: pd.DataFrame, path: Path) -> None:
+LABELS = {"auroc": "mean AUROC, Setting B ↑", "tvd_1way": "1-way TVD vs real train ↓", "tvd_2way": "2-way TVD vs real train ↓",
+          "corr_mae": "Pearson correlation gap ↓"}
+
+
+def plot(frame: pd.DataFrame, path: Path, measures: list[str]) -> None:
+    """One panel per (measure, dataset): each system's mean ± sd against ε (log scale); the references
+    (real floor, uniform table, non-private GAN) as horizontal lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     datasets = list(frame.dataset.unique())
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
-        sub = frame[frame.dataset == ds]
-        for sys_, g in sub.groupby("system"):
-            stats = g.groupby("epsilon").auroc.agg(["mean", "std"]).reset_index()
-            finite = stats[np.isfinite(stats.epsilon)]
-            if len(finite):
-                ax.errorbar(finite.epsilon, finite["mean"], yerr=finite["std"].fillna(0), marker="o", capsize=3, label=NAMES.get(sys_, sys_),
-                            linestyle="--" if sys_ in PEERS else "-")
-            else:
-                ax.axhline(stats["mean"].iloc[0], linestyle=":", color="grey" if sys_ == "real" else "black", label=NAMES.get(sys_, sys_))
-        ax.set_xscale("log")
-        ax.set_xlabel("ε (guarantee, δ = 1e-5)")
-        ax.set_ylabel("mean AUROC, Setting B")
-        ax.set_title(ds)
-        ax.axhline(0.5, color="lightgrey", linewidth=0.8)
-        ax.legend(fontsize=7)
+    fig, axes = plt.subplots(len(measures), len(datasets), figsize=(6 * len(datasets), 4.2 * len(measures)), squeeze=False)
+    for row, measure in enumerate(measures):
+        for ax, ds in zip(axes[row], datasets):
+            sub = frame[frame.dataset == ds]
+            for sys_, g in sub.groupby("system"):
+                stats = g.groupby("epsilon")[measure].agg(["mean", "std"]).reset_index()
+                finite = stats[np.isfinite(stats.epsilon)]
+                if len(finite):
+                    ax.errorbar(finite.epsilon, finite["mean"], yerr=finite["std"].fillna(0), marker="o", capsize=3,
+                                label=NAMES.get(sys_, sys_), linestyle="--" if sys_ in PEERS else "-")
+                elif np.isfinite(stats["mean"].iloc[0]):
+                    colour = {"real": "grey", "uniform": "red"}.get(sys_, "black")
+                    ax.axhline(stats["mean"].iloc[0], linestyle=":", color=colour, label=NAMES.get(sys_, sys_))
+            ax.set_xscale("log")
+            ax.set_xlabel("ε (guarantee, δ = 1e-5)")
+            ax.set_ylabel(LABELS.get(measure, measure))
+            ax.set_title(ds)
+            if measure == "auroc":
+                ax.axhline(0.5, color="lightgrey", linewidth=0.8)
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -387,12 +450,13 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    parser.add_argument("--systems", nargs="+", default=["real", *PROJECT, *PEERS])
+    parser.add_argument("--systems", nargs="+", default=[*REFERENCES, *PROJECT, *PGM])
     parser.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 10.0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--classifiers", nargs="+", default=None, help="default: the 12 of PATE-GAN's evaluation")
     parser.add_argument("--num-samples", type=int, default=None, help="synthetic rows (default 2000 cervical, 5000 cardio)")
-    parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
+    parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"), help="smartnoise's interpreter")
+    parser.add_argument("--pgm-python", default=str(ROOT / ".venv-pgm" / "bin" / "python"), help="private-pgm's interpreter")
     parser.add_argument("--peer-timeout", type=int, default=1800)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--threads", type=int, default=1)
@@ -412,11 +476,13 @@ def main(argv=None) -> None:
         print(summarise(results, out).to_string())
         return
     classifiers = list(args.classifiers or CLASSIFIERS)
-    done = {cell_key(r) for r in results if r.get("status") == "ok" and r.get("classifiers") == len(classifiers)}
-    peers_ok = Path(args.peers_python).exists()
-    if not peers_ok and set(args.systems) & set(PEERS):
-        print(f"peers skipped: no interpreter at {args.peers_python} (install the optional extra `peers` into its own venv: "
-              f"python -m venv .venv-peers && .venv-peers/bin/pip install -e '.[peers]')", flush=True)
+    done = {cell_key(r) for r in results if is_complete(r) and r.get("classifiers") == len(classifiers)}
+    interpreters = {**{p: args.peers_python for p in SMARTNOISE}, **{p: args.pgm_python for p in PGM}}
+    missing = sorted(p for p in set(args.systems) & set(PEERS) if not Path(interpreters[p]).exists())
+    if missing:
+        print(f"peers {missing} skipped: no interpreter (private-pgm: python -m venv .venv-pgm && .venv-pgm/bin/pip install "
+              f"-c constraints.txt 'mbi==2.0.0' pandas; smartnoise: python -m venv .venv-peers && .venv-peers/bin/pip install "
+              f"-e '.[peers]')", flush=True)
     for dataset in args.datasets:
         if not Path(DATASETS[dataset]["path"]).exists():
             print(f"{dataset} skipped: {DATASETS[dataset]['path']} not found", flush=True)
@@ -425,25 +491,32 @@ def main(argv=None) -> None:
         n = args.num_samples or (2000 if dataset == "cervical" else 5000)
         for seed in args.seeds:
             for system in args.systems:
-                if system in PEERS and not peers_ok:
+                if system in missing:
                     continue
-                for epsilon in ([math.inf] if system in ("real", "gan") else args.epsilons):
+                for epsilon in ([math.inf] if system in ("real", "uniform", "gan") else args.epsilons):
                     key = (dataset, system, float(epsilon), int(seed))
                     if key in done:
                         continue
                     print(f"[{time.strftime('%H:%M:%S')}] {dataset} {system} eps={epsilon:g} seed={seed}", flush=True)
                     record = {"dataset": dataset, "system": system, "epsilon": epsilon, "seed": seed, "classifiers": len(classifiers)}
                     try:
-                        if system == "real":
+                        spec = datamodule(dataset, seed).spec
+                        if system in REFERENCES:
+                            from lightning_gpate.evaluation.fidelity import uniform_table
+
                             dm = datamodule(dataset, seed)
                             train, test = dm.split_frame("train"), dm.split_frame("test")
-                            record.update(score(train, test, train, label, seed, classifiers, settings=("A",)))
+                            if system == "real":  # Setting A; fidelity of the test split against the training split
+                                record.update(score(train, test, test, label, seed, classifiers, spec, settings=("A",)))
+                                record.update({k: float("nan") for k in list(record) if k.startswith("test_")})
+                            else:
+                                record.update(score(train, test, uniform_table(spec, n, seed=seed), label, seed, classifiers, spec))
                             record.update(wall_s=0.0, eps_spent=float("nan"), steps=float("nan"), stop_reason="–")
                         else:
                             runner = run_peer if system in PEERS else run_project
-                            extra = (args.peers_python, args.peer_timeout) if system in PEERS else ()
+                            extra = (interpreters[system], args.peer_timeout) if system in PEERS else ()
                             synthetic, train, test, info = runner(system, dataset, epsilon, seed, n, *extra)
-                            record.update(score(train, test, synthetic, label, seed, classifiers))
+                            record.update(score(train, test, synthetic, label, seed, classifiers, spec))
                             record.update({k: v for k, v in info.items() if k != "settings"})
                             record.setdefault("eps_spent", float("nan"))
                             record.setdefault("steps", float("nan"))
@@ -451,7 +524,8 @@ def main(argv=None) -> None:
                                 raise RuntimeError(f"{system} took no private step (epsilon spent {record['eps_spent']}): "
                                                    f"{record.get('stop_reason')}")
                         record["status"] = "ok"
-                        print(f"    AUROC {record['auroc']:.3f} AUPRC {record['auprc']:.3f} LR {record['lr_auroc']:.3f} "
+                        print(f"    TVD {record['tvd_1way']:.3f} / {record['tvd_2way']:.3f} corr {record['corr_mae']:.3f} "
+                              f"AUROC {record['auroc']:.3f} AUPRC {record['auprc']:.3f} LR {record['lr_auroc']:.3f} "
                               f"eps {record.get('eps_spent', float('nan')):.3f} steps {record.get('steps')} {record.get('wall_s', 0):.0f}s", flush=True)
                     except Exception as err:  # noqa: BLE001 - a failed cell is recorded and the run goes on
                         record.update(status="failed", error=f"{type(err).__name__}: {err}")

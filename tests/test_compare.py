@@ -35,7 +35,8 @@ def test_evaluate_attaches_the_report_to_the_checkpoints_run(mixed_frame, capsys
     after, _ = query_run("table")
     m = after.data.metrics
     for key in ("utility/A/auroc_mean", "utility/B/auroc_mean", "utility/C/auroc_mean", "utility/ranking_agreement_AC",
-                "utility/feature_ranking_spearman", "utility/B/auroc/LogisticRegression"):
+                "utility/feature_ranking_spearman", "utility/B/auroc/LogisticRegression", "utility/fidelity/tvd_1way",
+                "utility/fidelity/tvd_2way", "utility/fidelity/corr_mae", "utility/A/fidelity/tvd_1way"):
         assert key in m, key
     assert [h.step for h in client.get_metric_history(run.info.run_id, "utility/B/auroc_mean")] == [2]  # the checkpoint's step
     artifacts = sorted(a.path for a in client.list_artifacts(run.info.run_id, "evaluation"))
@@ -47,6 +48,10 @@ def test_evaluate_attaches_the_report_to_the_checkpoints_run(mixed_frame, capsys
     main(["evaluate", "--ckpt_path", ckpt, "--classifiers", FAST, "--no_figures"])
     values = [h.value for h in client.get_metric_history(run.info.run_id, "utility/B/auroc_mean")]
     assert values[0] == values[1]
+    capsys.readouterr()
+    assert main(["compare", "--experiment", "table"]) == 0  # fidelity beside AUROC
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert {"auroc_B", "tvd_1way", "tvd_2way", "corr_mae"} <= set(header), header
 
 
 def test_evaluate_finds_the_run_by_its_checkpoint_tag(mixed_frame):

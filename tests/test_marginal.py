@@ -1,6 +1,7 @@
-"""MarginalTree: the exponential mechanism's law and accounting, the planned budget is what is recorded,
-the tree finds the feature that the label drives and reproduces its conditional table, and the usual
-private-model contract (one fit spends the budget, a second refuses, checkpoints sample the same)."""
+"""MarginalTree: the exponential mechanism's law and accounting, the planned budget is what is recorded
+(and its ε recomputed by formula), the spanning tree covers every column, finds the feature that the
+label drives and reproduces the tables, and the usual private-model contract (one fit spends the
+budget, a second refuses, checkpoints sample the same)."""
 
 import math
 
@@ -65,34 +66,71 @@ def _fit(model, dm):
 
 def test_plan_is_what_is_recorded_and_spends_the_budget():
     dm = _datamodule(_table())
-    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, label_edges=2, feature_edges=1, one_way_fraction=0.1, noise_seed=1)
-    plan = model.plan
-    # the zCDP of the planned events adds up to the plan's rho (Gaussian 1/(2 z^2), EM eps^2/8)
-    d = 4
+    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, noise_seed=1)
+    plan, hp = model.plan, model.hparams
+    d = 4  # features; the spanning tree over them and the label has d edges
+    # the zCDP of the planned events adds up to the plan's rho (Gaussian 1/(2 z^2), z = sigma / sensitivity; EM eps^2/8)
     rho = (1 / (2 * plan["sigma_label"] ** 2) + d / (2 * plan["sigma_one_way"] ** 2)
-           + 3 * (plan["epsilon_select"] ** 2 / 8 + 1 / (2 * plan["sigma_two_way"] ** 2)))
+           + hp.label_edges * (plan["epsilon_select_label"] ** 2 / 8 + 1 / (2 * plan["sigma_label_edge"] ** 2))
+           + (d - hp.label_edges) * (plan["epsilon_select"] ** 2 / 8 + 1 / (2 * plan["sigma_two_way"] ** 2)))
     assert rho == pytest.approx(plan["rho"], rel=1e-9)
+    # and the shares are the documented fractions
+    assert d / (2 * plan["sigma_one_way"] ** 2) == pytest.approx(hp.one_way_fraction * plan["rho"], rel=1e-9)
+    assert 1 / (2 * plan["sigma_label"] ** 2) == pytest.approx(hp.label_fraction * plan["rho"], rel=1e-9)
     _fit(model, dm)
     counts = model.accountant.counts
-    assert counts["exponential_mechanism_events"] == 3 and counts["subsampled_gaussian_events"] == 2 + 3
+    assert counts["exponential_mechanism_events"] == d and counts["subsampled_gaussian_events"] == 2 + d
     assert 0.999 * 2.0 < model.spent_epsilon() <= 2.0
+    # independently: the RDP curve by formula (Gaussian a/(2z^2); exponential mechanism min(eps, a eps^2/8)),
+    # converted with Canonne, Kamath & Steinke 2020 Prop. 12 at the accountant's orders
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    gaussians = 1 / (2 * plan["sigma_label"] ** 2) + d / (2 * plan["sigma_one_way"] ** 2) \
+        + hp.label_edges / (2 * plan["sigma_label_edge"] ** 2) + (d - hp.label_edges) / (2 * plan["sigma_two_way"] ** 2)
+    rdp = orders * gaussians + hp.label_edges * np.minimum(plan["epsilon_select_label"], orders * plan["epsilon_select_label"] ** 2 / 8) \
+        + (d - hp.label_edges) * np.minimum(plan["epsilon_select"], orders * plan["epsilon_select"] ** 2 / 8)
+    ok = orders > 1.01
+    eps = rdp[ok] + np.log((orders[ok] - 1) / orders[ok]) - (np.log(1e-5) + np.log(orders[ok])) / (orders[ok] - 1)
+    assert model.spent_epsilon() == pytest.approx(eps.min(), rel=1e-6)
     assert model.budget_exhausted and model.stop_reason.startswith("all planned marginals measured")
     with pytest.raises(BudgetExhaustedError):
         _fit(model, dm)
 
 
-def test_tree_finds_the_label_driven_feature_and_reproduces_its_table(tmp_path):
+def test_tree_spans_every_column_finds_the_label_driven_feature_and_reproduces_the_tables(tmp_path):
     dm = _datamodule(_table())
-    model = MarginalTree(dm.spec, epsilon=50.0, delta=1e-5, label_edges=1, one_way_fraction=0.1, noise_seed=0)
+    model = MarginalTree(dm.spec, epsilon=50.0, delta=1e-5, noise_seed=0)
     _fit(model, dm)
-    assert model.tree_edges() == [("y", "marker")]
+    edges = model.tree_edges()
+    assert len(edges) == 4 and {c for _, c in edges} == {"age", "marker", "noise", "colour"}  # every feature in the tree
+    assert ("y", "marker") in edges  # the label's edge goes to the feature it drives
     synthetic = synthetic_table(model, 20000, seed=3)
     agree = (synthetic["marker"] == synthetic["y"]).mean()
     assert agree == pytest.approx(0.9, abs=0.02)
     assert synthetic["y"].mean() == pytest.approx(0.3, abs=0.02)  # the measured class ratio
     assert synthetic["age"].between(18, 90).all() and set(synthetic["colour"]) <= {"red", "green", "blue"}
-    # columns outside the tree follow their own (noisy) one-way marginal, independently of the label
-    assert abs(synthetic.loc[synthetic.y == 1, "noise"].mean() - synthetic.loc[synthetic.y == 0, "noise"].mean()) < 0.03
+    real = _table(n=20000, seed=5)
+    for column in ("noise", "colour"):  # every column's one-way marginal, not only the label's neighbours
+        share = synthetic[column].value_counts(normalize=True).sort_index()
+        np.testing.assert_allclose(share, real[column].value_counts(normalize=True).sort_index(), atol=0.02)
+    # integer ages are drawn among the integers of their bin: the 10-bin histogram matches the data's
+    from lightning_gpate.evaluation.fidelity import discretize, marginal_tvds
+
+    age = [c for c in model.data_spec["columns"] if c["name"] == "age"]
+    (a, cards), (b, _) = discretize(real, age), discretize(synthetic, age)
+    assert synthetic["age"].dtype == np.int64 and marginal_tvds(a, b, cards)[0][0] < 0.02
+    # the ages are uniform on the integers 20..79 in the data: the last bin of [18, 90] (from 82.8) holds none
+    # and stays (nearly) empty; the first, [18, 25.2), holds 20..25, a tenth of them
+    assert (synthetic["age"] >= 90 - 7.2).mean() < 0.01 and (synthetic["age"] < 18 + 7.2).mean() == pytest.approx(0.1, abs=0.02)
+
+    # stratified draws: the class counts and the label edge's conditional counts are met to within a row
+    small = synthetic_table(model, 1000, seed=11)
+    ratio = model.generator.label_ratio.double().numpy()
+    assert abs(int((small["y"] == 1).sum()) - 1000 * ratio[1]) <= 1
+    marker = model.data_spec["column_order"].index("marker")
+    p_marker = model.generator.cpt[marker, :2, 1].numpy()  # P(marker = 1 | y)
+    for y in (0, 1):
+        rows = small[small["y"] == y]
+        assert abs(int((rows["marker"] == 1).sum()) - len(rows) * p_marker[y]) <= 1
 
     path = tmp_path / "tree.ckpt"
     trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
@@ -103,16 +141,49 @@ def test_tree_finds_the_label_driven_feature_and_reproduces_its_table(tmp_path):
     assert loaded.spent_epsilon() == pytest.approx(model.spent_epsilon())
 
 
+def test_estimation_helpers_by_hand():
+    from lightning_gpate.models.marginal import _compression, _integer_grid, _ipf, _simplex, _within_shares
+
+    # an integer column on [0, 12] in 10 bins of 1.2: [0, 1.2) holds 0 and 1, [1.2, 2.4) holds 2, [6, 7.2) holds 6
+    # and 7, the last [10.8, 12] holds 11 and 12; positions in the generator space 2(v - 0)/12 - 1, one integer = 2/12
+    grid = _integer_grid({"min": 0, "max": 12, "dtype": "int64"}, 10)
+    assert [n for _, n in grid["bins"]] == [2, 1, 1, 1, 1, 2, 1, 1, 1, 2]
+    assert grid["bins"][5][0] == pytest.approx(0.0) and grid["bins"][9][0] == pytest.approx(2 * 11 / 12 - 1)
+    assert grid["step"] == pytest.approx(2 / 12)
+    assert _integer_grid({"min": 0, "max": 12, "dtype": "float64"}, 10) is None
+
+    # Euclidean projection on {x >= 0, sum = 10}: subtract tau = 3 from [12, 4, -5] -> [9, 1, 0]
+    np.testing.assert_allclose(_simplex(np.array([12.0, 4.0, -5.0]), 10.0), [9.0, 1.0, 0.0])
+    np.testing.assert_allclose(_simplex(np.array([1.0, 1.0]), 4.0), [2.0, 2.0])
+    # MST's compression: values below the threshold share the last code
+    assert _compression(np.array([50.0, 2.0, 40.0, -3.0]), 10.0).tolist() == [0, 2, 1, 2]
+    np.testing.assert_allclose(_within_shares(np.array([50.0, 2.0, 40.0, -3.0]), np.array([0, 2, 1, 2])), [1.0, 1.0, 1.0, 0.0])
+    # IPF keeps the odds ratio and meets the margins
+    t = _ipf(np.array([[1.0, 1.0], [1.0, 3.0]]), np.array([3.0, 7.0]), np.array([4.0, 6.0]))
+    np.testing.assert_allclose(t.sum(1), [3.0, 7.0])
+    np.testing.assert_allclose(t.sum(0), [4.0, 6.0])
+    assert t[0, 0] * t[1, 1] / (t[0, 1] * t[1, 0]) == pytest.approx(3.0)
+
+
 def test_little_budget_gives_noisy_tables_and_bad_input_is_refused():
     dm = _datamodule(_table(n=300))
-    with pytest.raises(ValueError, match="fractions|fraction"):
-        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_fraction=0.6, selection_fraction=0.5)
+    with pytest.raises(ValueError, match="fractions"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edge_fraction=0.6, selection_fraction=0.5)
+    with pytest.raises(ValueError, match="fractions"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edges=0)  # label_edge_fraction left > 0
     with pytest.raises(ValueError, match="num_bins"):
         MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, num_bins=1)
-    model = MarginalTree(dm.spec, epsilon=0.05, delta=1e-5, label_edges=1, noise_seed=0)
-    assert model.plan["sigma_two_way"] > 50  # at eps = 0.05 the two-way table drowns in noise
+    with pytest.raises(ValueError, match="label_edges"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edges=5)
+    model = MarginalTree(dm.spec, epsilon=0.05, delta=1e-5, noise_seed=0)
+    assert model.plan["sigma_two_way"] > 50  # at eps = 0.05 the two-way tables drown in noise
     _fit(model, dm)
     assert model.spent_epsilon() <= 0.05
+    synthetic = synthetic_table(model, 1000, seed=0)  # still a valid table
+    assert set(synthetic["y"]) <= {0, 1} and synthetic["age"].between(18, 90).all()
+    pure_mst = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edges=0, label_edge_fraction=0.0, noise_seed=0)
+    _fit(pure_mst, dm)
+    assert len(pure_mst.tree_edges()) == 4 and 0.999 < pure_mst.spent_epsilon() <= 1.0
 
 
 def test_needs_a_table_read_whole_without_teachers():

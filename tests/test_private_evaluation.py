@@ -21,7 +21,8 @@ FAST = ["LogisticRegression", "DecisionTree", "GaussianNB"]
 ROWS, TEST_FRACTION = 300, 0.3
 #: What a private model's default tabular evaluation may log: Settings B and C (trained on synthetic
 #: data), distribution comparisons with the real test split, the size of the generated sample.
-PUBLIC_TABULAR = ("utility/B/", "utility/C/", "utility/feature_ranking_", "utility/spearman_corr_mae", "utility/num_synthetic")
+PUBLIC_TABULAR = ("utility/B/", "utility/C/", "utility/feature_ranking_", "utility/spearman_corr_mae", "utility/num_synthetic",
+                  "utility/fidelity/")
 
 
 def _fit_with_default_evaluation(kind, experiment, **options):
@@ -41,6 +42,7 @@ def test_default_evaluation_of_a_private_model_logs_nothing_from_the_training_sp
     evaluation = {k for k in run.data.metrics if k.startswith(("utility/", "quality/", "private/"))}
     assert evaluation and all(k.startswith(PUBLIC_TABULAR) for k in evaluation), sorted(evaluation)
     assert "utility/B/auroc_mean" in evaluation and "utility/C/auroc_mean" in evaluation
+    assert {"utility/fidelity/tvd_1way", "utility/fidelity/tvd_2way", "utility/fidelity/corr_mae"} <= evaluation  # vs the test split
     # The sample has the size of the (held-out) test split, not of the private training split.
     assert run.data.metrics["utility/num_synthetic"] == len(dm.split_frame("test")) != len(dm.split_frame("train"))
     report = client.download_artifacts(run.info.run_id, "evaluation/report_final.json")
@@ -50,14 +52,14 @@ def test_default_evaluation_of_a_private_model_logs_nothing_from_the_training_sp
 def test_setting_a_of_a_private_model_is_opt_in_and_labelled_private():
     run, _, _, _ = _fit_with_default_evaluation("pategan", "eval-opt-in", log_private_diagnostics=True)
     metrics = run.data.metrics
-    assert {"private/utility/A/auroc_mean", "private/utility/ranking_agreement_AC"} <= set(metrics)
+    assert {"private/utility/A/auroc_mean", "private/utility/ranking_agreement_AC", "private/utility/A/fidelity/tvd_1way"} <= set(metrics)
     assert not any(k.startswith(("utility/A/", "utility/ranking_agreement_A")) for k in metrics)
     assert "utility/B/auroc_mean" in metrics
 
 
 def test_a_non_private_gan_keeps_setting_a():
     run, _, _, _ = _fit_with_default_evaluation("gan", "eval-gan")
-    assert {"utility/A/auroc_mean", "utility/ranking_agreement_AC", "utility/B/auroc_mean"} <= set(run.data.metrics)
+    assert {"utility/A/auroc_mean", "utility/ranking_agreement_AC", "utility/B/auroc_mean", "utility/A/fidelity/tvd_2way"} <= set(run.data.metrics)
     assert not any(k.startswith("private/") for k in run.data.metrics)
 
 

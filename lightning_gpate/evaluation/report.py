@@ -33,7 +33,8 @@ QUALITY_PREFIX = "quality/"
 
 def uses_training_split(name: str) -> bool:
     """Whether a metric of the tabular report (:func:`evaluate_tabular`) is computed from the real
-    training split: Setting A (real→real) and every ranking agreement with it."""
+    training split: Setting A (real→real, and the real fidelity floor ``A/fidelity/*``) and every
+    ranking agreement with it."""
     return name.startswith("A/") or name.startswith("ranking_agreement_A")
 
 
@@ -76,7 +77,7 @@ def tabular_utility(
     synthetic = synthetic_table(model, num_samples or default_num_samples(model, datamodule), seed=seed)
     label = model.data_spec["label"]["name"]
     metrics = evaluate_tabular(train, test, synthetic, label=label, classifiers=classifiers, settings=settings,
-                               seed=seed, reference=reference, reuse=reuse)
+                               seed=seed, reference=reference, reuse=reuse, spec=model.data_spec)
     metrics["num_synthetic"] = float(len(synthetic))
     return metrics, synthetic
 

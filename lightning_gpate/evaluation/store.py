@@ -235,6 +235,9 @@ COMPARE_METRICS = {
     "auprc_B": "utility/B/auprc_mean",
     "auroc_A": "utility/A/auroc_mean",
     "sra_AC": "utility/ranking_agreement_AC",
+    "tvd_1way": "utility/fidelity/tvd_1way",
+    "tvd_2way": "utility/fidelity/tvd_2way",
+    "corr_mae": "utility/fidelity/corr_mae",
     "cnn_acc": "utility/cnn_accuracy_val_selected",
     "cnn_acc_final": "utility/cnn_accuracy_final",
     "IS": "quality/inception_score",
@@ -243,7 +246,7 @@ COMPARE_METRICS = {
 
 
 def runs_table(experiment: str, *, tracking_uri: str | None = None) -> pd.DataFrame:
-    """One row per run of ``experiment``: model, ε, δ, whether ε is a guarantee, utility, IS/FID,
+    """One row per run of ``experiment``: model, ε, δ, whether ε is a guarantee, utility, fidelity, IS/FID,
     steps, wall time, status, newest first. Columns without any value are left out.
 
     Raises:

@@ -13,10 +13,16 @@ the same way in A and C: ``SRA = 1/(k(k-1)) Σ_{i≠j} 1[(A_i − A_j)(C_i − C
 agreement compares the order of the features by |Pearson correlation| with the label in the real
 and the synthetic data (Spearman correlation of the two scores, and top-k overlap).
 
+Given the data spec, the report also measures **fidelity** (:mod:`~lightning_gpate.evaluation.fidelity`):
+the mean total variation distance of the one- and two-way marginals (numeric columns binned on the
+spec's public bounds) and the mean gap of the Pearson correlations, of the synthetic table against the
+reference split (``fidelity/*``) and, with Setting A, of the other real split against it
+(``A/fidelity/*``: the noise floor a perfect synthesizer would show, read from the training split).
+
 Evaluation reads real data (Setting A trains on the real training split); its figures are for the
 data owner and are not covered by a model's privacy guarantee. Comparisons of distributions
-(feature ranking, correlation matrices, marginals) use the real **test** split by default, so the
-artifacts show no training rows.
+(feature ranking, correlation matrices, marginals, fidelity) use the real **test** split by default, so
+the artifacts show no training rows.
 """
 
 from __future__ import annotations
@@ -342,6 +348,8 @@ def evaluate_tabular(
     reference: str = "test",
     top_k: int = 5,
     reuse: Mapping[str, float] | None = None,
+    spec: Mapping[str, Any] | None = None,
+    fidelity_bins: int = 10,
 ) -> dict[str, float]:
     """The PATE-GAN utility report of a synthetic table (see the module docstring).
 
@@ -360,13 +368,17 @@ def evaluate_tabular(
         top_k: size of the top-k feature overlap.
         reuse: the result of an earlier call on the same real splits and seed: Setting A (which does
             not depend on the synthetic data) is taken from it instead of trained again.
+        spec: the tabular data spec (public bounds and categories): adds the fidelity measures.
+        fidelity_bins: equal-width bins of a numeric column's bounds for the fidelity measures.
 
     Returns:
         Flat ``{name: value}``: ``"{S}/auroc/{classifier}"``, ``"{S}/auprc/{classifier}"``,
         ``"{S}/auroc_mean"``, ``"{S}/auprc_mean"`` per setting S; ``"ranking_agreement_AC"`` (and
         ``_AB``, ``_AC_auprc``) when both settings ran; ``"feature_ranking_spearman"``,
         ``"feature_ranking_top{k}_overlap"``, ``"spearman_corr_mae"``; ``"{S}/single_class_train"``
-        is 1 where a training set had a single class. NaN marks an undefined value.
+        is 1 where a training set had a single class; with ``spec``, ``"fidelity/{m}"`` for m in
+        ``tvd_1way``, ``tvd_2way``, ``corr_mae`` (and ``_max``) and, with Setting A, the real
+        floor ``"A/fidelity/{m}"``. NaN marks an undefined value.
 
     Raises:
         ValueError: on missing columns, unknown classifiers or settings, or labels outside the real classes.
@@ -443,4 +455,11 @@ def evaluate_tabular(
         label_correlations(x_real, y_ref, k, pos), label_correlations(x_syn, y_syn, k, pos), top_k=top_k))
     real_corr, syn_corr = spearman_matrices(real_ref, synthetic)
     metrics["spearman_corr_mae"] = correlation_difference(real_corr, syn_corr)
+    if spec is not None:
+        from lightning_gpate.evaluation.fidelity import fidelity
+
+        metrics.update({f"fidelity/{k}": v for k, v in fidelity(real_ref, synthetic, spec, num_bins=fidelity_bins).items()})
+        if "A" in settings:  # the real floor reads the training split: only where Setting A may
+            other = train if reference == "test" else test
+            metrics.update({f"A/fidelity/{k}": v for k, v in fidelity(real_ref, other, spec, num_bins=fidelity_bins).items()})
     return metrics

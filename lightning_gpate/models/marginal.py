@@ -1,33 +1,45 @@
-"""MarginalTree: a differentially private synthesizer of noisy low-order marginals on a label-rooted tree.
+"""MarginalTree: a differentially private synthesizer of every column's noisy marginals on a spanning tree.
 
 The strongest DP synthesizers of tables do not train a GAN: they spend the budget on a few noisy
 low-order marginals and sample from a graphical model consistent with them (PrivBayes, Zhang et al.
-2017; MST, McKenna et al. 2021; AIM, McKenna et al. 2022). This model is that recipe, rooted at the
-label because the user of a conditional table wants ``P(features | label)`` first:
+2017; MST, McKenna, Miklau & Sheldon 2021; AIM, McKenna et al. 2022). This model is MST's recipe, over
+every column with the label as one of them, and with a closed-form estimation for a tree:
 
-1. **one-way marginals** of the label and of every feature column, measured together with the
-   Gaussian mechanism (add/remove neighbours: a record changes one cell of each of the ``d + 1``
-   histograms, L2 sensitivity ``√(d+1)``);
-2. **structure**: ``label_edges`` times, the exponential mechanism picks a feature to attach to the
-   label, then ``feature_edges`` times a (node in the tree, feature outside it) pair. The quality of a
-   candidate edge (p, c) is AIM's: ``‖M_pc(D) − N̂·P̂_p⊗P̂_c‖₁ − √(2/π)·σ₂·cells(p, c)``, the L1 distance of
-   its true two-way marginal from what the noisy one-way marginals predict, less the expected error of
-   measuring it (a pair is worth measuring only when it is further off than the noise). Adding or
-   removing one record moves the first term by at most 2 (one cell of ``M_pc`` by 1, and ``N̂·P̂_p⊗P̂_c``
-   by ``P̂_p`` over the child's category, whose entries sum to 1): sensitivity 2; the rest is public or
-   already noisy;
-3. **two-way marginals** of the chosen edges, each measured with the Gaussian mechanism (sensitivity 1);
-4. **the model**: each tree edge's conditional table ``P(child | parent)`` from its noisy marginal
-   (negative counts clipped, shrunk towards the child's one-way estimate by a pseudo-count equal to the
-   noise scale); features outside the tree follow their noisy one-way marginal. Sampling is ancestral,
-   from the label down (post-processing: free).
+1. **one-way marginals** of every column (features and label), measured together with the Gaussian
+   mechanism (add/remove neighbours: a record changes one cell of each of the ``d + 1`` histograms, L2
+   sensitivity ``√(d+1)``). Values whose noisy count is below 3σ are merged into one value for what
+   follows (MST's domain compression: post-processing), so rare bins do not dilute the two-way tables;
+2. **structure**: a spanning tree over all ``d + 1`` columns, one edge at a time with the exponential
+   mechanism (Kruskal: only pairs that join two components are candidates). The quality of a pair
+   (a, b) is AIM's: ``‖M_ab(D) − N̂·P̂_a⊗P̂_b‖₁ − √(2/π)·σ_ab·cells(a, b)``, the L1 distance of its true
+   two-way marginal from what the noisy one-way marginals predict, less the expected error of
+   measuring it. Changing one record moves the first term by at most 1 (sensitivity 1); the rest is
+   public or already noisy. The first ``label_edges`` edges are chosen among the label's pairs (what a
+   classifier trained on the synthetic rows learns from), with their own share of the budget and the
+   quality ``Σ_{y,v} |n(y, v) − P̂(y)·n(v)|`` against the feature's true counts split by the noisy class
+   ratio (robust to the features' one-way noise, which dominates the other quality on small tables;
+   sensitivity 2: a record moves its cell by 1 and its value's count by 1, times shares summing to 1);
+3. **two-way marginals** of the tree's ``d`` edges, each with the Gaussian mechanism (sensitivity 1);
+4. **estimation** (post-processing): every column's counts are the inverse-variance average of its
+   one-way measurement and of the margins of its edges' tables; each is projected on the counts
+   (non-negative, summing to the estimated total N̂: the Euclidean projection on the simplex, which
+   zeroes small noisy cells rather than keeping their positive noise); each edge's table is projected
+   likewise and fitted to its two columns' counts by iterative proportional fitting. The tables then
+   agree on every column, and the tree model reproduces all of them exactly. Sampling is ancestral,
+   from the label down: ``P(child | parent)`` of each edge; a merged value is split by the column's
+   one-way shares.
 
 The whole budget is planned before any data is read: with the fractions ``one_way_fraction`` and
-``selection_fraction`` of a zCDP-style split (a Gaussian of noise multiplier z is ``1/(2z²)``-zCDP, a
-pure ε-DP selection ``ε²/2``-zCDP), the largest total ρ whose events keep the accountant's (ε, δ)
-guarantee within the budget is found by bisection on the project's accountant; the fit then records
-exactly the planned events (:class:`~lightning_gpate.privacy.SubsampledGaussianEvent` with sampling rate
-1 is the plain Gaussian mechanism, :class:`~lightning_gpate.privacy.PureDPEvent` each selection).
+``selection_fraction`` of a zCDP-style split (a Gaussian of noise multiplier z is ``1/(2z²)``-zCDP, an
+exponential mechanism of parameter ε is ε-bounded range, ``ε²/8``-zCDP), the largest total ρ whose
+events keep the accountant's (ε, δ) guarantee within the budget is found by bisection on the project's
+accountant; the fit then records exactly the planned events (:class:`~lightning_gpate.privacy.SubsampledGaussianEvent`
+with sampling rate 1 is the plain Gaussian mechanism, :class:`~lightning_gpate.privacy.ExponentialMechanismEvent`
+each selection). The defaults (one label edge with 40% of ρ, the features' one-way marginals 25%, the
+other edges' selections 5% and measurements 25%, the class ratio 5%; 10 bins) need no per-dataset
+tuning: chosen on cervical (534 rows, 35 columns) at ε ∈ {1, 10} and checked on cardio
+(``benchmarks/results/tabular_utility.md``). Selections get little: with ``d`` of them they are nearly
+random at small ε whatever they get, and every measurement counts.
 
 Numeric columns are cut into ``num_bins`` equal-width bins of their declared (public) range in the
 generator's space [-1, 1]; a sampled bin is filled uniformly. Binary and categorical columns keep their
@@ -37,6 +49,7 @@ and the label, so ``generate``/``sample``/checkpoints work as for every other mo
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import Any
@@ -50,6 +63,7 @@ from lightning_gpate.privacy import ExponentialMechanismEvent, SubsampledGaussia
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 NUMERIC, BINARY, CATEGORICAL = 0, 1, 2
+BIN_TOLERANCE = 1e-4  # in bins: the float32 data tensor puts an integer on a bin edge up to ~1e-6 below it
 LABEL_PARENT, NO_PARENT = -1, -2
 
 
@@ -68,7 +82,8 @@ class TreeSampler(nn.Module):
         num_classes: classes of the label (the root).
     """
 
-    def __init__(self, kinds: list[int], cards: list[int], starts: list[int], num_classes: int) -> None:
+    def __init__(self, kinds: list[int], cards: list[int], starts: list[int], num_classes: int,
+                 integer_bins: list[list[tuple[float, int]]] | None = None) -> None:
         super().__init__()
         n = len(kinds)
         width = max(max(cards, default=1), num_classes, 1)
@@ -83,6 +98,35 @@ class TreeSampler(nn.Module):
         self.register_buffer("cpt", torch.zeros(n, width, width, dtype=torch.float64))
         # The measured (noisy) class ratio: part of the generator, so that it travels in the release.
         self.register_buffer("label_ratio", torch.zeros(num_classes, dtype=torch.float32))
+        # Integer columns: per bin, the generator-space position of its first integer and how many it
+        # holds (0: none, the bin is filled uniformly), and one integer's width in generator space: a
+        # sampled value is an integer of its own bin, so the decoder's rounding keeps it there.
+        first = torch.zeros(n, width, dtype=torch.float64)
+        count = torch.zeros(n, width, dtype=torch.long)
+        step = torch.zeros(n, dtype=torch.float64)
+        for node, grid in enumerate(integer_bins or []):
+            if grid is not None:
+                step[node] = grid["step"]
+                for k, (position, number) in enumerate(grid["bins"]):
+                    first[node, k], count[node, k] = position, number
+        self.register_buffer("integer_first", first)
+        self.register_buffer("integer_count", count)
+        self.register_buffer("integer_step", step)
+
+    def _rows(self, node: int, y: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Each row's distribution of ``node`` given its parent's value: ``[b, cards[node]]``."""
+        card, parent = int(self.cards[node]), int(self.parents[node])
+        if parent == LABEL_PARENT:
+            return self.cpt[node][y.long(), :card]
+        if parent == NO_PARENT:
+            return self.cpt[node][0, :card].expand(y.shape[0], card)
+        return self.cpt[node][codes[:, parent], :card]
+
+    @staticmethod
+    def _code(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Inverse CDF: the category of each row whose cumulative probability first exceeds ``u``."""
+        cdf = rows.cumsum(1) / rows.sum(1, keepdim=True).clamp_min(1e-300)
+        return (u[:, None] > cdf).sum(1).clamp(max=rows.shape[1] - 1)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         b = z.shape[0]
@@ -90,29 +134,50 @@ class TreeSampler(nn.Module):
         codes = torch.zeros(b, self.num_nodes, dtype=torch.long, device=z.device)
         out = torch.zeros(b, self.output_dim, dtype=z.dtype, device=z.device)
         for node in self.order.tolist():
-            card, parent = int(self.cards[node]), int(self.parents[node])
-            if parent == LABEL_PARENT:
-                rows = self.cpt[node][y.long(), :card]
-            elif parent == NO_PARENT:
-                rows = self.cpt[node][0, :card].expand(b, card)
-            else:
-                rows = self.cpt[node][codes[:, parent], :card]
-            cdf = rows.cumsum(1) / rows.sum(1, keepdim=True).clamp_min(1e-300)
-            code = (u[:, 2 * node:2 * node + 1] > cdf).sum(1).clamp(max=card - 1)
+            code = self._code(self._rows(node, y, codes), u[:, 2 * node])
             codes[:, node] = code
-            start, kind = int(self.starts[node]), int(self.kinds[node])
+            start, kind, card = int(self.starts[node]), int(self.kinds[node]), int(self.cards[node])
             if kind == NUMERIC:
-                out[:, start] = (-1.0 + (code.double() + u[:, 2 * node + 1]) * 2.0 / card).to(out.dtype)
+                within = u[:, 2 * node + 1]
+                number = self.integer_count[node][code]
+                integer = self.integer_first[node][code] + torch.floor(within * number) * self.integer_step[node]
+                value = torch.where(number > 0, integer, -1.0 + (code.double() + within) * 2.0 / card)
+                out[:, start] = value.to(out.dtype)
             elif kind == BINARY:
                 out[:, start] = (2.0 * code - 1.0).to(out.dtype)
             else:
                 out[torch.arange(b, device=z.device), start + code] = 1.0
         return out
 
+    @torch.no_grad()
+    def stratified_latent(self, y: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Latent vectors (float64) for the labels ``y`` whose ancestral draws are stratified: among the
+        rows that share a node's parent value, the node's uniforms are ``(i + U_i)/m`` in random order,
+        so every conditional table is met to within a row per group rather than with the binomial
+        noise of independent draws (randomized rounding, as private-pgm's ``synthetic_data`` does; a
+        function of the released tables and fresh randomness only). Within-bin positions stay iid."""
+        y = y.long().cpu()
+        b = y.shape[0]
+        u = torch.rand(b, 2 * self.num_nodes, generator=generator, dtype=torch.float64)
+        codes = torch.zeros(b, self.num_nodes, dtype=torch.long)
+        cpu = self if self.cpt.device.type == "cpu" else copy.deepcopy(self).cpu()
+        for node in cpu.order.tolist():
+            parent = int(cpu.parents[node])
+            key = y if parent == LABEL_PARENT else codes[:, parent] if parent >= 0 else torch.zeros(b, dtype=torch.long)
+            column = u[:, 2 * node]
+            for value in key.unique().tolist():
+                idx = (key == value).nonzero().squeeze(1)
+                m = len(idx)
+                column[idx] = (torch.randperm(m, generator=generator).double()
+                               + torch.rand(m, generator=generator, dtype=torch.float64)) / m
+            u[:, 2 * node] = column.clamp(0.0, 1.0 - 1e-12)
+            codes[:, node] = cpu._code(cpu._rows(node, y, codes), u[:, 2 * node])
+        return u * 2.0 - 1.0
+
 
 # ============================================================================ the model
 class MarginalTree(PrivateGenerativeModel):
-    """DP synthesizer of noisy one- and two-way marginals on a label-rooted tree (see the module doc).
+    """DP synthesizer of every column's noisy marginals on a spanning tree (see the module doc).
 
     Tables only. The DataModule serves the whole training split as one batch (``num_teachers: 0``); the
     fit reads it once, records its planned events, and stops: the budget is then spent (a second fit
@@ -125,14 +190,15 @@ class MarginalTree(PrivateGenerativeModel):
         budget_accounting: ``"guarantee"`` (the only analysis: Gaussian and exponential mechanisms).
         conversion: RDP → (ε, δ) conversion.
         num_bins: equal-width bins of a numeric column's declared range.
-        label_edges: features attached to the label by the exponential mechanism (the label's
-            conditional tables: what a classifier trained on the synthetic rows learns from).
-        feature_edges: further tree edges between features (realism of feature correlations).
+        label_edges: the tree's first edges, chosen among the label's pairs (the rest of the tree
+            among all pairs); at most the number of features.
         label_fraction: share of the planned ρ for the label's one-way marginal (the class ratio).
-        one_way_fraction: share of the planned ρ for the features' one-way marginals (``0``: features
-            outside the tree are sampled uniformly and nothing is spent on them).
-        selection_fraction: share of the planned ρ for the edge selections (split equally); the rest
-            measures the chosen two-way marginals (split equally).
+        label_edge_fraction: share of the planned ρ for the ``label_edges``, half for their
+            selections and half for their measurements (split equally among them).
+        one_way_fraction: share of the planned ρ for the features' one-way marginals.
+        selection_fraction: share of the planned ρ for the other edges' selections (split equally);
+            the rest measures their two-way marginals.
+        compress: merge the values of a column whose noisy one-way count is below 3σ (MST).
         noise_seed: seed of the mechanisms' randomness (``None``: OS entropy; tests only otherwise).
     """
 
@@ -144,30 +210,34 @@ class MarginalTree(PrivateGenerativeModel):
         delta: float,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
-        num_bins: int = 8,
-        label_edges: int = 2,
-        feature_edges: int = 0,
-        label_fraction: float = 0.1,
-        one_way_fraction: float = 0.0,
-        selection_fraction: float = 0.5,
+        num_bins: int = 10,
+        label_edges: int = 1,
+        label_fraction: float = 0.05,
+        label_edge_fraction: float = 0.4,
+        one_way_fraction: float = 0.25,
+        selection_fraction: float = 0.05,
+        compress: bool = True,
         noise_seed: int | None = None,
     ) -> None:
         if data_spec.get("kind") != "tabular":
             raise ValueError("MarginalTree models tables; use a GAN-based model for images")
         if int(num_bins) != num_bins or num_bins < 2:
             raise ValueError(f"num_bins must be an integer >= 2, got {num_bins}")
-        for name, value in (("label_edges", label_edges), ("feature_edges", feature_edges)):
-            if int(value) != value or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value}")
-        fractions = {"label_fraction": label_fraction, "one_way_fraction": one_way_fraction, "selection_fraction": selection_fraction}
-        if not (0 < label_fraction < 1 and all(0 <= f < 1 for f in fractions.values()) and sum(fractions.values()) < 1):
-            raise ValueError(f"label_fraction in (0, 1), the other fractions in [0, 1) and a sum < 1 are required, got {fractions}")
         columns = data_spec["columns"]
+        if int(label_edges) != label_edges or not 0 <= label_edges <= len(columns):
+            raise ValueError(f"label_edges must be an integer in [0, {len(columns)}] (the number of features), got {label_edges}")
+        fractions = {"label_fraction": label_fraction, "one_way_fraction": one_way_fraction,
+                     "label_edge_fraction": label_edge_fraction, "selection_fraction": selection_fraction}
+        if not (all(0 <= f < 1 for f in fractions.values()) and label_fraction > 0 and one_way_fraction > 0
+                and sum(fractions.values()) < 1 and (label_edge_fraction > 0) == (label_edges > 0)
+                and (selection_fraction > 0 or label_edges == len(columns))):
+            raise ValueError(f"the fractions must be in [0, 1) with a sum < 1 (the rest measures the tree's other edges), "
+                             f"label_fraction > 0, one_way_fraction > 0, label_edge_fraction > 0 exactly when label_edges > 0, "
+                             f"and selection_fraction > 0 when edges are left to select; got {fractions} with label_edges={label_edges}")
+        if not columns:
+            raise ValueError("MarginalTree needs at least one feature column beside the label")
         kinds = [NUMERIC if c["type"] == "numeric" else BINARY if c["type"] == "binary" else CATEGORICAL for c in columns]
         cards = [int(num_bins) if k == NUMERIC else (2 if k == BINARY else len(c["categories"])) for k, c in zip(kinds, columns)]
-        num_edges = min(int(label_edges) + int(feature_edges), len(columns))
-        if num_edges > 0 and selection_fraction == 0:
-            raise ValueError("selection_fraction must be > 0 when edges are selected")
         with warnings.catch_warnings():  # the class ratio is measured with DP here: no need to warn about it
             warnings.filterwarnings("ignore", message="the class ratio was read from the private data")
             super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
@@ -176,36 +246,41 @@ class MarginalTree(PrivateGenerativeModel):
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
         starts = [int(s[0]) for s in data_spec["spans"]]
-        self.generator = TreeSampler(kinds, cards, starts, self.num_classes)
-        self.num_edges = num_edges
+        self.generator = TreeSampler(kinds, cards, starts, self.num_classes,
+                                     [_integer_grid(c, int(num_bins)) if k == NUMERIC else None for k, c in zip(kinds, columns)])
+        self.num_edges = len(columns)  # a spanning tree of the d features and the label
         self.plan = self.plan_budget()
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
 
     # ----------------------------------------------------------------- budget planning
     def planned_events(self, rho: float) -> dict[str, Any]:
-        """The events of a fit with total zCDP budget ``rho``: ``label`` (Gaussian, sensitivity 1),
-        ``one_way`` (Gaussian on the d feature histograms, noise multiplier relative to √d; absent
-        when ``one_way_fraction`` is 0), and per edge ``select`` (exponential mechanism) and
-        ``measure`` (Gaussian, sensitivity 1)."""
+        """The events of a fit with total zCDP budget ``rho``: ``label`` (a Gaussian on the label's
+        histogram, sensitivity 1), ``one_way`` (one Gaussian on the ``d`` feature histograms, noise
+        multiplier relative to their L2 sensitivity √d), then per edge in selection order ``select``
+        (the exponential mechanism) and ``measure`` (a Gaussian of sensitivity 1): the first
+        ``label_edges`` with ``label_edge_fraction`` of ρ, the others with the rest."""
         hp = self.hparams
-        k = self.num_edges
+        labelled, others = int(hp.label_edges), self.num_edges - int(hp.label_edges)
 
         def gaussian(share: float) -> SubsampledGaussianEvent:  # 1/(2z²)-zCDP; rate 1: the plain Gaussian
             return SubsampledGaussianEvent(noise_multiplier=math.sqrt(1.0 / (2.0 * share * rho)), sampling_rate=1.0)
 
-        events: dict[str, Any] = {"label": gaussian(hp.label_fraction)}
-        if hp.one_way_fraction > 0:
-            events["one_way"] = gaussian(hp.one_way_fraction)
-        if k:
-            rest = 1.0 - hp.label_fraction - hp.one_way_fraction - hp.selection_fraction
-            # ε-bounded range is ε²/8-zCDP: ε = √(8ρ).
-            events["select"] = ExponentialMechanismEvent(math.sqrt(8.0 * hp.selection_fraction * rho / k), "edge selection")
-            events["measure"] = gaussian(rest / k)
-        return events
+        def selection(share: float) -> ExponentialMechanismEvent:  # ε-bounded range is ε²/8-zCDP: ε = √(8ρ)
+            return ExponentialMechanismEvent(math.sqrt(8.0 * share * rho), "edge selection")
+
+        rest = 1.0 - hp.label_fraction - hp.one_way_fraction - hp.label_edge_fraction - hp.selection_fraction
+        select, measure = [], []
+        for e in range(self.num_edges):
+            if e < labelled:
+                select.append(selection(hp.label_edge_fraction / 2 / labelled))
+                measure.append(gaussian(hp.label_edge_fraction / 2 / labelled))
+            else:
+                select.append(selection(hp.selection_fraction / others))
+                measure.append(gaussian(rest / others))
+        return {"label": gaussian(hp.label_fraction), "one_way": gaussian(hp.one_way_fraction), "select": select, "measure": measure}
 
     def _event_list(self, events: dict[str, Any]) -> list:
-        out = [events["label"]] + ([events["one_way"]] if "one_way" in events else [])
-        return out + [events[key] for _ in range(self.num_edges) for key in ("select", "measure")]
+        return [events["label"], events["one_way"]] + list(events["select"]) + list(events["measure"])
 
     def _fits(self, rho: float) -> bool:
         from lightning_gpate.privacy import PrivacyAccountant
@@ -219,7 +294,8 @@ class MarginalTree(PrivateGenerativeModel):
     def plan_budget(self) -> dict[str, float]:
         """Largest total ρ (to 1e-9 relative) whose planned events keep ε within the budget, and the
         noise it gives: ``sigma_label``, ``sigma_one_way`` (per cell, the √d sensitivity included),
-        ``epsilon_select`` per selection and ``sigma_two_way`` per cell."""
+        ``epsilon_select`` and ``sigma_two_way`` (per cell) of the ordinary edges, and
+        ``epsilon_select_label`` and ``sigma_label_edge`` of the first ``label_edges``."""
         lo, hi = 1e-12, 1.0
         if not self._fits(lo):
             raise ValueError(f"the budget ε={self.epsilon_budget:g} leaves nothing for the marginals")
@@ -230,12 +306,11 @@ class MarginalTree(PrivateGenerativeModel):
             lo, hi = (mid, hi) if self._fits(mid) else (lo, mid)
         events = self.planned_events(lo)
         d = len(self.data_spec["columns"])
-        plan = {"rho": lo, "sigma_label": events["label"].noise_multiplier}
-        if "one_way" in events:
-            plan["sigma_one_way"] = events["one_way"].noise_multiplier * math.sqrt(d)
-        if self.num_edges:
-            plan["epsilon_select"] = events["select"].epsilon
-            plan["sigma_two_way"] = events["measure"].noise_multiplier
+        plan = {"rho": lo, "sigma_label": events["label"].noise_multiplier, "sigma_one_way": events["one_way"].noise_multiplier * math.sqrt(d)}
+        if self.hparams.label_edges:
+            plan.update(epsilon_select_label=events["select"][0].epsilon, sigma_label_edge=events["measure"][0].noise_multiplier)
+        if self.hparams.label_edges < self.num_edges:
+            plan.update(epsilon_select=events["select"][-1].epsilon, sigma_two_way=events["measure"][-1].noise_multiplier)
         return plan
 
     # ----------------------------------------------------------------- data in codes
@@ -246,8 +321,8 @@ class MarginalTree(PrivateGenerativeModel):
         codes = np.zeros((x.shape[0], g.num_nodes), dtype=np.int64)
         for i in range(g.num_nodes):
             start, kind, card = int(g.starts[i]), int(g.kinds[i]), int(g.cards[i])
-            if kind == NUMERIC:
-                codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * card), 0, card - 1)
+            if kind == NUMERIC:  # + BIN_TOLERANCE: a value on a bin edge, rounded in float32, stays in the upper bin
+                codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * card + BIN_TOLERANCE), 0, card - 1)
             elif kind == BINARY:
                 codes[:, i] = (x[:, start] >= 0).astype(np.int64)
             else:
@@ -280,86 +355,146 @@ class MarginalTree(PrivateGenerativeModel):
             raise RuntimeError(f"MarginalTree's planned event does not fit the budget: {self.stop_reason}")
 
     def fit_marginals(self, codes: np.ndarray, labels: np.ndarray) -> None:
-        """Measure, select and build the tree from the private ``codes`` ``[n, d]`` and ``labels``."""
+        """Measure, select and estimate the tree from the private ``codes`` ``[n, d]`` and ``labels``."""
         g, plan, k = self.generator, self.plan, self.num_classes
         gen = mechanism_generator("cpu", self.hparams.noise_seed)
-        cards = g.cards.tolist()
-        d = len(cards)
+        cards = g.cards.tolist() + [k]
+        d = len(cards) - 1
+        label = d  # the label is node d of the tree
+        data = np.concatenate([codes, labels[:, None]], axis=1)
         events = self.planned_events(plan["rho"])
 
         def noise(shape, sigma: float) -> np.ndarray:
             return (torch.randn(shape, generator=gen, dtype=torch.float64) * sigma).numpy()
 
-        # 1. one-way marginals: the label (sensitivity 1), then every feature (one query, sensitivity √d).
+        # 1. one-way marginals: the label (sensitivity 1), the features (one Gaussian of sensitivity √d).
         self._pay(events["label"])
-        label_noisy = np.bincount(labels, minlength=k) + noise(k, plan["sigma_label"])
-        p_label = _normalise(label_noisy)
-        if "one_way" in events:
-            self._pay(events["one_way"])
-            p_one = [_normalise(np.bincount(codes[:, i], minlength=cards[i]) + noise(cards[i], plan["sigma_one_way"])) for i in range(d)]
-        else:
-            p_one = [np.full(c, 1.0 / c) for c in cards]
+        self._pay(events["one_way"])
+        sigma1 = [plan["sigma_one_way"]] * d + [plan["sigma_label"]]
+        one_way = [np.bincount(data[:, v], minlength=cards[v]) + noise(cards[v], sigma1[v]) for v in range(d + 1)]
+        # Domain compression (post-processing): values below 3σ share one code.
+        merges = [_compression(y, 3.0 * s) if self.hparams.compress else np.arange(len(y)) for y, s in zip(one_way, sigma1)]
+        ccards = [int(m.max()) + 1 for m in merges]
+        cdata = np.stack([merges[v][data[:, v]] for v in range(d + 1)], axis=1)
+        one_way_c = [np.bincount(merges[v], weights=one_way[v], minlength=ccards[v]) for v in range(d + 1)]
+        one_way_var = [np.bincount(merges[v], minlength=ccards[v]) * sigma1[v] ** 2 for v in range(d + 1)]
+        totals = [(y.sum(), len(y) * s ** 2) for y, s in zip(one_way, sigma1)]
+        n_hat = _inverse_variance(totals)
+        p_hat = [_simplex(y, 1.0) if n_hat > 0 else np.full(len(y), 1.0 / len(y)) for y in (c / max(n_hat, 1e-12) for c in one_way_c)]
 
-        # 2-3. edges: exponential mechanism on Σ|n(p,c) − P̂(p)·n(c)| (sensitivity 2: one record moves
-        # n(v,c) by 1 and P̂(·)·n(c) by P̂ summing to 1) less AIM's expected measurement error; then a
-        # Gaussian two-way measurement of the chosen pair.
-        parent = [NO_PARENT] * d
-        in_tree: list[int] = []
-        p_node: dict[int, np.ndarray] = {}  # a tree node's distribution from its noisy two-way table
-        two_way: dict[int, np.ndarray] = {}
-        sigma2 = plan.get("sigma_two_way", 0.0)
+        # 2. the spanning tree: exponential mechanism on AIM's quality, label pairs first, then Kruskal.
+        sigmas = [e.noise_multiplier for e in events["measure"]]
+        component = list(range(d + 1))
+
+        def root(v: int) -> int:
+            while component[v] != v:
+                component[v] = component[component[v]]
+                v = component[v]
+            return v
+
+        edges: list[tuple[int, int]] = []
         for e in range(self.num_edges):
             label_only = e < self.hparams.label_edges
-            candidates, qualities = [], []
-            for c in range(d):
-                if parent[c] != NO_PARENT:
-                    continue
-                for p in [LABEL_PARENT] + ([] if label_only else in_tree):
-                    p_codes, p_card, p_prob = (labels, k, p_label) if p == LABEL_PARENT else (codes[:, p], cards[p], p_node[p])
-                    true = _joint(p_codes, codes[:, c], p_card, cards[c])
-                    independent = np.outer(p_prob, true.sum(0))
-                    quality = np.abs(true - independent).sum() - math.sqrt(2 / math.pi) * sigma2 * p_card * cards[c]
-                    candidates.append((p, c))
-                    qualities.append(quality)
-            if not candidates:
-                break
-            self._pay(events["select"])
-            p, c = candidates[_exponential_mechanism(np.array(qualities), events["select"].epsilon, gen, sensitivity=2.0)]
-            self._pay(events["measure"])
-            p_codes, p_card = (labels, k) if p == LABEL_PARENT else (codes[:, p], cards[p])
-            two_way[c] = _joint(p_codes, codes[:, c], p_card, cards[c]) + noise((p_card, cards[c]), sigma2)
-            p_node[c] = _normalise(two_way[c].sum(0))
-            parent[c] = p
-            in_tree.append(c)
+            pairs = [(a, b) for a in range(d + 1) for b in range(a + 1, d + 1)
+                     if root(a) != root(b) and (not label_only or b == label)]
+            qualities = []
+            for a, b in pairs:
+                true = _joint(cdata[:, a], cdata[:, b], ccards[a], ccards[b])
+                if label_only:  # vs the true feature counts split by the noisy class ratio: robust to the features' noise
+                    error = np.abs(true - np.outer(true.sum(1), p_hat[label])).sum()
+                else:
+                    error = np.abs(true - n_hat * np.outer(p_hat[a], p_hat[b])).sum()
+                qualities.append(error - math.sqrt(2 / math.pi) * sigmas[e] * ccards[a] * ccards[b])
+            self._pay(events["select"][e])
+            # Sensitivity: 1 against the noisy one-way model; 2 for the label's pairs, where a record moves
+            # its cell (1) and its feature value's count, times class shares summing to 1 (1).
+            a, b = pairs[_exponential_mechanism(np.array(qualities), events["select"][e].epsilon, gen,
+                                                sensitivity=2.0 if label_only else 1.0)]
+            edges.append((a, b))
+            component[root(a)] = root(b)
 
-        # 4. conditional tables (post-processing of the noisy marginals). The class counts are measured
-        # by the label's histogram and again by the row sums of every label edge's table: their
-        # inverse-variance average is the class ratio.
-        estimates = [(label_noisy, plan["sigma_label"] ** 2)]
-        estimates += [(two_way[c].sum(1), cards[c] * sigma2 ** 2) for c in range(d) if parent[c] == LABEL_PARENT]
-        weights = np.array([1.0 / var for _, var in estimates])
-        p_label = _normalise(sum(w * est for w, (est, _) in zip(weights, estimates)) / weights.sum())
+        # 3. two-way marginals of the edges.
+        two_way = []
+        for (a, b), event in zip(edges, events["measure"]):
+            self._pay(event)
+            two_way.append(_joint(cdata[:, a], cdata[:, b], ccards[a], ccards[b]) + noise((ccards[a], ccards[b]), event.noise_multiplier))
+
+        # 4. estimation (post-processing): consistent counts per column, then per edge.
+        totals += [(t.sum(), t.size * s ** 2) for t, s in zip(two_way, sigmas)]
+        n_hat = max(_inverse_variance(totals), 1.0)
+        counts = []
+        for v in range(d + 1):
+            estimates = [(one_way_c[v], one_way_var[v])]
+            for (a, b), table, s in zip(edges, two_way, sigmas):
+                if v in (a, b):
+                    estimates.append((table.sum(1 if v == a else 0), np.full(ccards[v], ccards[b if v == a else a] * s ** 2)))
+            counts.append(_simplex(_inverse_variance_vector(estimates), n_hat))
+        tables = {}
+        for (a, b), table in zip(edges, two_way):
+            fitted = _simplex(table.ravel(), n_hat).reshape(table.shape)
+            # a little of the independent table (1%) so that IPF can reach every count the columns have
+            fitted = 0.99 * fitted + 0.01 * np.outer(counts[a], counts[b]) / n_hat
+            tables[(a, b)] = _ipf(fitted, counts[a], counts[b])
+            tables[(b, a)] = tables[(a, b)].T
+
+        # The tree rooted at the label; tables back to the original values (a merged value split by its
+        # one-way shares).
+        within = [_within_shares(one_way[v], merges[v]) for v in range(d + 1)]
+        neighbours = {v: [] for v in range(d + 1)}
+        for a, b in edges:
+            neighbours[a].append(b)
+            neighbours[b].append(a)
+        parent = [NO_PARENT] * d
+        order, queue, seen = [], [label], {label}
+        while queue:
+            v = queue.pop(0)
+            for c in neighbours[v]:
+                if c not in seen:
+                    seen.add(c)
+                    parent[c] = LABEL_PARENT if v == label else v
+                    queue.append(c)
+                    order.append(c)
+        p_label = (counts[label] / counts[label].sum())[merges[label]] * within[label]
         with torch.no_grad():
             g.cpt.zero_()
-            for c in range(d):
-                if parent[c] == NO_PARENT:
-                    g.cpt[c, 0, :cards[c]] = torch.from_numpy(p_one[c])
-                else:
-                    prior = p_one[c] if "one_way" in events else p_node[c]
-                    counts = np.clip(two_way[c], 0.0, None) + sigma2 * prior[None, :]
-                    g.cpt[c, :counts.shape[0], :cards[c]] = torch.from_numpy(counts / counts.sum(1, keepdims=True))
+            for c in order:
+                p = label if parent[c] == LABEL_PARENT else parent[c]
+                table = tables[(p, c)]
+                rows = table.sum(1, keepdims=True)
+                conditional = np.where(rows > 0, table / np.where(rows > 0, rows, 1.0), counts[c][None, :] / counts[c].sum())
+                expanded = conditional[merges[p]][:, merges[c]] * within[c][None, :]
+                g.cpt[c, :expanded.shape[0], :cards[c]] = torch.from_numpy(expanded / expanded.sum(1, keepdims=True))
             g.parents.copy_(torch.tensor(parent, dtype=torch.long))
             g.order.copy_(torch.tensor(_topological(parent), dtype=torch.long))
-            g.label_ratio.copy_(torch.from_numpy(p_label).float())
+            g.label_ratio.copy_(torch.from_numpy(p_label / p_label.sum()).float())
             self.fitted.fill_(True)
 
     def sample_labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Labels from the declared class ratio if it is public or paid for, else from the ratio the
-        fit measured (the generator's ``label_ratio``), else uniform (before a fit)."""
+        fit measured (the generator's ``label_ratio``), else uniform (before a fit); stratified (each
+        class within one of ``n`` times its share, in random order)."""
         ratio = self.class_ratio
         if self.data_spec.get("class_ratio_source") not in ("public", "dp") and float(self.generator.label_ratio.sum()) > 0:
             ratio = self.generator.label_ratio
-        return torch.multinomial(ratio, n, replacement=True, generator=generator).to(self.device)
+        cdf = (ratio.double().cpu().cumsum(0) / ratio.double().sum()).clamp(max=1.0)
+        u = (torch.randperm(n, generator=generator).double() + torch.rand(n, generator=generator, dtype=torch.float64)) / max(n, 1)
+        return torch.searchsorted(cdf, u, right=True).clamp(max=len(ratio) - 1).to(self.device)
+
+    @torch.no_grad()
+    def generate(self, n: int, labels: torch.Tensor | None = None, *, batch_size: int = 100_000, seed: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` rows in the generator's space and their labels, drawn with stratification
+        (:meth:`TreeSampler.stratified_latent`; chunks of ``batch_size`` rows stratified separately)."""
+        if n < 1:
+            raise ValueError(f"number of samples must be >= 1, got {n}")
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        if labels is None:
+            labels = self.sample_labels(n, generator=gen)
+        out = []
+        for y in labels.cpu().split(batch_size):
+            z = self.generator.stratified_latent(y, generator=gen)
+            out.append(self.generator(z.to(self.device), y.to(self.device)).float().cpu())
+        return torch.cat(out), labels.cpu()
 
     # ----------------------------------------------------------------- reporting
     def tree_edges(self) -> list[tuple[str, str]]:
@@ -370,11 +505,76 @@ class MarginalTree(PrivateGenerativeModel):
                 for c, p in enumerate(self.generator.parents.tolist()) if p != NO_PARENT]
 
 
-def _normalise(noisy: np.ndarray) -> np.ndarray:
-    """A probability vector from noisy counts: negatives clipped; uniform when nothing is left."""
+def _integer_grid(column: dict[str, Any], num_bins: int) -> dict[str, Any] | None:
+    """For an integer column, per equal-width bin of its declared range, the generator-space position of
+    the bin's first integer and their number (the last bin holds its upper bound), and one integer's
+    width in generator space; ``None`` for other columns."""
+    lo, hi = float(column["min"]), float(column["max"])
+    if not str(column.get("dtype", "")).startswith(("int", "uint", "Int", "UInt")) or hi <= lo:
+        return None
+    width = (hi - lo) / num_bins
+    bins = []
+    for k in range(num_bins):
+        first = math.ceil(lo + k * width - 1e-9 * width)
+        last = math.floor(hi) if k == num_bins - 1 else math.ceil(lo + (k + 1) * width - 1e-9 * width) - 1
+        bins.append((2.0 * (first - lo) / (hi - lo) - 1.0, max(last - first + 1, 0)))
+    return {"step": 2.0 / (hi - lo), "bins": bins}
+
+
+def _compression(noisy: np.ndarray, threshold: float) -> np.ndarray:
+    """MST's domain compression: the values whose noisy count is at least ``threshold`` keep their own
+    code (in order), the others share one last code. Returns the map value → code."""
+    keep = np.asarray(noisy) >= threshold
+    out = np.full(len(noisy), int(keep.sum()), dtype=np.int64)
+    out[keep] = np.arange(int(keep.sum()))
+    return out
+
+
+def _within_shares(noisy: np.ndarray, merge: np.ndarray) -> np.ndarray:
+    """Each value's share of its code's mass, from the clipped noisy counts (uniform inside a code
+    whose values all measured ≤ 0)."""
     clipped = np.clip(np.asarray(noisy, dtype=np.float64), 0.0, None)
-    total = clipped.sum()
-    return clipped / total if total > 0 else np.full(clipped.shape, 1.0 / clipped.size)
+    group = np.bincount(merge, weights=clipped)[merge]
+    size = np.bincount(merge)[merge]
+    return np.where(group > 0, clipped / np.where(group > 0, group, 1.0), 1.0 / size)
+
+
+def _inverse_variance(estimates) -> float:
+    """The inverse-variance weighted mean of ``(value, variance)`` pairs."""
+    w = np.array([1.0 / v for _, v in estimates])
+    return float(np.dot(w, [x for x, _ in estimates]) / w.sum())
+
+
+def _inverse_variance_vector(estimates) -> np.ndarray:
+    """Per cell, the inverse-variance weighted mean of ``(vector, variances)`` pairs."""
+    w = np.stack([1.0 / np.asarray(v, dtype=np.float64) for _, v in estimates])
+    x = np.stack([np.asarray(x, dtype=np.float64) for x, _ in estimates])
+    return (w * x).sum(0) / w.sum(0)
+
+
+def _simplex(y: np.ndarray, total: float) -> np.ndarray:
+    """The Euclidean projection of ``y`` on ``{x ≥ 0, Σx = total}`` (Duchi et al. 2008): ``max(y − τ, 0)``
+    with the τ that makes the sum right."""
+    y = np.asarray(y, dtype=np.float64)
+    u = np.sort(y)[::-1]
+    css = np.cumsum(u) - total
+    ind = np.arange(1, len(y) + 1)
+    rho = np.nonzero(u - css / ind > 0)[0][-1]
+    return np.maximum(y - css[rho] / (rho + 1.0), 0.0)
+
+
+def _ipf(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, iterations: int = 100) -> np.ndarray:
+    """Iterative proportional fitting of a non-negative ``table`` to the margins ``rows`` and ``cols``
+    (equal totals): the table of the same odds ratios with those margins."""
+    t = np.asarray(table, dtype=np.float64).copy()
+    for _ in range(iterations):
+        r = t.sum(1)
+        t *= np.where(r > 0, rows / np.where(r > 0, r, 1.0), 0.0)[:, None]
+        c = t.sum(0)
+        t *= np.where(c > 0, cols / np.where(c > 0, c, 1.0), 0.0)[None, :]
+        if np.abs(t.sum(1) - rows).max() <= 1e-9 * max(rows.sum(), 1.0):
+            break
+    return t
 
 
 def _joint(a: np.ndarray, b: np.ndarray, card_a: int, card_b: int) -> np.ndarray:

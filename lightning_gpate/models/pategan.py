@@ -51,6 +51,7 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 
 QUERY_LABELS = ("ratio", "uniform")
 TEACHER_VOTES = ("logit", "relative")
+STUDENT_LABELS = ("argmax", "share")
 NOISE_STATE_KEY = "pategan_vote_noise"
 FAKE, REAL = 0, 1  # vote classes
 
@@ -116,6 +117,19 @@ class PATEGAN(PrivateGenerativeModel):
             on a few rows each call every generated sample fake, so paper votes are unanimous and teach
             the student nothing (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a
             signal. Each vote still depends on one teacher's partition only: the analysis is unchanged.
+        discrete_samples: tables only: the teachers (training and voting) and the student see generated
+            rows as they are released: binary columns at ±1 (the sign), categorical ones one-hot (the
+            argmax), with straight-through gradients to the generator. Real rows are exactly ±1 and
+            one-hot, so soft generated values are a giveaway that lets every teacher call every
+            generated row fake without learning anything about the data.
+        student_labels: what the student is trained on for each voted sample: ``"argmax"`` (the paper:
+            the noisy majority, 1 = real) or ``"share"``: the noisy share of "real" votes,
+            ``clip(½ + (ñ_real − ñ_fake)/(2T), 0, 1)`` with ñ the noisy counts, as a soft target. The
+            guarantee already covers the whole noisy histogram (the Laplace mechanism on a vector of
+            L1 sensitivity 2), so the share costs nothing more than its argmax; a graded label tells the
+            student how far a sample is from the teachers' verdict, not a coin flip near the middle.
+            Under the data-dependent analyses (``paper``, ``smooth_sensitivity``), which bound the
+            argmax only, it is refused.
         gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
@@ -158,6 +172,8 @@ class PATEGAN(PrivateGenerativeModel):
         student_batch_size: int | None = None,
         query_labels: str = "ratio",
         teacher_vote: str = "logit",
+        discrete_samples: bool = False,
+        student_labels: str = "argmax",
         gf_dim: int = 64,
         df_dim: int = 64,
         fc_dim: int = 1024,
@@ -174,6 +190,11 @@ class PATEGAN(PrivateGenerativeModel):
             raise ValueError("PATE-GAN needs teachers: set data.num_teachers (e.g. about N/1000 ... N/10 of the training rows)")
         if teacher_vote not in TEACHER_VOTES:
             raise ValueError(f"teacher_vote must be one of {TEACHER_VOTES}, got {teacher_vote!r}")
+        if student_labels not in STUDENT_LABELS:
+            raise ValueError(f"student_labels must be one of {STUDENT_LABELS}, got {student_labels!r}")
+        if student_labels == "share" and budget_accounting != "guarantee":
+            raise ValueError("student_labels: share releases the noisy vote counts, which only budget_accounting: guarantee "
+                             "covers (the data-dependent analyses bound their argmax)")
         if query_labels not in QUERY_LABELS:
             raise ValueError(f"query_labels must be one of {QUERY_LABELS}, got {query_labels!r}")
         counts = {"teacher_steps": teacher_steps, "student_steps": student_steps, "query_batch_size": query_batch_size,
@@ -292,8 +313,12 @@ class PATEGAN(PrivateGenerativeModel):
         return counts
 
     def noisy_labels(self, counts: torch.Tensor) -> torch.Tensor:
-        """``argmax_j(n_j + Lap(1/λ))`` per sample: 1 = real, 0 = fake (Yoon et al. 2019, Algorithm 1)."""
-        return (counts + self.vote_noise(counts.shape)).argmax(dim=1)
+        """``argmax_j(n_j + Lap(1/λ))`` per sample: 1 = real, 0 = fake (Yoon et al. 2019, Algorithm 1);
+        with ``student_labels: share``, the noisy share of real votes (see the class doc)."""
+        noisy = counts + self.vote_noise(counts.shape)
+        if self.hparams.get("student_labels", "argmax") == "share":
+            return (0.5 + (noisy[:, REAL] - noisy[:, FAKE]) / (2.0 * self.num_teachers)).clamp(0.0, 1.0).float()
+        return noisy.argmax(dim=1)
 
     # ----------------------------------------------------------------- training
     def query_labels(self, n: int) -> torch.Tensor:
@@ -304,7 +329,20 @@ class PATEGAN(PrivateGenerativeModel):
 
     def _fakes(self, labels: torch.Tensor, *, grad: bool = False) -> torch.Tensor:
         with torch.set_grad_enabled(grad):
-            return self.generator(self.latent(labels.shape[0]), labels)
+            x = self.generator(self.latent(labels.shape[0]), labels)
+            return self._discrete(x) if self.hparams.get("discrete_samples", False) and self.data_spec["kind"] == "tabular" else x
+
+    def _discrete(self, x: torch.Tensor) -> torch.Tensor:
+        """Binary columns at their sign, categorical ones one-hot at their argmax (what a released row
+        holds), with the soft values' gradients (straight-through)."""
+        hard = x.detach().clone()
+        for column, (start, end, activation) in zip(self.data_spec["columns"], self.data_spec["spans"]):
+            if activation == "softmax":
+                block = x[:, start:end].detach()
+                hard[:, start:end] = F.one_hot(block.argmax(1), end - start).to(x.dtype)
+            elif column["type"] == "binary":
+                hard[:, start] = torch.where(x[:, start].detach() >= 0, 1.0, -1.0).to(x.dtype)
+        return x + (hard - x).detach()
 
     def _student_batch(self, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor):
         """The student's training batch: the newly labelled samples, or (``replay_capacity > 0``) a

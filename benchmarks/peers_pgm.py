@@ -1,0 +1,290 @@
+"""Run private-pgm's MST or AIM on a CSV: the field's own peers of ``benchmarks/tabular_utility.py``.
+
+MST (McKenna, Miklau & Sheldon, "Winning the NIST Contest", JPC 2021) and AIM (McKenna, Mullins, Sheldon &
+Miklau, "AIM: An Adaptive and Iterative Mechanism for Differentially Private Synthetic Data", VLDB 2022)
+are not part of the ``mbi`` package: they live in the ``mechanisms/`` folder of the author's repository
+(github.com/ryan112358/mbi, formerly ryan112358/private-pgm; Apache License 2.0, Copyright Ryan McKenna).
+``mst``, ``compress_domain``, ``select``, ``aim`` and the zCDP conversion below are thin adaptations of
+``mechanisms/mst.py``, ``mechanisms/aim.py``, ``mechanisms/mechanism.py`` and ``mechanisms/cdp2adp.py``
+to the ``mbi`` 2.0 API on PyPI (``estimation.MirrorDescent().estimate``), with the algorithms unchanged:
+the same budget split, noise, quality scores and exponential mechanism, the same estimation; every
+draw from one seeded ``numpy`` generator. What changed: AIM's per-round mirror descent and model-size
+limit are parameters (``max_iters``, ``max_model_size``; the defaults of the paper are 1000 and 80 MB).
+
+This script runs under the interpreter of its own virtualenv (``mbi`` needs JAX; the project does not)::
+
+    python -m venv .venv-pgm && .venv-pgm/bin/pip install -c constraints.txt "mbi==2.0.0" pandas
+
+and imports nothing from the project. It reads a JSON job on stdin::
+
+    {"synth": "mst", "epsilon": 1.0, "delta": 1e-5, "train_csv": "...", "out_csv": "...", "num_rows": 2000,
+     "bins": 10, "seed": 0,
+     "columns": {"Age": {"type": "numeric", "min": 10, "max": 90}, "Smokes": {"type": "categorical", "categories": [0, 1]}}}
+
+Numeric columns are cut into ``bins`` equal-width bins of their declared (public) bounds and sampled
+uniformly inside their bin; other columns keep their declared categories: no budget goes to the domain.
+It writes ``num_rows`` synthetic rows to ``out_csv`` and one JSON line on stdout (wall time, cliques).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import time
+import warnings
+
+
+# ============================================================================ zCDP (cdp2adp.py)
+def cdp_delta(rho: float, eps: float) -> float:
+    """δ of ρ-zCDP at ε (Canonne, Kamath & Steinke 2020, Prop. 7: the bound private-pgm uses)."""
+    if rho == 0:
+        return 0.0
+    amin, amax = 1.01, (eps + 1) / (2 * rho) + 2
+    for _ in range(1000):
+        alpha = (amin + amax) / 2
+        derivative = (2 * alpha - 1) * rho - eps + math.log1p(-1.0 / alpha)
+        if derivative < 0:
+            amin = alpha
+        else:
+            amax = alpha
+    delta = math.exp((alpha - 1) * (alpha * rho - eps) + alpha * math.log1p(-1 / alpha)) / (alpha - 1.0)
+    return min(delta, 1.0)
+
+
+def cdp_rho(eps: float, delta: float) -> float:
+    """The largest ρ whose ρ-zCDP implies (ε, δ)-DP."""
+    lo, hi = 0.0, eps + 1
+    for _ in range(1000):
+        rho = (lo + hi) / 2
+        if cdp_delta(rho, eps) <= delta:
+            lo = rho
+        else:
+            hi = rho
+    return lo
+
+
+# ============================================================================ shared pieces
+def exponential_mechanism(q, eps: float, sensitivity: float, prng):
+    import numpy as np
+    from scipy.special import logsumexp
+
+    scores = 0.5 * eps / sensitivity * np.asarray(q, dtype=np.float64)
+    return prng.choice(len(scores), p=np.exp(scores - logsumexp(scores)))
+
+
+def measure(data, cliques, sigma: float, prng, weights=None):
+    """Gaussian measurements of the cliques' marginals, noise σ/w with w normalised to unit L2 norm."""
+    import numpy as np
+    from mbi import LinearMeasurement
+
+    weights = np.ones(len(cliques)) if weights is None else np.asarray(weights, dtype=np.float64)
+    weights = weights / np.linalg.norm(weights)
+    out = []
+    for proj, wgt in zip(cliques, weights):
+        x = np.asarray(data.project(proj).datavector())
+        out.append(LinearMeasurement(x + prng.normal(0, sigma / wgt, size=x.size), tuple(proj), sigma / wgt))
+    return out
+
+
+# ============================================================================ MST (mst.py)
+def compress_domain(data, measurements, prng):
+    """Merge the values of a column whose noisy count is below 3σ into one value (MST, Sec. 4)."""
+    import numpy as np
+    from mbi import Dataset, Domain, LinearMeasurement
+    from mbi.marginal_loss import WeightedQuery
+
+    supports, new = {}, []
+    for m in measurements:
+        col = m.clique[0]
+        y = np.asarray(m.noisy_measurement)
+        sup = y >= 3 * m.stddev
+        supports[col] = sup
+        if sup.all():
+            new.append(m)
+        else:  # the merged value's measurement, rescaled so that its noise keeps the same σ
+            y2 = np.append(y[sup], y[~sup].sum())
+            weights = np.ones(y2.size)
+            weights[-1] = 1.0 / np.sqrt(y.size - y2.size + 1.0)
+            y2[-1] /= np.sqrt(y.size - y2.size + 1.0)
+            new.append(LinearMeasurement(y2, m.clique, m.stddev, query=WeightedQuery(weights)))
+    columns, sizes = {}, {}
+    for col in data.domain.attributes:
+        sup = supports[col]
+        size = int(sup.sum())
+        mapping = np.full(sup.size, size)
+        mapping[sup] = np.arange(size)
+        columns[col] = mapping[np.asarray(data.to_dict()[col])]
+        sizes[col] = size + int(size < sup.size)
+
+    def undo(synth):
+        out = {}
+        for col in synth.domain.attributes:
+            sup = supports[col]
+            values = np.asarray(synth.to_dict()[col]).copy()
+            kept, extra = np.where(sup)[0], np.where(~sup)[0]
+            merged = values == sup.sum()
+            restored = np.zeros_like(values)
+            restored[~merged] = kept[values[~merged]]
+            if extra.size:
+                restored[merged] = prng.choice(extra, merged.sum())
+            out[col] = restored
+        return Dataset(out, Domain.fromdict({c: int(supports[c].size) for c in synth.domain.attributes}))
+
+    return Dataset(columns, Domain.fromdict(sizes)), new, undo
+
+
+def select(data, rho: float, measurements, prng, iters: int):
+    """A maximum spanning tree of the pairs' L1 errors under the one-way model, chosen with the
+    exponential mechanism one edge at a time (Kruskal)."""
+    import networkx as nx
+    import numpy as np
+    from mbi import estimation
+    from scipy.cluster.hierarchy import DisjointSet
+
+    est = estimation.MirrorDescent().estimate(data.domain, measurements, iters=iters)
+    candidates = list(itertools.combinations(data.domain.attributes, 2))
+    weights = {}
+    for a, b in candidates:
+        xhat = np.asarray(est.project([a, b]).datavector())
+        x = np.asarray(data.project([a, b]).datavector())
+        weights[a, b] = np.linalg.norm(x - xhat, 1)
+    tree = nx.Graph()
+    tree.add_nodes_from(data.domain.attributes)
+    ds = DisjointSet(data.domain.attributes)
+    r = len(list(nx.connected_components(tree)))
+    epsilon = np.sqrt(8 * rho / (r - 1))
+    for _ in range(r - 1):
+        candidates = [e for e in candidates if not ds.connected(*e)]
+        e = candidates[exponential_mechanism(np.array([weights[e] for e in candidates]), epsilon, 1.0, prng)]
+        tree.add_edge(*e)
+        ds.merge(*e)
+    return list(tree.edges)
+
+
+def mst(data, epsilon: float, delta: float, prng, *, rows: int, iters: int = 10000, select_iters: int = 2500):
+    import numpy as np
+    from mbi import estimation
+
+    rho = cdp_rho(epsilon, delta)
+    sigma = np.sqrt(3 / (2 * rho))
+    log1 = measure(data, [(col,) for col in data.domain], sigma, prng)
+    data, log1, undo = compress_domain(data, log1, prng)
+    cliques = select(data, rho / 3.0, log1, prng, select_iters)
+    log2 = measure(data, cliques, sigma, prng)
+    est = estimation.MirrorDescent().estimate(data.domain, log1 + log2, iters=iters)
+    return undo(est.synthetic_data(rows=rows)), cliques
+
+
+# ============================================================================ AIM (aim.py)
+def _downward_closure(workload):
+    out = set()
+    for clique in workload:
+        for r in range(1, len(clique) + 1):
+            out.update(itertools.combinations(clique, r))
+    return sorted(out, key=len)
+
+
+def aim(data, epsilon: float, delta: float, prng, *, rows: int, max_model_size: float = 80.0, max_iters: int = 1000,
+        degree: int = 2, max_cells: int = 10000):
+    """AIM with the workload of every ``degree``-way marginal of at most ``max_cells`` cells, equal weights."""
+    import numpy as np
+    from mbi import LinearMeasurement, estimation, junction_tree
+
+    workload = [cl for cl in itertools.combinations(data.domain.attributes, degree) if data.domain.size(cl) <= max_cells]
+    closure = _downward_closure(workload)
+    candidates = {cl: float(sum(len(set(cl) & set(w)) for w in workload)) for cl in closure}  # compile_workload
+    answers = {cl: np.asarray(data.project(cl).datavector()) for cl in candidates}
+    rho = cdp_rho(epsilon, delta)
+    rounds = 16 * len(data.domain)
+    oneway = [cl for cl in candidates if len(cl) == 1]
+    sigma = np.sqrt(rounds / (2 * 0.9 * rho))
+    eps = np.sqrt(8 * 0.1 * rho / rounds)
+    rho_used = len(oneway) * 0.5 / sigma ** 2
+    measurements = [LinearMeasurement(answers[cl] + prng.normal(0, sigma, answers[cl].size), cl, stddev=sigma) for cl in oneway]
+    model = estimation.MirrorDescent().estimate(data.domain, measurements, iters=max_iters)
+    terminate = False
+    while not terminate:
+        if rho - rho_used < 2 * (0.5 / sigma ** 2 + 1.0 / 8 * eps ** 2):  # the last round takes what is left
+            remaining = rho - rho_used
+            sigma, eps = np.sqrt(1 / (2 * 0.9 * remaining)), np.sqrt(8 * 0.1 * remaining)
+            terminate = True
+        rho_used += 1.0 / 8 * eps ** 2 + 0.5 / sigma ** 2
+        size_limit = max_model_size * rho_used / rho
+        free = set(_downward_closure(model.cliques))
+        small = {cl: w for cl, w in candidates.items()
+                 if junction_tree.hypothetical_model_size(model.domain, list(model.cliques) + [cl]) <= size_limit or cl in free}
+        keys = list(small)
+        errors = np.array([small[cl] * (np.linalg.norm(answers[cl] - np.asarray(model.project(cl).datavector()), 1)
+                                        - np.sqrt(2 / np.pi) * sigma * model.domain.size(cl)) for cl in keys])
+        cl = keys[exponential_mechanism(errors, eps, max(abs(small[k]) for k in keys), prng)]
+        n = data.domain.size(cl)
+        measurements.append(LinearMeasurement(answers[cl] + prng.normal(0, sigma, n), cl, stddev=sigma))
+        z = np.asarray(model.project(cl).datavector())
+        model = estimation.MirrorDescent().estimate(data.domain, measurements, iters=max_iters, warm_start=model)
+        w = np.asarray(model.project(cl).datavector())
+        if np.linalg.norm(w - z, 1) <= sigma * np.sqrt(2 / np.pi) * n:  # the model barely moved: measure more precisely
+            sigma /= 2
+            eps *= 2
+    return model.synthetic_data(rows=rows), [m.clique for m in measurements if len(m.clique) > 1]
+
+
+# ============================================================================ the job
+def _key(value) -> str:
+    """A category as a string, 1.0 and 1 alike."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value.item() if hasattr(value, "item") else value)
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    warnings.filterwarnings("ignore")
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import numpy as np
+    import pandas as pd
+    from mbi import Dataset, Domain
+
+    prng = np.random.default_rng(int(job.get("seed", 0)))
+    bins = int(job.get("bins", 10))
+    columns = job["columns"]
+    frame = pd.read_csv(job["train_csv"])[list(columns)]
+    codes, sizes = {}, {}
+    for name, spec in columns.items():
+        if spec["type"] == "numeric":
+            lo, hi = float(spec["min"]), float(spec["max"])
+            v = np.clip(frame[name].to_numpy(dtype=np.float64), lo, hi)
+            codes[name] = np.zeros(len(v), dtype=np.int64) if hi <= lo else np.clip(np.floor((v - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
+            sizes[name] = bins
+        else:
+            lookup = {_key(c): i for i, c in enumerate(spec["categories"])}
+            codes[name] = frame[name].map(lambda v: lookup[_key(v)]).to_numpy(dtype=np.int64)
+            sizes[name] = len(spec["categories"])
+    data = Dataset(codes, Domain.fromdict(sizes))
+    options = dict(job.get("options", {}))
+    start = time.perf_counter()
+    if job["synth"] == "mst":
+        synth, cliques = mst(data, float(job["epsilon"]), float(job["delta"]), prng, rows=int(job["num_rows"]), **options)
+    elif job["synth"] == "aim":
+        synth, cliques = aim(data, float(job["epsilon"]), float(job["delta"]), prng, rows=int(job["num_rows"]), **options)
+    else:
+        raise ValueError(f"unknown synthesizer {job['synth']!r}: mst or aim")
+    wall = time.perf_counter() - start
+    out = {}
+    values = synth.to_dict()
+    for name, spec in columns.items():
+        c = np.asarray(values[name], dtype=np.int64)
+        if spec["type"] == "numeric":
+            lo, hi = float(spec["min"]), float(spec["max"])
+            out[name] = lo + (c + prng.random(len(c))) * (hi - lo) / bins  # uniform inside the bin
+        else:
+            out[name] = np.asarray(spec["categories"], dtype=object)[c]
+    pd.DataFrame(out)[list(columns)].to_csv(job["out_csv"], index=False)
+    print(json.dumps({"wall_s": wall, "rows": len(c), "cliques": [list(cl) for cl in cliques]}))
+
+
+if __name__ == "__main__":
+    main()

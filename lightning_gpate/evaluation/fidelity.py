@@ -1,0 +1,167 @@
+"""Fidelity of a synthetic table: how close its distribution is to the real one, column by column and
+pair by pair (the measures of the DP synthetic-data literature: NIST 2018 challenge, MST and AIM,
+McKenna et al. 2021/2022; SDMetrics' TVComplement / ContingencySimilarity / CorrelationSimilarity).
+
+* ``tvd_1way``: the mean over columns of the total variation distance ``½ Σ_v |p(v) − q(v)|`` between
+  the real and the synthetic one-way marginals;
+* ``tvd_2way``: the same over every pair of columns, of the two-way marginals;
+* ``corr_mae``: the mean over pairs of columns of ``|r_ij − s_ij|``, the difference of the Pearson
+  correlations of the real and the synthetic table (numeric columns as values, binary and categorical
+  columns as the index of their category in the declared order; an undefined correlation counts as 0).
+
+All columns count, the label included. Numeric columns are cut into ``num_bins`` equal-width bins of
+their bounds **in the data spec** (declared public, or estimated with DP), never of a range read from
+the data, so the binning itself reveals nothing and is the same for every model. A value outside the
+spec's categories (or a missing one) falls into one extra "other" cell of its column.
+
+Why not SDMetrics: it bins numeric columns on the real column's own range (``np.histogram_bin_edges``
+of the real data) rather than public bounds, and it requires pandas < 3, which this project pins.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+FIDELITY_BINS = 10
+
+
+def spec_columns(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every column of a tabular data spec (features, then the label), in the table's column order."""
+    by_name = {c["name"]: c for c in list(spec["columns"]) + [spec["label"]]}
+    order = spec.get("column_order") or list(by_name)
+    return [by_name[name] for name in order]
+
+
+def discretize(frame: pd.DataFrame, columns: Sequence[Mapping[str, Any]], num_bins: int = FIDELITY_BINS) -> tuple[np.ndarray, list[int]]:
+    """Codes ``[n, d]`` and cardinalities of ``frame``'s columns: numeric values in ``num_bins``
+    equal-width bins of ``[min, max]`` from the spec (values outside are clipped into the end bins),
+    categories by their index in the spec's list (compared as strings). Each column has one extra
+    code, its last, for a missing value or one outside the spec's categories."""
+    if int(num_bins) != num_bins or num_bins < 1:
+        raise ValueError(f"num_bins must be an integer >= 1, got {num_bins}")
+    missing = [c["name"] for c in columns if c["name"] not in frame.columns]
+    if missing:
+        raise ValueError(f"the table lacks the columns {missing[:10]}")
+    codes = np.zeros((len(frame), len(columns)), dtype=np.int64)
+    cards = []
+    for j, c in enumerate(columns):
+        series = frame[c["name"]]
+        if c["type"] == "numeric":
+            card = int(num_bins)
+            values = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
+            lo, hi = float(c["min"]), float(c["max"])
+            with np.errstate(invalid="ignore"):
+                scaled = np.zeros_like(values) if hi <= lo else (np.clip(values, lo, hi) - lo) / (hi - lo) * card
+            # a value on a bin edge belongs to the upper bin, whatever the last bit of the division says
+            col = np.clip(np.floor(np.nan_to_num(scaled) + 1e-9), 0, card - 1).astype(np.int64)
+            col[np.isnan(values)] = card
+        else:
+            categories = [str(v) for v in c["categories"]]
+            card = len(categories)
+            lookup = {v: i for i, v in enumerate(categories)}
+            col = series.map(lambda v: lookup.get(str(_plain(v)), card) if pd.notna(v) else card).to_numpy(dtype=np.int64)
+        codes[:, j] = col
+        cards.append(card + 1)
+    return codes, cards
+
+
+def _plain(value: Any) -> Any:
+    """A float that is an integer as an int (a category 1 read back as 1.0 is still 1); others unchanged."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _distribution(codes: np.ndarray, size: int) -> np.ndarray:
+    counts = np.bincount(codes, minlength=size).astype(np.float64)
+    return counts / max(counts.sum(), 1.0)
+
+
+def tvd(p: np.ndarray, q: np.ndarray) -> float:
+    """Total variation distance ``½ Σ |p − q|`` of two distributions on the same cells."""
+    return 0.5 * float(np.abs(np.asarray(p, dtype=np.float64) - np.asarray(q, dtype=np.float64)).sum())
+
+
+def marginal_tvds(real: np.ndarray, synthetic: np.ndarray, cards: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per column and per pair of columns (``itertools.combinations`` order), the TVD of the real and
+    synthetic marginals of the codes (:func:`discretize`)."""
+    d = len(cards)
+    one = np.array([tvd(_distribution(real[:, j], cards[j]), _distribution(synthetic[:, j], cards[j])) for j in range(d)])
+    two = []
+    for i, j in itertools.combinations(range(d), 2):
+        size = cards[i] * cards[j]
+        two.append(tvd(_distribution(real[:, i] * cards[j] + real[:, j], size),
+                       _distribution(synthetic[:, i] * cards[j] + synthetic[:, j], size)))
+    return one, np.array(two)
+
+
+def numeric_frame(frame: pd.DataFrame, columns: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """``[n, d]`` numbers for correlations: numeric columns as values, others as the index of their
+    category in the spec (NaN when missing or unknown)."""
+    out = np.zeros((len(frame), len(columns)))
+    for j, c in enumerate(columns):
+        series = frame[c["name"]]
+        if c["type"] == "numeric":
+            out[:, j] = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
+        else:
+            lookup = {str(v): i for i, v in enumerate(c["categories"])}
+            out[:, j] = series.map(lambda v: lookup.get(str(_plain(v)), np.nan) if pd.notna(v) else np.nan).to_numpy(dtype=np.float64)
+    return out
+
+
+def pearson_matrix(values: np.ndarray) -> np.ndarray:
+    """Pearson correlations of the columns (pairwise complete rows); an undefined one (a constant
+    column) is 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        corr = pd.DataFrame(values).corr(method="pearson").to_numpy()
+    return np.nan_to_num(corr, nan=0.0)
+
+
+def fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[str, Any], *, num_bins: int = FIDELITY_BINS) -> dict[str, float]:
+    """``tvd_1way``, ``tvd_2way``, ``corr_mae`` of ``synthetic`` against ``real`` (see the module doc),
+    and the worst column's and pair's TVD (``tvd_1way_max``, ``tvd_2way_max``).
+
+    Args:
+        real: a real split, original schema.
+        synthetic: the synthetic table, same columns.
+        spec: the tabular data spec of the model (its public bounds and categories).
+        num_bins: equal-width bins of a numeric column's bounds.
+    """
+    columns = spec_columns(spec)
+    if len(real) == 0 or len(synthetic) == 0:
+        raise ValueError("fidelity needs rows in both tables")
+    codes_real, cards = discretize(real, columns, num_bins)
+    codes_syn, _ = discretize(synthetic, columns, num_bins)
+    one, two = marginal_tvds(codes_real, codes_syn, cards)
+    r, s = pearson_matrix(numeric_frame(real, columns)), pearson_matrix(numeric_frame(synthetic, columns))
+    iu = np.triu_indices(len(columns), k=1)
+    nan = float("nan")
+    return {
+        "tvd_1way": float(one.mean()),
+        "tvd_1way_max": float(one.max()),
+        "tvd_2way": float(two.mean()) if len(two) else nan,
+        "tvd_2way_max": float(two.max()) if len(two) else nan,
+        "corr_mae": float(np.abs(r[iu] - s[iu]).mean()) if len(iu[0]) else nan,
+    }
+
+
+def uniform_table(spec: Mapping[str, Any], num_rows: int, *, seed: int = 0) -> pd.DataFrame:
+    """A table of independent uniform columns in the spec's schema (numeric: uniform on the bounds,
+    rounded for integer columns; others: uniform over the categories): the worst-case reference a
+    synthesizer that learned nothing would produce."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for c in spec_columns(spec):
+        if c["type"] == "numeric":
+            v = rng.uniform(float(c["min"]), float(c["max"]), num_rows)
+            data[c["name"]] = np.round(v).astype(c["dtype"]) if str(c["dtype"]).startswith(("int", "uint", "Int", "UInt")) else v
+        else:
+            values = pd.Series(np.asarray(c["categories"], dtype=object)[rng.integers(len(c["categories"]), size=num_rows)])
+            data[c["name"]] = values.astype(c["dtype"]) if c["dtype"] != "object" else values
+    return pd.DataFrame(data)

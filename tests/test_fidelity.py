@@ -1,0 +1,84 @@
+"""Fidelity of synthetic tables (1-way and 2-way TVD on public bins, Pearson correlation gap), against
+values computed by hand; the real floor only where the training split may be read."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lightning_gpate.evaluation.fidelity import discretize, fidelity, spec_columns, uniform_table
+from lightning_gpate.evaluation.tabular import evaluate_tabular
+
+SPEC = {
+    "columns": [{"name": "x", "type": "numeric", "min": 0.0, "max": 10.0, "dtype": "float64", "categories": []},
+                {"name": "c", "type": "categorical", "categories": ["a", "b", "c"], "dtype": "object"}],
+    "label": {"name": "y", "type": "binary", "categories": [0, 1], "dtype": "int64"},
+    "column_order": ["x", "c", "y"],
+}
+REAL = pd.DataFrame({"x": [1.0, 2.0, 7.0, 9.0], "c": ["a", "a", "b", "c"], "y": [0, 0, 1, 1]})
+SYNTHETIC = pd.DataFrame({"x": [1.0, 6.0, 6.0, 6.0], "c": ["a", "b", "b", "b"], "y": [0, 1, 1, 1]})
+
+
+def test_tvds_and_correlation_gap_by_hand():
+    m = fidelity(REAL, SYNTHETIC, SPEC, num_bins=2)
+    # 1-way (x in 2 bins of [0, 10]: [0,5), [5,10]): x (.5,.5) vs (.25,.75) -> .25; c (.5,.25,.25) vs (.25,.75,0) -> .5;
+    # y (.5,.5) vs (.25,.75) -> .25
+    assert m["tvd_1way"] == pytest.approx((0.25 + 0.5 + 0.25) / 3)
+    assert m["tvd_1way_max"] == pytest.approx(0.5)
+    # 2-way: (x,c) {(0,a):.5,(1,b):.25,(1,c):.25} vs {(0,a):.25,(1,b):.75} -> .5; (x,y) -> .25; (c,y) -> .5
+    assert m["tvd_2way"] == pytest.approx((0.5 + 0.25 + 0.5) / 3)
+    assert m["tvd_2way_max"] == pytest.approx(0.5)
+    # Pearson on (x, category index, label): the synthetic columns are all affine in one indicator (r = 1);
+    # real: r(x,c) = 10.75/sqrt(44.75*2.75), r(x,y) = 6.5/sqrt(44.75), r(c,y) = 1.5/sqrt(2.75) (centred sums)
+    real_r = [10.75 / math.sqrt(44.75 * 2.75), 6.5 / math.sqrt(44.75), 1.5 / math.sqrt(2.75)]
+    assert m["corr_mae"] == pytest.approx(np.mean([1 - r for r in real_r]))
+
+
+def test_same_table_is_at_zero_and_bins_come_from_the_spec_not_the_data():
+    assert fidelity(REAL, REAL, SPEC)["tvd_2way"] == 0.0
+    # all real x within [1, 9]: the bins are the spec's [0, 10] in tenths, so 1.0 and 1.5 share a bin ...
+    codes, cards = discretize(pd.DataFrame({"x": [1.0, 1.5, 9.99, 10.0, 55.0, -3.0, np.nan], "c": ["a"] * 7, "y": [0] * 7}),
+                              spec_columns(SPEC), num_bins=10)
+    assert codes[:, 0].tolist() == [1, 1, 9, 9, 9, 0, 10]  # ... values outside are clipped, a missing one is its own cell
+    assert cards == [11, 4, 3]
+    # an unknown category or a missing label is its own cell; a float 1.0 label is the category 1
+    codes, _ = discretize(pd.DataFrame({"x": [0.0] * 3, "c": ["a", "zzz", None], "y": [1.0, np.nan, 0]}), spec_columns(SPEC))
+    assert codes[:, 1].tolist() == [0, 3, 3] and codes[:, 2].tolist() == [1, 2, 0]
+
+
+def test_a_uniform_table_is_far_and_a_resample_is_near():
+    rng = np.random.default_rng(0)
+    n = 4000
+    y = rng.binomial(1, 0.2, n)
+    real = pd.DataFrame({"x": np.clip(rng.normal(2 + 4 * y, 1.0), 0, 10), "c": np.where(y == 1, "c", rng.choice(["a", "b"], n)), "y": y})
+    near = real.sample(n, replace=True, random_state=1).reset_index(drop=True)
+    uniform = uniform_table(SPEC, n, seed=0)
+    assert set(uniform["c"]) == {"a", "b", "c"} and uniform["x"].between(0, 10).all() and set(uniform["y"]) == {0, 1}
+    good, bad = fidelity(real, near, SPEC), fidelity(real, uniform, SPEC)
+    assert good["tvd_1way"] < 0.03 and good["tvd_2way"] < 0.05 and good["corr_mae"] < 0.03
+    assert bad["tvd_1way"] > 0.25 and bad["tvd_2way"] > 0.4 and bad["corr_mae"] > 0.4
+
+
+def test_report_adds_fidelity_and_the_real_floor_only_with_setting_a():
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame({"x": rng.uniform(0, 10, 200), "c": rng.choice(["a", "b", "c"], 200), "y": rng.integers(0, 2, 200)})
+    train, test = frame.iloc[:120].reset_index(drop=True), frame.iloc[120:].reset_index(drop=True)
+    fast = ["LogisticRegression"]
+    without_a = evaluate_tabular(train, test, SYNTHETIC, label="y", classifiers=fast, settings=("B",), spec=SPEC)
+    assert without_a["fidelity/tvd_1way"] == pytest.approx(fidelity(test, SYNTHETIC, SPEC)["tvd_1way"])  # against the test split
+    assert not any(k.startswith("A/") for k in without_a)
+    with_a = evaluate_tabular(train, test, SYNTHETIC, label="y", classifiers=fast, settings=("A", "B"), spec=SPEC)
+    assert with_a["A/fidelity/tvd_2way"] == pytest.approx(fidelity(test, train, SPEC)["tvd_2way"])
+    assert "fidelity/tvd_1way" not in evaluate_tabular(train, test, SYNTHETIC, label="y", classifiers=fast, settings=("B",))
+
+
+def test_fit_summary_prints_fidelity_beside_auroc():
+    from callbacks.summary import _metric_lines
+
+    lines = _metric_lines({"utility/B/auroc_mean": 0.81, "utility/fidelity/tvd_1way": 0.0734, "utility/fidelity/tvd_2way": 0.131,
+                           "private/utility/A/fidelity/tvd_1way": 0.025})
+    assert "AUROC synthetic→real (B) 0.81" in lines
+    assert any(line.startswith("fidelity: 1-way TVD") and line.endswith(" 0.0734") for line in lines)
+    assert any(line.startswith("fidelity: 2-way TVD") and line.endswith(" 0.131") for line in lines)
+    assert any("floor" in line and "private diagnostic" in line and line.endswith(" 0.025") for line in lines)
