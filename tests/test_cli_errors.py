@@ -17,6 +17,9 @@ import torch
 
 from clitools import assert_one_line_error, run_cli, store_snapshot, tiny_gpate_config, write_tiny_table
 
+# One module fixture runs every case's command once: keep its tests on one worker (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("cli_errors")
+
 # name: (command line, expected fragments of the one-line error)
 CASES = {
     "epsilon_not_positive": (["fit", "--config", "tiny.yaml", "--model.init_args.epsilon", "0"], ["epsilon must be > 0, got 0"]),

@@ -11,6 +11,9 @@ from datamodules import ImageDataModule
 from lightning_gpate.evaluation import FeatureNetUnavailable, ImageQualityEvaluator, cnn_utility, frechet_distance, inception_score
 from lightning_gpate.evaluation.image import find_inception_weights
 
+# The module fixtures train the feature network once: keep its tests on one worker (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("evaluation_image")
+
 
 class _PixelLogits(nn.Module):
     """Logits read off the image: class = the first pixel's value (an integer), confidence `scale`."""

@@ -12,6 +12,9 @@ import pytest
 from lightning_gpate.cli import run_lightning_cli
 from test_idx import write_mnist
 
+# The module fixtures build the MNIST files and the CLI parser once: keep its tests on one worker (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("mnist_configs")
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "mnist").glob("*.yaml"))
 #: Models that build every teacher/discriminator in their constructor (G-PATE builds its teachers at fit
