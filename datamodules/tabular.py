@@ -64,14 +64,42 @@ def _numeric_values(series: pd.Series, name: str) -> pd.Series:
     return values
 
 
+def _declared_categories_dtype(categories: Sequence[Any]) -> str:
+    """The dtype that the declared categories themselves have (read from the declaration, never the data)."""
+    if categories and all(isinstance(c, (bool, np.bool_)) for c in categories):
+        return "bool"
+    if categories and all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in categories):
+        return "int64"
+    if categories and all(isinstance(c, (int, float, np.integer, np.floating)) and not isinstance(c, (bool, np.bool_))
+                          for c in categories):
+        return "float64"
+    return "object"
+
+
 def infer_schema(
-    frame: pd.DataFrame, label: str, declared: dict[str, dict[str, Any]] | None = None
+    frame: pd.DataFrame, label: str, declared: dict[str, dict[str, Any]] | None = None, *,
+    estimated: Sequence[str] = (),
 ) -> tuple[list[ColumnSpec], ColumnSpec]:
     """Column types and metadata: declared entries win, the rest is inferred from ``frame``.
 
-    Inference: non-numeric values → categorical (two distinct values → binary); numeric with two
+    A column with declared metadata (``min``/``max`` or ``categories``; or listed in ``estimated``: its
+    bounds are paid for with DP) takes its ``type`` and ``dtype`` from the declaration too, never from
+    the data, since they are released with the metadata (issue 20, finding 4: one record with age 25.5
+    flipped a declared column from int64 to float64 in the release): ``type`` defaults to numeric for
+    bounds, to binary for two declared categories and categorical otherwise; ``dtype`` to ``float64``
+    for numeric columns (declare ``dtype: int64`` for integer outputs, which are then rounded) and to
+    the declared categories' own type (all ints: ``int64``, all numbers: ``float64``, all bools:
+    ``bool``, else ``object``).
+
+    A column with nothing declared is inferred from the data (and is private metadata, which private
+    models refuse): non-numeric values → categorical (two distinct values → binary); numeric with two
     distinct values → binary; otherwise numeric (integer dtype kept, outputs rounded).
-    Declared ``min``/``max``/``categories`` are public; inferred ones are read from the data.
+
+    Args:
+        frame: the table.
+        label: the label column.
+        declared: per-column declarations (``type``, ``dtype``, ``min``/``max``, ``categories``).
+        estimated: numeric columns whose bounds are estimated with DP (``guess`` ranges).
     """
     declared = dict(declared or {})
     unknown = sorted(set(declared) - set(frame.columns))
@@ -83,6 +111,9 @@ def infer_schema(
         col_type = decl.pop("type", None)
         if col_type is not None and col_type not in COLUMN_TYPES:
             raise DataError(f"column {name!r}: type must be one of {COLUMN_TYPES}, got {col_type!r}")
+        data_blind = "categories" in decl or "min" in decl or "max" in decl or name in estimated
+        if col_type is None and data_blind:  # the declaration decides, not the data
+            col_type = ("binary" if len(decl["categories"]) == 2 else "categorical") if "categories" in decl else "numeric"
         series = frame[name]
         is_numeric = pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
         if not is_numeric and col_type == "numeric":
@@ -95,9 +126,12 @@ def infer_schema(
         distinct = pd.unique(series.dropna())
         if col_type is None:
             col_type = "binary" if len(distinct) == 2 else ("numeric" if is_numeric else "categorical")
-        dtype = str(series.dtype) if is_numeric else "object"
-        if pd.api.types.is_bool_dtype(series):
-            dtype = "bool"
+        if not data_blind:  # nothing declared: read from the data (private metadata)
+            dtype = "bool" if pd.api.types.is_bool_dtype(series) else (str(series.dtype) if is_numeric else "object")
+        elif col_type == "numeric":
+            dtype = "float64"
+        else:
+            dtype = _declared_categories_dtype(decl.get("categories", []))
         spec = ColumnSpec(name=name, type=col_type, dtype=str(decl.pop("dtype", dtype)))
         if col_type == "numeric":
             if "min" in decl and "max" in decl:
@@ -444,7 +478,7 @@ class TabularDataModule(GenerativeDataModule):
         frame = self.read_frame()
         self._frame = frame
         schema, guesses = split_guesses(self.schema)
-        columns, label_spec = infer_schema(frame, self.label, schema)
+        columns, label_spec = infer_schema(frame, self.label, schema, estimated=list(guesses))
         if self._released_spec is not None:  # resumed: the metadata released by the run, not a new DP estimate
             released = self._released_spec
             if [c["name"] for c in released["columns"]] != [c.name for c in columns] or released["label"]["name"] != label_spec.name:
