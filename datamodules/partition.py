@@ -192,19 +192,19 @@ class TeacherPartition:
         if num_teachers < 1:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
         if len(keys) < num_teachers:
-            raise ValueError(
-                f"too few rows per teacher: {len(keys)} training rows cannot be split among "
-                f"{num_teachers} teachers (each needs at least one); use fewer teachers"
+            raise ValueError(  # without the row count: it is private (issue 20, finding 9)
+                f"too few rows per teacher: the training rows cannot be split among {num_teachers} teachers "
+                f"(each needs at least one); use fewer teachers"
             )
         teacher = (keyed_hash(keys, seed, "teacher") % np.uint64(num_teachers)).astype(np.int64)
         part = cls(teacher, num_teachers, keys=keys)
         empty = part.num_empty
         if empty:
             warnings.warn(
-                f"{empty} of {num_teachers} teachers received no record ({len(keys) / num_teachers:.1f} records per "
-                f"teacher on average): records are assigned by a hash of their content so that adding or removing "
-                f"one changes one teacher only. Empty teachers train on a constant batch (no data, no information); "
-                f"use fewer teachers to avoid them.",
+                f"some of the {num_teachers} teachers received no record (how many, and the records per teacher, "
+                f"are not printed: they are counts of private records): records are assigned by a hash of their "
+                f"content so that adding or removing one changes one teacher only. Empty teachers train on a "
+                f"constant batch (no data, no information); use fewer teachers to avoid them.",
                 stacklevel=2,
             )
         return part

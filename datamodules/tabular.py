@@ -54,12 +54,11 @@ def _py(value: Any) -> Any:
 def _numeric_values(series: pd.Series, name: str) -> pd.Series:
     values = pd.to_numeric(series, errors="coerce")
     bad = values.isna() & series.notna()
-    if bad.any():
-        examples = sorted({str(v) for v in series[bad].head(20)})[:5]
-        rows = list(series.index[bad][:5])
+    if bad.any():  # neither the values nor their rows: they are private (issue 20, finding 9)
         raise DataError(
-            f"column {name!r} is numeric but has non-numeric values {examples} (rows {rows}); "
-            f"declare them missing with na_values, or declare the column categorical in the schema"
+            f"column {name!r} is numeric but has non-numeric values (pandas.to_numeric(frame[{name!r}], "
+            f"errors='coerce').isna() finds them); declare them missing with na_values, or declare the column "
+            f"categorical in the schema"
         )
     return values
 
@@ -145,13 +144,15 @@ def infer_schema(
         else:
             if "categories" in decl:
                 spec.categories, spec.public = [_py(c) for c in decl.pop("categories")], True
-                unseen = sorted({str(v) for v in distinct} - {str(c) for c in spec.categories})
-                if unseen:
-                    raise DataError(f"column {name!r} has values {unseen[:5]} not among its declared categories")
+                if {str(v) for v in distinct} - {str(c) for c in spec.categories}:  # which ones is private
+                    raise DataError(f"column {name!r} has values that are not among its declared categories: "
+                                    f"declare every value it can take, or drop those rows before training")
             else:
                 spec.categories = sorted((_py(v) for v in distinct), key=lambda v: (str(type(v)), v))
             if col_type == "binary" and len(spec.categories) != 2:
-                raise DataError(f"column {name!r} is binary but has {len(spec.categories)} categories")
+                raise DataError(f"column {name!r} is binary but {len(spec.categories)} categories are declared"
+                                if spec.public else f"column {name!r} is declared binary but its values are not two "
+                                f"categories: declare its two categories (categories: [a, b]) or another type")
         if decl:
             raise DataError(f"column {name!r}: unknown schema keys {sorted(decl)}")
         specs[name] = spec
@@ -289,9 +290,10 @@ class TabularTransformer:
         lookup = {str(cat): i for i, cat in enumerate(c.categories)}
         as_str = series.map(str)
         codes = as_str.map(lookup)
-        if codes.isna().any():
-            bad = sorted(set(as_str[codes.isna()]))[:5]
-            raise DataError(f"column {c.name!r} has values {bad} not among its categories {c.categories[:10]}")
+        if codes.isna().any():  # neither the values nor (unless declared) the categories: private
+            declared = f" {c.categories[:10]}" if c.public else ""
+            raise DataError(f"column {c.name!r} has values that are not among its categories{declared}: declare "
+                            f"every value it can take, or drop those rows")
         return codes.to_numpy(dtype=np.int64)
 
     def inverse_transform(self, features: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
@@ -451,10 +453,9 @@ class TabularDataModule(GenerativeDataModule):
             if self.missing == "drop":  # a per-record transformation: neighbouring inputs stay neighbours
                 frame = frame[~holes.any(axis=1)].reset_index(drop=True)
             else:
-                counts = holes.sum()
-                counts = {k: int(v) for k, v in counts[counts > 0].items()}
+                columns = [k for k, v in holes.any().items() if v]  # not how many: a private count
                 raise DataError(
-                    f"missing values (NaN) in columns {counts}; set missing: drop to drop those rows, "
+                    f"missing values (NaN) in columns {columns}; set missing: drop to drop those rows, "
                     f"or fill them before training"
                 )
         if len(frame) == 0:

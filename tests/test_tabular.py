@@ -77,7 +77,7 @@ def test_non_numeric_values_in_a_numeric_column(tmp_path, mixed_frame):
     frame.loc[5, "income"] = "?"
     path = tmp_path / "t.csv"
     frame.to_csv(path, index=False)
-    with pytest.raises(DataError, match=r"column 'income' is numeric but has non-numeric values \['\?'\]"):
+    with pytest.raises(DataError, match=r"column 'income' is numeric but has non-numeric values \(pandas"):
         TabularDataModule(str(path), label="outcome")
     dm = TabularDataModule(str(path), label="outcome", na_values=["?"], missing="drop")
     assert dm.spec["num_train"] + len(dm.splits["test"][1]) == len(frame) - 1
@@ -86,7 +86,7 @@ def test_non_numeric_values_in_a_numeric_column(tmp_path, mixed_frame):
 def test_nans_are_a_clear_error(mixed_frame):
     frame = mixed_frame.astype({"income": float})
     frame.loc[[1, 2], "income"] = np.nan
-    with pytest.raises(DataError, match=r"missing values \(NaN\) in columns \{'income': 2\}"):
+    with pytest.raises(DataError, match=r"missing values \(NaN\) in columns \['income'\]"):
         TabularDataModule(frame=frame, label="outcome")
 
 
@@ -108,7 +108,7 @@ def test_semicolon_file_hint(tmp_path, mixed_frame):
 
 
 def test_too_few_rows_per_teacher(mixed_frame):
-    with pytest.raises(ValueError, match="too few rows per teacher: [0-9]+ training rows \\(of 120"):  # when the data is loaded
+    with pytest.raises(ValueError, match="too few rows per teacher: the training rows"):  # when the data is loaded
         TabularDataModule(frame=mixed_frame, label="outcome", num_teachers=500)
 
 
