@@ -68,11 +68,11 @@ PROJECT = ("marginaltree", "pategan", "gpate", "dpgan", "gswgan", "gan")
 DELTA = 1e-5
 
 CERVICAL_SCHEMA = {
-    "Age": {"min": 10, "max": 90}, "Number of sexual partners": {"min": 0, "max": 50, "dtype": "int64"},
+    "Age": {"min": 10, "max": 90, "dtype": "int64"}, "Number of sexual partners": {"min": 0, "max": 50, "dtype": "int64"},
     "First sexual intercourse": {"min": 10, "max": 40, "dtype": "int64"}, "Num of pregnancies": {"min": 0, "max": 15, "dtype": "int64"},
     "Smokes (years)": {"min": 0, "max": 60}, "Smokes (packs/year)": {"min": 0, "max": 60},
     "Hormonal Contraceptives (years)": {"min": 0, "max": 40}, "IUD (years)": {"min": 0, "max": 30},
-    "STDs (number)": {"min": 0, "max": 12, "dtype": "int64"}, "STDs: Number of diagnosis": {"min": 0, "max": 12},
+    "STDs (number)": {"min": 0, "max": 12, "dtype": "int64"}, "STDs: Number of diagnosis": {"min": 0, "max": 12, "dtype": "int64"},
 }
 CERVICAL_BINARY = [
     "Smokes", "Hormonal Contraceptives", "IUD", "STDs", "STDs:condylomatosis", "STDs:cervical condylomatosis",

@@ -6,7 +6,7 @@ import warnings
 
 import pytorch_lightning as pl
 
-from lightning_gpate.privacy.disclosure import release_allowed
+from lightning_gpate.privacy.disclosure import is_private, release_allowed
 from lightning_gpate.progress import progress_bars
 from lightning_gpate.tracking import mlflow_logger_of
 
@@ -66,9 +66,11 @@ class PeriodicEvaluation(pl.Callback):
             with progress_bars(trainer.progress_bar_callback is not None):
                 self.evaluate(trainer, pl_module, tag=tag, final=final)
         except Exception as err:  # noqa: BLE001 - reported in the run; training already happened
-            message = f"{type(self).__name__} failed at step {trainer.global_step}: {type(err).__name__}: {err}"
-            warnings.warn(message, stacklevel=2)
-            logger.experiment.set_tag(logger.run_id, f"{self.name}_error", message[:5000])
+            message = f"{type(self).__name__} failed at step {trainer.global_step}: {type(err).__name__}"
+            warnings.warn(f"{message}: {err}", stacklevel=2)
+            # A private run's log gets the type only: a message may describe the real data (as the summary's error tag).
+            logged = f"{message} (the message was printed, not logged)" if is_private(pl_module) else f"{message}: {err}"
+            logger.experiment.set_tag(logger.run_id, f"{self.name}_error", logged[:5000])
 
     def on_fit_start(self, trainer, pl_module) -> None:
         logger = mlflow_logger_of(trainer)

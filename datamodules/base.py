@@ -241,13 +241,13 @@ class GenerativeDataModule(pl.LightningDataModule):
         is_val = ~is_test & (u < test_fraction + self.val_fraction)
         is_train = ~(is_test | is_val)
         if not is_train.any():
-            raise DataError(f"no training rows left after the val/test split of {n} rows")
+            raise DataError("no training rows left after the val/test split: lower data.val_fraction and "
+                            "data.test_fraction, or give more data")
         n_train = int(is_train.sum())
         if n_train < self.num_teachers:  # refused here, when the data is loaded: before any run starts
-            raise DataError(
-                f"too few rows per teacher: {n_train} training rows (of {n}, after the val/test split) "
-                f"cannot be split among {self.num_teachers} teachers, each needs at least one: "
-                f"set data.num_teachers <= {n_train} or give more data"
+            raise DataError(  # no row counts in messages: they are private (issue 20, finding 9)
+                f"too few rows per teacher: the training rows (after the val/test split) cannot be split among "
+                f"{self.num_teachers} teachers, each needs at least one: set fewer data.num_teachers or give more data"
             )
         test_idx, val_idx, train_idx = (m.nonzero().flatten() for m in (is_test, is_val, is_train))
         self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
@@ -356,7 +356,7 @@ class GenerativeDataModule(pl.LightningDataModule):
             )
             return DataLoader(batches, batch_size=None, num_workers=0)
         if len(y) < self.batch_size:
-            raise DataError(f"batch_size {self.batch_size} exceeds the {len(y)} training rows")
+            raise DataError(f"batch_size {self.batch_size} exceeds the number of training rows: lower data.batch_size")
         return DataLoader(
             _TransformedTensors(x, y, self._transform), batch_size=self.batch_size,
             shuffle=True, drop_last=True, num_workers=self.num_workers,

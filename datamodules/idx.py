@@ -71,7 +71,7 @@ def check_md5(path: str | Path, expected: str) -> None:
     actual = md5_of(path)
     if actual != expected:
         raise DataError(
-            f"{path}: MD5 {actual} is not the published {expected}: the file is corrupt, truncated or not the "
+            f"{path}: its MD5 is not the published {expected}: the file is corrupt, truncated or not the "
             f"official one; download it again (data.download: true), or set data.verify_checksums: false to read "
             f"it anyway (its header and size are still checked)"
         )
@@ -101,7 +101,7 @@ def parse_idx(data: bytes, *, name: str = "IDX data", ndim: int | None = None) -
             size that is not the header's (truncated or with trailing bytes).
     """
     if len(data) < 4:
-        raise DataError(f"{name}: {len(data)} bytes is too short for an IDX header (4 bytes, then the sizes): truncated?")
+        raise DataError(f"{name}: too short for an IDX header (4 bytes, then the sizes): truncated?")
     zero, kind, dims = data[:2], data[2], data[3]
     if zero != b"\x00\x00":
         raise DataError(f"{name}: not an IDX file (it starts with {data[:4].hex()}, not 0000 then the type and dimensions)")
@@ -112,13 +112,14 @@ def parse_idx(data: bytes, *, name: str = "IDX data", ndim: int | None = None) -
                         f"({'images: count, rows, columns' if ndim == 3 else 'labels: count'})")
     header = 4 + 4 * dims
     if len(data) < header:
-        raise DataError(f"{name}: the header announces {dims} dimensions but the file ends after {len(data)} bytes: truncated")
+        raise DataError(f"{name}: the header announces {dims} dimensions but the file ends inside the header: truncated")
     shape = tuple(int(s) for s in np.frombuffer(data, dtype=">u4", count=dims, offset=4))
     expected = header + int(np.prod(shape, dtype=np.int64))
     if len(data) != expected:
         what = "truncated" if len(data) < expected else "has trailing bytes"
-        raise DataError(f"{name}: the header says {'x'.join(map(str, shape))} values ({expected} bytes with the header), "
-                        f"the file has {len(data)} bytes: it {what}")
+        # Neither the sizes nor the file's length: the record count is private (issue 20, finding 9).
+        raise DataError(f"{name}: the file is {'shorter' if len(data) < expected else 'longer'} than the sizes in its "
+                        f"header say: it {what}")
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
 
 
@@ -175,8 +176,8 @@ def load_idx_splits(root: str | Path, dataset: str, *, num_classes: int = 10, ve
         images = read_idx(images_path, ndim=3, md5=known.get(images_path.name))
         labels = read_idx(labels_path, ndim=1, md5=known.get(labels_path.name))
         if len(images) != len(labels):
-            raise DataError(f"{images_path.name} holds {len(images)} images but {labels_path.name} {len(labels)} labels")
+            raise DataError(f"{images_path.name} and {labels_path.name} hold different numbers of records")  # counts: private
         if len(labels) and int(labels.max()) >= num_classes:
-            raise DataError(f"{labels_path}: label {int(labels.max())} is not one of the {num_classes} classes 0..{num_classes - 1}")
+            raise DataError(f"{labels_path}: some labels are not one of the {num_classes} classes 0..{num_classes - 1}")
         splits[split] = (images, labels)
     return splits

@@ -229,9 +229,9 @@ class ImageDataModule(GenerativeDataModule):
             y = torch.from_numpy(np.searchsorted(classes, labels).astype(np.int64))
             return {"train": (x, y)}, [str(c) for c in classes], 255.0, ["label"]
         code = {str(c): i for i, c in enumerate(self.classes)}
-        unseen = sorted({str(v) for v in labels} - set(code))
-        if unseen:
-            raise DataError(f"{path}: labels {unseen[:5]} are not among the declared data.classes {[str(c) for c in self.classes][:10]}")
+        if {str(v) for v in labels} - set(code):  # which labels is private (issue 20, finding 9)
+            raise DataError(f"{path}: some labels are not among the declared data.classes "
+                            f"{[str(c) for c in self.classes][:10]}: declare every class, or drop those rows")
         y = torch.tensor([code[str(v)] for v in labels], dtype=torch.long)
         return {"train": (x, y)}, [str(c) for c in self.classes], 255.0, []
 

@@ -22,9 +22,10 @@ partition is a pure function of the data and the seed: the same on every DDP ran
 resume and compared with the checkpoint's fingerprint (of the record-key → teacher pairs, so the
 order of the rows in the file does not matter).
 
-A teacher's batches depend only on ``(seed, pass, teacher id)`` and its own records
-(:class:`TeacherBatches`): its own passes over its own records, indexed by the global step, so
-neither another teacher's data nor the DDP sharding changes them.
+A teacher's batches depend only on ``(seed, pass, teacher id)`` and its own multiset of records
+(:class:`TeacherBatches`): its own passes over its own records, taken in record-key order (not row
+order, which duplicates would make depend on other rows) and indexed by the global step, so neither
+another teacher's data, the order of the file nor the DDP sharding changes them.
 """
 
 from __future__ import annotations
@@ -191,19 +192,19 @@ class TeacherPartition:
         if num_teachers < 1:
             raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
         if len(keys) < num_teachers:
-            raise ValueError(
-                f"too few rows per teacher: {len(keys)} training rows cannot be split among "
-                f"{num_teachers} teachers (each needs at least one); use fewer teachers"
+            raise ValueError(  # without the row count: it is private (issue 20, finding 9)
+                f"too few rows per teacher: the training rows cannot be split among {num_teachers} teachers "
+                f"(each needs at least one); use fewer teachers"
             )
         teacher = (keyed_hash(keys, seed, "teacher") % np.uint64(num_teachers)).astype(np.int64)
         part = cls(teacher, num_teachers, keys=keys)
         empty = part.num_empty
         if empty:
             warnings.warn(
-                f"{empty} of {num_teachers} teachers received no record ({len(keys) / num_teachers:.1f} records per "
-                f"teacher on average): records are assigned by a hash of their content so that adding or removing "
-                f"one changes one teacher only. Empty teachers train on a constant batch (no data, no information); "
-                f"use fewer teachers to avoid them.",
+                f"some of the {num_teachers} teachers received no record (how many, and the records per teacher, "
+                f"are not printed: they are counts of private records): records are assigned by a hash of their "
+                f"content so that adding or removing one changes one teacher only. Empty teachers train on a "
+                f"constant batch (no data, no information); use fewer teachers to avoid them.",
                 stacklevel=2,
             )
         return part
@@ -218,8 +219,20 @@ class TeacherPartition:
         return int((self.sizes == 0).sum())
 
     def rows_of(self, teacher: int) -> np.ndarray:
-        """Row indices of one teacher (sorted)."""
-        return np.sort(self._rows[self._offsets[teacher]:self._offsets[teacher + 1]])
+        """Row indices of one teacher, ordered by their record keys (by row index if no keys are known).
+
+        The order of a teacher's rows decides its batch stream (:class:`TeacherBatches` shuffles
+        positions in this list), so it must depend on the teacher's records only, not on where they sit
+        in the file: in row order, removing one copy of a duplicated record hands the copy's rank (and
+        so its teacher) to another copy at another row, which moves that copy among its teacher's other
+        rows and reshuffles that teacher's whole stream. Keys are distinct per record and per copy, and
+        the k-th copy's key is the same wherever the copies are, so in key order a teacher's list is a
+        function of its multiset of records. (Ties, a 64-bit key collision, fall back to row order.)
+        """
+        rows = self._rows[self._offsets[teacher]:self._offsets[teacher + 1]]
+        if self.keys is None:
+            return np.sort(rows)
+        return rows[np.lexsort((rows, self.keys[rows]))]
 
     def padded(self, teacher_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of the given teachers as a ``[T, max_rows]`` matrix (padded with -1) and their sizes."""

@@ -54,24 +54,51 @@ def _py(value: Any) -> Any:
 def _numeric_values(series: pd.Series, name: str) -> pd.Series:
     values = pd.to_numeric(series, errors="coerce")
     bad = values.isna() & series.notna()
-    if bad.any():
-        examples = sorted({str(v) for v in series[bad].head(20)})[:5]
-        rows = list(series.index[bad][:5])
+    if bad.any():  # neither the values nor their rows: they are private (issue 20, finding 9)
         raise DataError(
-            f"column {name!r} is numeric but has non-numeric values {examples} (rows {rows}); "
-            f"declare them missing with na_values, or declare the column categorical in the schema"
+            f"column {name!r} is numeric but has non-numeric values (pandas.to_numeric(frame[{name!r}], "
+            f"errors='coerce').isna() finds them); declare them missing with na_values, or declare the column "
+            f"categorical in the schema"
         )
     return values
 
 
+def _declared_categories_dtype(categories: Sequence[Any]) -> str:
+    """The dtype that the declared categories themselves have (read from the declaration, never the data)."""
+    if categories and all(isinstance(c, (bool, np.bool_)) for c in categories):
+        return "bool"
+    if categories and all(isinstance(c, (int, np.integer)) and not isinstance(c, (bool, np.bool_)) for c in categories):
+        return "int64"
+    if categories and all(isinstance(c, (int, float, np.integer, np.floating)) and not isinstance(c, (bool, np.bool_))
+                          for c in categories):
+        return "float64"
+    return "object"
+
+
 def infer_schema(
-    frame: pd.DataFrame, label: str, declared: dict[str, dict[str, Any]] | None = None
+    frame: pd.DataFrame, label: str, declared: dict[str, dict[str, Any]] | None = None, *,
+    estimated: Sequence[str] = (),
 ) -> tuple[list[ColumnSpec], ColumnSpec]:
     """Column types and metadata: declared entries win, the rest is inferred from ``frame``.
 
-    Inference: non-numeric values → categorical (two distinct values → binary); numeric with two
+    A column with declared metadata (``min``/``max`` or ``categories``; or listed in ``estimated``: its
+    bounds are paid for with DP) takes its ``type`` and ``dtype`` from the declaration too, never from
+    the data, since they are released with the metadata (issue 20, finding 4: one record with age 25.5
+    flipped a declared column from int64 to float64 in the release): ``type`` defaults to numeric for
+    bounds, to binary for two declared categories and categorical otherwise; ``dtype`` to ``float64``
+    for numeric columns (declare ``dtype: int64`` for integer outputs, which are then rounded) and to
+    the declared categories' own type (all ints: ``int64``, all numbers: ``float64``, all bools:
+    ``bool``, else ``object``).
+
+    A column with nothing declared is inferred from the data (and is private metadata, which private
+    models refuse): non-numeric values → categorical (two distinct values → binary); numeric with two
     distinct values → binary; otherwise numeric (integer dtype kept, outputs rounded).
-    Declared ``min``/``max``/``categories`` are public; inferred ones are read from the data.
+
+    Args:
+        frame: the table.
+        label: the label column.
+        declared: per-column declarations (``type``, ``dtype``, ``min``/``max``, ``categories``).
+        estimated: numeric columns whose bounds are estimated with DP (``guess`` ranges).
     """
     declared = dict(declared or {})
     unknown = sorted(set(declared) - set(frame.columns))
@@ -83,6 +110,9 @@ def infer_schema(
         col_type = decl.pop("type", None)
         if col_type is not None and col_type not in COLUMN_TYPES:
             raise DataError(f"column {name!r}: type must be one of {COLUMN_TYPES}, got {col_type!r}")
+        data_blind = "categories" in decl or "min" in decl or "max" in decl or name in estimated
+        if col_type is None and data_blind:  # the declaration decides, not the data
+            col_type = ("binary" if len(decl["categories"]) == 2 else "categorical") if "categories" in decl else "numeric"
         series = frame[name]
         is_numeric = pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
         if not is_numeric and col_type == "numeric":
@@ -95,9 +125,12 @@ def infer_schema(
         distinct = pd.unique(series.dropna())
         if col_type is None:
             col_type = "binary" if len(distinct) == 2 else ("numeric" if is_numeric else "categorical")
-        dtype = str(series.dtype) if is_numeric else "object"
-        if pd.api.types.is_bool_dtype(series):
-            dtype = "bool"
+        if not data_blind:  # nothing declared: read from the data (private metadata)
+            dtype = "bool" if pd.api.types.is_bool_dtype(series) else (str(series.dtype) if is_numeric else "object")
+        elif col_type == "numeric":
+            dtype = "float64"
+        else:
+            dtype = _declared_categories_dtype(decl.get("categories", []))
         spec = ColumnSpec(name=name, type=col_type, dtype=str(decl.pop("dtype", dtype)))
         if col_type == "numeric":
             if "min" in decl and "max" in decl:
@@ -111,13 +144,15 @@ def infer_schema(
         else:
             if "categories" in decl:
                 spec.categories, spec.public = [_py(c) for c in decl.pop("categories")], True
-                unseen = sorted({str(v) for v in distinct} - {str(c) for c in spec.categories})
-                if unseen:
-                    raise DataError(f"column {name!r} has values {unseen[:5]} not among its declared categories")
+                if {str(v) for v in distinct} - {str(c) for c in spec.categories}:  # which ones is private
+                    raise DataError(f"column {name!r} has values that are not among its declared categories: "
+                                    f"declare every value it can take, or drop those rows before training")
             else:
                 spec.categories = sorted((_py(v) for v in distinct), key=lambda v: (str(type(v)), v))
             if col_type == "binary" and len(spec.categories) != 2:
-                raise DataError(f"column {name!r} is binary but has {len(spec.categories)} categories")
+                raise DataError(f"column {name!r} is binary but {len(spec.categories)} categories are declared"
+                                if spec.public else f"column {name!r} is declared binary but its values are not two "
+                                f"categories: declare its two categories (categories: [a, b]) or another type")
         if decl:
             raise DataError(f"column {name!r}: unknown schema keys {sorted(decl)}")
         specs[name] = spec
@@ -255,9 +290,10 @@ class TabularTransformer:
         lookup = {str(cat): i for i, cat in enumerate(c.categories)}
         as_str = series.map(str)
         codes = as_str.map(lookup)
-        if codes.isna().any():
-            bad = sorted(set(as_str[codes.isna()]))[:5]
-            raise DataError(f"column {c.name!r} has values {bad} not among its categories {c.categories[:10]}")
+        if codes.isna().any():  # neither the values nor (unless declared) the categories: private
+            declared = f" {c.categories[:10]}" if c.public else ""
+            raise DataError(f"column {c.name!r} has values that are not among its categories{declared}: declare "
+                            f"every value it can take, or drop those rows")
         return codes.to_numpy(dtype=np.int64)
 
     def inverse_transform(self, features: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
@@ -417,10 +453,9 @@ class TabularDataModule(GenerativeDataModule):
             if self.missing == "drop":  # a per-record transformation: neighbouring inputs stay neighbours
                 frame = frame[~holes.any(axis=1)].reset_index(drop=True)
             else:
-                counts = holes.sum()
-                counts = {k: int(v) for k, v in counts[counts > 0].items()}
+                columns = [k for k, v in holes.any().items() if v]  # not how many: a private count
                 raise DataError(
-                    f"missing values (NaN) in columns {counts}; set missing: drop to drop those rows, "
+                    f"missing values (NaN) in columns {columns}; set missing: drop to drop those rows, "
                     f"or fill them before training"
                 )
         if len(frame) == 0:
@@ -444,7 +479,7 @@ class TabularDataModule(GenerativeDataModule):
         frame = self.read_frame()
         self._frame = frame
         schema, guesses = split_guesses(self.schema)
-        columns, label_spec = infer_schema(frame, self.label, schema)
+        columns, label_spec = infer_schema(frame, self.label, schema, estimated=list(guesses))
         if self._released_spec is not None:  # resumed: the metadata released by the run, not a new DP estimate
             released = self._released_spec
             if [c["name"] for c in released["columns"]] != [c.name for c in columns] or released["label"]["name"] != label_spec.name:

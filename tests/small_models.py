@@ -20,7 +20,8 @@ HIDDEN = (96, 96)  # a generator of ~12k parameters: the accountant's state is s
 
 
 #: Every column's bounds or categories declared public: the data spec reads nothing from the rows.
-SCHEMA = {"a": {"min": 0, "max": 1}, "b": {"min": -3, "max": 3}, "c": {"min": 0, "max": 9}, "y": {"categories": [0, 1]}}
+SCHEMA = {"a": {"min": 0, "max": 1}, "b": {"min": -3, "max": 3}, "c": {"min": 0, "max": 9, "dtype": "int64"},
+          "y": {"categories": [0, 1]}}
 
 
 def public_frame(rows: int = 240, seed: int = 0) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from lightning_gpate.models.private import PrivateMetadataError
 
 DECLARED = {"smoker": {"categories": ["no", "yes"]}, "region": {"categories": ["east", "north", "south", "west"]},
             "flag": {"categories": [False, True]}, "outcome": {"categories": [0, 1]}}
-GUESSES = {"age": {"guess": [0, 120]}, "income": {"guess": [0, 200_000]}, "visits": {"guess": [0, 50]}}
+GUESSES = {"age": {"guess": [0, 120], "dtype": "int64"}, "income": {"guess": [0, 200_000]}, "visits": {"guess": [0, 50]}}
 
 
 def dm_with(frame, **kw):
@@ -38,7 +38,7 @@ def test_dp_bounds_replace_the_empirical_ones_and_are_listed_as_paid(mixed_frame
         if name != "visits":  # visits: 0..2, integer bounds rounded outwards may coincide
             assert dp != empirical
         assert repr(empirical[0]) not in text or name == "visits"
-    assert columns["age"]["min"] == int(columns["age"]["min"])  # integer column: rounded outwards
+    assert columns["age"]["min"] == int(columns["age"]["min"])  # declared integer column: rounded outwards
     # the bounds are what the transform uses (values clipped to them, generator space within [-1, 1])
     x, _ = TabularTransformer.from_spec(spec).transform(mixed_frame)
     assert x.min() >= -1 and x.max() <= 1

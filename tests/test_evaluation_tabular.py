@@ -103,7 +103,7 @@ def test_single_class_synthetic_data_is_reported_not_fatal():
     train, test = _split(_signal_frame())
     synthetic = train.copy()
     synthetic["y"] = 0
-    with pytest.warns(UserWarning, match="single class"):
+    with pytest.warns(UserWarning, match="fewer than two classes"):
         m = evaluate_tabular(train, test, synthetic, label="y", classifiers=FAST)
     positive_rate = test["y"].mean()
     for name in FAST:  # a classifier cannot be trained: the constant scorer

@@ -123,7 +123,7 @@ def test_torchvision_layout_is_found(tmp_path):
 
 def test_the_datamodule_checks_checksums_by_default(tmp_path):
     write_mnist(tmp_path, compress=True)
-    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz: MD5 .* is not the published f68b3c2d"):
+    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz: its MD5 is not the published f68b3c2d"):
         ImageDataModule("mnist", root=str(tmp_path)).spec  # noqa: B018
     # Fashion-MNIST has its own checksums for the same file names
     with pytest.raises(DataError, match="is not the published 8d4fb7e6"):
@@ -139,10 +139,10 @@ def test_missing_or_inconsistent_files_are_one_line_errors(tmp_path):
         ImageDataModule("mnist", root=str(tmp_path / "some"), verify_checksums=False).spec  # noqa: B018
     write_mnist(tmp_path / "uneven", compress=False)
     (tmp_path / "uneven" / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.zeros(9, dtype=np.uint8)))
-    with pytest.raises(DataError, match="holds 10 images but t10k-labels-idx1-ubyte 9 labels"):
+    with pytest.raises(DataError, match="t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte hold different numbers of records"):
         load_idx_splits(tmp_path / "uneven", "mnist", verify_checksums=False)
     (tmp_path / "uneven" / "t10k-labels-idx1-ubyte").write_bytes(idx_bytes(np.full(10, 10, dtype=np.uint8)))
-    with pytest.raises(DataError, match="label 10 is not one of the 10 classes"):
+    with pytest.raises(DataError, match="some labels are not one of the 10 classes"):
         load_idx_splits(tmp_path / "uneven", "mnist", verify_checksums=False)
 
 
@@ -198,7 +198,7 @@ def test_declared_csv_classes_fix_the_label_codes_whatever_the_records(tmp_path)
     assert sorted(set(a.splits["train"][1].tolist())) == [1, 2]
     GPATE(a.spec, epsilon=1.0)
     bad = ImageDataModule("csv", path=str(_csv(tmp_path / "c.csv", [1, 7] * 10)), classes=declared)
-    with pytest.raises(DataError, match=r"labels \['7'\] are not among the declared data.classes"):
+    with pytest.raises(DataError, match=r"some labels are not among the declared data.classes"):
         bad.spec  # noqa: B018
 
 

@@ -51,7 +51,7 @@ def _table(n=3000, seed=0):
 
 
 def _datamodule(frame):
-    schema = {"age": {"min": 18, "max": 90}, "marker": {"type": "binary", "categories": [0, 1]},
+    schema = {"age": {"min": 18, "max": 90, "dtype": "int64"}, "marker": {"type": "binary", "categories": [0, 1]},
               "noise": {"type": "binary", "categories": [0, 1]}, "colour": {"categories": ["blue", "green", "red"]},
               "y": {"categories": [0, 1]}}
     return TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)

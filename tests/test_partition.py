@@ -198,3 +198,34 @@ def test_tabular_records_are_keyed_by_their_content(mixed_frame):
     a.setup("fit"), b.setup("fit")
     assert a.partition.fingerprint() == b.partition.fingerprint()
     assert len(a.splits["test"][1]) == len(b.splits["test"][1])
+
+
+def _teacher_streams(frame, steps=12):
+    """Every teacher's batches through the DataModule's training loader: ``[teacher][step]`` (x, y)."""
+    schema = {"a": {"min": 0, "max": 200, "dtype": "int64"}, "b": {"min": 0, "max": 200, "dtype": "int64"},
+              "y": {"categories": [0, 1], "dtype": "int64"}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=3,
+                           teacher_batch_size=5, test_fraction=0.0, val_fraction=0.0)
+    dm.setup("fit")
+    batches = [b for _, b in zip(range(steps), dm.train_dataloader())]
+    return [[(x[t].numpy().tobytes(), y[t].numpy().tobytes()) for x, y in batches] for t in range(3)]
+
+
+def test_a_teachers_stream_is_a_function_of_its_multiset_of_records_with_duplicates():
+    """Finding 2 of issue 20: with a record repeated k times, removing one copy (any of them) or inserting an
+    unrelated record anywhere changes the batches of at most one teacher. (Teachers' rows used to be taken
+    in row order: removing an early copy handed its teacher another copy at another position among its
+    rows, which reshuffled that teacher's stream, so 2 of 3 teachers changed.)"""
+    rng = np.random.default_rng(4)
+    frame = pd.DataFrame({"a": rng.integers(0, 200, 60), "b": rng.integers(0, 200, 60), "y": rng.integers(0, 2, 60)})
+    copies = [3, 17, 29, 41, 55]  # one record, k = 5 copies spread through the file
+    frame.loc[copies, ["a", "b", "y"]] = [7, 7, 1]
+    frame.loc[0, ["a", "b", "y"]] = [9, 9, 0]  # and a second duplicate group
+    frame.loc[48, ["a", "b", "y"]] = [9, 9, 0]
+    base = _teacher_streams(frame)
+    neighbours = [frame.drop(index=i).reset_index(drop=True) for i in copies + [0, 48]]
+    extra = pd.DataFrame({"a": [123], "b": [45], "y": [0]})
+    neighbours += [pd.concat([frame.iloc[:i], extra, frame.iloc[i:]]).reset_index(drop=True) for i in (0, 20, 60)]
+    for other in neighbours:
+        changed = [t for t in range(3) if _teacher_streams(other)[t] != base[t]]
+        assert len(changed) <= 1, changed

@@ -75,7 +75,7 @@ def worst_case_data(target: str | None = None) -> AuditData:
     row = {c: 1 for c in columns}
     options = {
         "label": "y",
-        "schema": {c: {"type": "binary", "categories": [0, 1]} for c in columns},
+        "schema": {c: {"type": "binary", "categories": [0, 1], "dtype": "int64"} for c in columns},
         "class_ratio": [0.5, 0.5],
     }
     return AuditData(WORST_CASE, without, pd.concat([without, pd.DataFrame([row])], ignore_index=True), row, options,

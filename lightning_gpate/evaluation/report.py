@@ -135,7 +135,7 @@ def image_quality_evaluator(datamodule, num_classes: int, *, reference: str = "t
 
     ref = datamodule.model_space(reference)
     if len(ref[1]) < 2:
-        raise ValueError(f"the real {reference} split has {len(ref[1])} images: FID needs at least 2")
+        raise ValueError(f"the real {reference} split has fewer than 2 images: FID needs at least 2")
     features = datamodule.model_space(feature_split)
     if len(features[1]) == 0:
         raise ValueError(f"the real {feature_split} split is empty: the IS/FID feature classifier cannot train on it")

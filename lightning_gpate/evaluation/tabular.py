@@ -132,10 +132,10 @@ class LabelEncoder:
         values = pd.concat([pd.Series(s).dropna() for s in real_labels], ignore_index=True)
         self.classes = sorted(pd.unique(values), key=lambda v: (str(type(v)), v))
         if len(self.classes) < 2:
-            raise ValueError(f"the real data's label has fewer than two classes ({self.classes}): AUROC is undefined")
+            raise ValueError("the real data's label has fewer than two classes: AUROC is undefined")  # no values: real
         self._index = {self._key(v): i for i, v in enumerate(self.classes)}
         if positive is not None and self._key(positive) not in self._index:
-            raise ValueError(f"positive class {positive!r} is not among the label's classes {self.classes}")
+            raise ValueError(f"positive class {positive!r} is not among the real label's classes")  # read from real rows
         self.positive = self._index[self._key(positive)] if positive is not None else len(self.classes) - 1
 
     @staticmethod
@@ -148,11 +148,13 @@ class LabelEncoder:
 
     def encode(self, labels: pd.Series, what: str) -> np.ndarray:
         if labels.isna().any():
-            raise ValueError(f"the {what} label column has {int(labels.isna().sum())} missing values")
+            raise ValueError(f"the {what} label column has missing values")  # not how many: a count of (maybe real) rows
         keys = [self._key(v) for v in labels]
         bad = sorted({k for k in keys if k not in self._index})
         if bad:
-            raise ValueError(f"the {what} labels {bad[:5]} are not among the real data's classes {self.classes}")
+            # Generated labels may be named; real ones not (issue 20, finding 9).
+            which = f"the {what} labels {bad[:5]} are" if what == "synthetic" else f"some {what} labels are"
+            raise ValueError(f"{which} not among the real data's classes")
         return np.array([self._index[k] for k in keys], dtype=np.int64)
 
 
@@ -216,7 +218,7 @@ def train_test_classifiers(
     results = {}
     if len(train_classes) < 2:
         warnings.warn(
-            f"{desc}: the training data has a single class ({int(train_classes[0]) if len(train_classes) else 'none'}): "
+            f"{desc}: the training data has fewer than two classes: "
             f"no classifier can be trained; reporting the constant scorer (AUROC 0.5)",
             stacklevel=3,
         )
