@@ -12,7 +12,8 @@ What is here:
 * :func:`owned_members` — the members of this rank;
 * :func:`shared_seed` — a mechanism seed drawn from the OS on rank 0 and broadcast, so every rank draws
   the *same* noise (added once: the ranks apply one update, not W noisy ones);
-* :func:`replicated_backward` — ``manual_backward`` without DDP's reducer, then an explicit average of the
+* :func:`local_backward` — ``manual_backward`` without DDP's reducer (rank-local networks);
+* :func:`replicated_backward` — the same, then an explicit average of the
   replicated gradients (identical on every rank by construction; the average keeps the replicas equal
   where kernels are not bitwise deterministic);
 * :func:`gather_members` / :func:`select_members` — a checkpoint holds every member in global order
@@ -31,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning_gpate.privacy.randomness import secret_seed
 
-__all__ = ["is_distributed", "rank_and_world", "owned_members", "shared_seed", "replicated_backward",
+__all__ = ["is_distributed", "rank_and_world", "owned_members", "shared_seed", "local_backward", "replicated_backward",
            "gather_members", "select_members"]
 
 
@@ -62,6 +63,14 @@ def shared_seed(module, seed: int | None) -> int | None:
     return int(module.trainer.strategy.broadcast(secret_seed(), src=0))
 
 
+def local_backward(module, loss: torch.Tensor, *args: Any) -> None:
+    """``module.manual_backward(loss, *args)`` without DDP's reducer (``no_sync``): for rank-local
+    networks (a rank's own members), and the first half of :func:`replicated_backward`."""
+    wrapper = module.trainer.strategy.model if getattr(module, "_trainer", None) is not None else None
+    with wrapper.no_sync() if isinstance(wrapper, DistributedDataParallel) else nullcontext():
+        module.manual_backward(loss, *args)
+
+
 def replicated_backward(module, loss: torch.Tensor, *args: Any, params: Iterable[torch.nn.Parameter]) -> None:
     """``module.manual_backward(loss, *args)`` for networks replicated on every rank, then the mean of
     ``params``' gradients over the ranks.
@@ -72,9 +81,7 @@ def replicated_backward(module, loss: torch.Tensor, *args: Any, params: Iterable
     labels or sanitised gradients), so their mean is the same gradient; taking it keeps the replicas
     identical even where a kernel is not bitwise deterministic.
     """
-    wrapper = module.trainer.strategy.model if getattr(module, "_trainer", None) is not None else None
-    with wrapper.no_sync() if isinstance(wrapper, DistributedDataParallel) else nullcontext():
-        module.manual_backward(loss, *args)
+    local_backward(module, loss, *args)
     if not is_distributed():
         return
     grads = [p.grad for p in params if p.grad is not None]
