@@ -47,8 +47,9 @@ stage every rank draws the same discriminator k (the choice comes from one secre
 and broadcast; it is never logged), the rank holding k (k mod W) trains it and computes the sanitised
 gradient into the generated samples, which it broadcasts: the raw gradient never leaves that rank.
 Every rank draws the same latents, applies the same sanitised gradient to its replica of the
-generator, and keeps its noise generator in step with the owner's. Only pretraining is faster: a
-private step uses one discriminator, on one process.
+generator, and keeps its noise generator in step with the owner's. Every rank holds the pretrained
+stack (read, never changed, under ``discriminator_state: reset``; ``kept`` is one process only). Only
+pretraining is faster: a private step uses one discriminator, on one process.
 """
 
 from __future__ import annotations
@@ -423,9 +424,8 @@ class GSWGAN(PrivateGenerativeModel):
         if self.stage == "pretrain":
             owned = owned_members(self.num_discriminators, self)
             if world > 1 and len(self.discriminators) == self.num_discriminators:  # this rank's share only
-                positions = owned
-                self.discriminators = self.discriminators.select(positions)
-                self.pretrain_generators = self.pretrain_generators.select(positions)
+                self.discriminators = self.discriminators.select(owned)
+                self.pretrain_generators = self.pretrain_generators.select(owned)
             if world > 1:  # rank-local members: DDP must neither broadcast rank 0's over them nor average them
                 self._ddp_params_and_buffers_to_ignore = [
                     prefix + name for prefix in self.STACKED_PREFIXES
@@ -545,7 +545,8 @@ class GSWGAN(PrivateGenerativeModel):
         critic_gen = torch.Generator(device=self.device).manual_seed(int(torch.randint(2**62, (1,))))
         d_loss = self.train_critic(k, real_x, real_y, generator=critic_gen) if rank == owner else None
         g_loss = self.generator_step(self.discriminator, owner=owner)
-        self.critic_steps_taken += 0 if rank == owner else self.hparams.critic_steps  # the job's count on every rank
+        if rank != owner:  # the job's count on every rank (the owner counted its steps in train_critic)
+            self.critic_steps_taken += self.hparams.critic_steps
         if rank == owner:  # the sanitised gradient is the step's only release: these are not (opt-in diagnostics)
             self.log_private({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
 
