@@ -169,3 +169,20 @@ def test_a_checkpoint_of_every_member_is_sliced_to_a_rank_s_members_without_touc
     assert checkpoint["optimizer_states"][1]["state"][0]["step"] == 3.0
     assert checkpoint["optimizer_states"][0]["state"][0]["exp_avg"].shape == (3,)  # not a member optimizer
     assert live["exp_avg"].shape == (5, 1)  # the dict it came from is not modified
+
+
+def test_gswgan_that_keeps_discriminator_state_is_refused_on_two_processes_in_one_line(tmp_path, capsys):
+    from lightning_gpate.cli import main
+
+    write_tiny_table(tmp_path / "table.csv")
+    config = {
+        "trainer": {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 1},
+        "model": {"class_path": "lightning_gpate.models.GSWGAN", "init_args": {
+            "epsilon": 1.0, "delta": 1e-5, "discriminator_state": "kept", "budget_accounting": "paper"}},
+        "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
+            "path": "table.csv", "label": "y", "class_ratio": [0.5, 0.5], "num_teachers": 4, "schema": TINY_SCHEMA}},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", "c.yaml"]) == 2  # refused before any process is launched
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "lightning-gpate fit: error: GSWGAN trains on one process only (discriminator_state: kept")

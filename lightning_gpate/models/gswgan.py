@@ -378,6 +378,13 @@ class GSWGAN(PrivateGenerativeModel):
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
 
+    @property
+    def single_process_only(self) -> str | None:
+        """Why this run must stay on one process (the command line refuses more before any starts)."""
+        if self.stage == "train" and self.hparams.get("discriminator_state", "reset") == "kept":
+            return "discriminator_state: kept keeps each discriminator's history of draws on the process that holds it"
+        return None
+
     # ----------------------------------------------------------------- networks
     def _new_discriminator(self) -> nn.Module:
         hp = self.hparams
@@ -431,9 +438,8 @@ class GSWGAN(PrivateGenerativeModel):
                     prefix + name for prefix in self.STACKED_PREFIXES
                     for name, _ in [*getattr(self, prefix[:-1]).named_parameters(), *getattr(self, prefix[:-1]).named_buffers()]]
             return
-        if world > 1 and self.hparams.get("discriminator_state", "reset") == "kept":
-            raise ValueError("discriminator_state: kept is implemented for one process only (each rank would keep its own "
-                             "history of draws): set --trainer.devices 1 or discriminator_state: reset")
+        if world > 1 and self.single_process_only:  # for a Trainer built without the command line
+            raise ValueError(f"GSWGAN trains on one process only ({self.single_process_only}): use one device")
         # every rank draws the same discriminator and the same noise: one secret seed, broadcast by rank 0
         self._noise_seed = shared_seed(self, self.hparams.noise_seed)
         self._noise_generator = None
