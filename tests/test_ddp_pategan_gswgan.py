@@ -128,6 +128,8 @@ def test_gswgan_pretraining_on_two_processes_checkpoints_every_discriminator_as_
 
 
 def test_gswgan_private_stage_on_two_processes_is_one_run_with_the_epsilon_and_the_release_of_one(gswgan_runs):
+    # with noise_seed 0 the 3 steps draw discriminators 4, 2, 1: rank 0 sanitises twice, then rank 1
+    # (its broadcast, and both ranks' skipped noise, are on the path to the release compared here)
     _, train = gswgan_runs
     one, two = assert_one_finished_run_each_with_the_same_epsilon(train[1], train[2])
     assert one.data.tags["stop_reason"] == "max_steps=3 reached" and one.data.metrics["epsilon_final"] > 0
