@@ -314,12 +314,13 @@ class GenerativeDataModule(pl.LightningDataModule):
     def one_teacher_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):
         """One uniformly drawn teacher per step with ``batches`` batches of ``teacher_batch_size`` rows
         from its own partition (see :class:`OneTeacherBatches`), drawn from an OS-seeded generator
-        (``mechanism_seed``: a fixed seed, for tests only)."""
+        (``mechanism_seed``: a fixed seed, for tests only; under DDP, the model's secret seed that rank 0
+        drew and broadcast, so that every process draws the same teacher)."""
         self.setup("fit")
         if self.num_teachers < 1:
             raise DataError("one-teacher sampling needs a teacher partition: set num_teachers > 0")
-        if self._world_size() > 1:
-            raise DataError("one-teacher sampling is implemented for a single process only")
+        if self._world_size() > 1 and mechanism_seed is None:  # each process would draw its own teacher
+            raise DataError("one-teacher sampling on several processes needs one mechanism seed shared by every process")
         x, y = self.splits["train"]
         dataset = OneTeacherBatches(x, y, self.partition, batches=batches, batch_size=self.teacher_batch_size,
                                     transform=self._transform, generator=mechanism_generator("cpu", mechanism_seed))

@@ -38,6 +38,18 @@ state at the start of training (its pretrained weights: a function of its own su
 Adam state, and takes its ``critic_steps`` against the current generator: each step is then exactly
 the subsampled mechanism the analysis composes. ``discriminator_state: kept`` (the official code) is
 available under ``budget_accounting: paper`` only.
+
+Several processes (Lightning DDP). Pretraining is embarrassingly parallel: rank r of W holds and
+pretrains discriminators r, r+W, … (and their throwaway generators) on their own subsets; the random
+draws are made for all N_D members on every rank and each rank keeps its members' rows, so a member
+trains exactly as on one process, and the checkpoint gathers every member in order. In the private
+stage every rank draws the same discriminator k (the choice comes from one secret seed drawn on rank 0
+and broadcast; it is never logged), the rank holding k (k mod W) trains it and computes the sanitised
+gradient into the generated samples, which it broadcasts: the raw gradient never leaves that rank.
+Every rank draws the same latents, applies the same sanitised gradient to its replica of the
+generator, and keeps its noise generator in step with the owner's. Every rank holds the pretrained
+stack (read, never changed, under ``discriminator_state: reset``; ``kept`` is one process only). Only
+pretraining is faster: a private step uses one discriminator, on one process.
 """
 
 from __future__ import annotations
@@ -54,6 +66,8 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import build_mlp_generator, frozen
 from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.sharding import (gather_members, is_distributed, local_backward, owned_members, rank_and_world,
+                                              replicated_backward, select_members, shared_seed)
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.privacy import GSWGANStepEvent
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
@@ -126,6 +140,18 @@ class StackedModules(nn.Module):
         for name in self.param_names + self.buffer_names:
             getattr(self, _key(name))[k].copy_(state[name])
 
+    def select(self, members: Sequence[int]) -> "StackedModules":
+        """A new stack holding copies of ``members`` (positions in this one), in that order."""
+        index = torch.as_tensor(list(members), dtype=torch.long)
+        new = copy.copy(self)  # shares the template; its parameter and buffer dicts are replaced below
+        new._parameters, new._buffers, new._modules = {}, {}, {}
+        for name in self.param_names:
+            new.register_parameter(_key(name), nn.Parameter(getattr(self, _key(name)).detach()[index].clone()))
+        for name in self.buffer_names:
+            new.register_buffer(_key(name), getattr(self, _key(name))[index].clone())
+        new.num_members = len(index)
+        return new
+
 
 class StackedAdamState(nn.Module):
     """Per-member Adam state (moments and step count) of a :class:`StackedModules`, so that the one
@@ -188,6 +214,8 @@ def wgan_gp_critic_loss(
     *,
     gp_weight: float = 10.0,
     drift_weight: float = 1e-3,
+    eps: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """WGAN-GP critic loss (Gulrajani et al. 2017, Alg. 1) with GS-WGAN's drift term:
     ``mean D(fake) − mean D(real) + λ·mean(‖∇D(x̂)‖ − 1)² + drift·mean D(real)²``, where x̂ lies on
@@ -195,11 +223,13 @@ def wgan_gp_critic_loss(
 
     ``real_y`` may have leading member axes (``[N, b]`` for :class:`StackedModules`, ``[b]`` for one
     critic); the loss is the *sum* over members of each member's own loss, so every member gets
-    exactly the gradient it would get alone.
+    exactly the gradient it would get alone. ``eps`` (shaped ``[*real_y.shape, 1, …]``): the
+    interpolation weights, else drawn uniformly (from ``generator``, default torch's global one).
     """
     lead = real_y.dim()
     trailing = (1,) * (real_x.dim() - lead)
-    eps = torch.rand(*real_y.shape, *trailing, device=real_x.device, dtype=real_x.dtype)
+    if eps is None:
+        eps = torch.rand(*real_y.shape, *trailing, device=real_x.device, dtype=real_x.dtype, generator=generator)
     mixed = (eps * real_x + (1 - eps) * fake_x).detach().requires_grad_(True)
     d_real, d_fake, d_mixed = critic(real_x, real_y), critic(fake_x, real_y), critic(mixed, real_y)
     (grad,) = torch.autograd.grad(d_mixed.sum(), mixed, create_graph=True)
@@ -260,8 +290,6 @@ class GSWGAN(PrivateGenerativeModel):
             batches). ``None`` (default) seeds both from the OS at every start, never from
             ``seed_everything``; a fixed seed lets anyone who knows it replay them: for tests only.
     """
-
-    single_process_only = "its discriminators are not sharded across processes"
 
     def __init__(
         self,
@@ -332,6 +360,7 @@ class GSWGAN(PrivateGenerativeModel):
         self.stage = stage
         self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier, secure_mode=secure_mode)
         self._noise_generator: torch.Generator | None = None  # OS-seeded at each start, never checkpointed
+        self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
 
         self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim)
         self.discriminators = StackedModules([self._new_discriminator() for _ in range(num_discriminators)])
@@ -348,6 +377,13 @@ class GSWGAN(PrivateGenerativeModel):
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
+
+    @property
+    def single_process_only(self) -> str | None:
+        """Why this run must stay on one process (the command line refuses more before any starts)."""
+        if self.stage == "train" and self.hparams.get("discriminator_state", "reset") == "kept":
+            return "discriminator_state: kept keeps each discriminator's history of draws on the process that holds it"
+        return None
 
     # ----------------------------------------------------------------- networks
     def _new_discriminator(self) -> nn.Module:
@@ -387,9 +423,29 @@ class GSWGAN(PrivateGenerativeModel):
         partition = getattr(dm, "partition", None)
         return partition.fingerprint() if partition is not None else None
 
+    STACKED_PREFIXES = ("discriminators.", "pretrain_generators.")  # pretraining: the member-sharded state
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        _, world = rank_and_world(self)
+        if self.stage == "pretrain":
+            owned = owned_members(self.num_discriminators, self)
+            if world > 1 and len(self.discriminators) == self.num_discriminators:  # this rank's share only
+                self.discriminators = self.discriminators.select(owned)
+                self.pretrain_generators = self.pretrain_generators.select(owned)
+            if world > 1:  # rank-local members: DDP must neither broadcast rank 0's over them nor average them
+                self._ddp_params_and_buffers_to_ignore = [
+                    prefix + name for prefix in self.STACKED_PREFIXES
+                    for name, _ in [*getattr(self, prefix[:-1]).named_parameters(), *getattr(self, prefix[:-1]).named_buffers()]]
+            return
+        if world > 1 and self.single_process_only:  # for a Trainer built without the command line
+            raise ValueError(f"GSWGAN trains on one process only ({self.single_process_only}): use one device")
+        # every rank draws the same discriminator and the same noise: one secret seed, broadcast by rank 0
+        self._noise_seed = shared_seed(self, self.hparams.noise_seed)
+        self._noise_generator = None
+        self.train_sampling = {**self.train_sampling, "mechanism_seed": derived_seed(self._noise_seed, "discriminator choice")}
+
     def on_fit_start(self) -> None:
-        if self.trainer.world_size > 1:
-            raise RuntimeError("GS-WGAN is implemented for one process (discriminators are not sharded yet)")
         dm = getattr(self.trainer, "datamodule", None)
         if getattr(dm, "partition", None) is None or dm.partition.num_teachers != self.num_discriminators:
             raise ValueError(
@@ -437,9 +493,9 @@ class GSWGAN(PrivateGenerativeModel):
         hp = self.hparams
         return GSWGANStepEvent(noise_multiplier=hp.noise_multiplier, num_discriminators=self.num_discriminators, batch_size=hp.generator_batch_size, steps=1)
 
-    def _critic_loss(self, critic, real_x, real_y, fake_x) -> torch.Tensor:
+    def _critic_loss(self, critic, real_x, real_y, fake_x, **random) -> torch.Tensor:
         hp = self.hparams
-        return wgan_gp_critic_loss(critic, real_x, real_y, fake_x, gp_weight=hp.gp_weight, drift_weight=hp.drift_weight)
+        return wgan_gp_critic_loss(critic, real_x, real_y, fake_x, gp_weight=hp.gp_weight, drift_weight=hp.drift_weight, **random)
 
     def training_step(self, batch, batch_idx):
         if self.stage == "pretrain":
@@ -453,24 +509,30 @@ class GSWGAN(PrivateGenerativeModel):
             self.trainer.should_stop = True
             return
         n_d, b = real_y.shape[:2]
-        if n_d != self.num_discriminators:
-            raise ValueError(f"expected batches for {self.num_discriminators} discriminators, got {n_d}")
+        if n_d != len(self.discriminators):
+            raise ValueError(f"expected batches for {len(self.discriminators)} discriminators, got {n_d}")
+        # Random draws for all N_D members on every rank, each rank keeping its members' rows (all of
+        # them on one process): a member trains exactly as it would on one process.
+        owned = torch.as_tensor(owned_members(self.num_discriminators, self), device=self.device)
+        n_all = self.num_discriminators
         opt_g, opt_d = self.optimizers()
         with torch.no_grad():
-            fake = self.pretrain_generators(self.latent(n_d * b).view(n_d, b, -1), real_y)
-        d_loss = self._critic_loss(self.discriminators, real_x, real_y, fake)
+            fake = self.pretrain_generators(self.latent(n_all * b).view(n_all, b, -1)[owned], real_y)
+        trailing = (1,) * (real_x.dim() - 2)
+        eps = torch.rand(n_all, b, *trailing, device=real_x.device, dtype=real_x.dtype)[owned]
+        d_loss = self._critic_loss(self.discriminators, real_x, real_y, fake, eps=eps)
         opt_d.zero_grad()
-        self.manual_backward(d_loss)
+        local_backward(self, d_loss)
         self.step_uncounted(opt_d)
         self.critic_steps_taken += 1
         logs = {"pretrain/d_loss": d_loss.detach() / n_d}  # non-private networks on private data: opt-in only
         if int(self.critic_steps_taken) % self.hparams.critic_steps == 0:
-            labels = self.sample_labels(n_d * b).view(n_d, b)
-            fake = self.pretrain_generators(self.latent(n_d * b).view(n_d, b, -1), labels)
+            labels = self.sample_labels(n_all * b).view(n_all, b)[owned]
+            fake = self.pretrain_generators(self.latent(n_all * b).view(n_all, b, -1)[owned], labels)
             with frozen(self.discriminators):
                 g_loss = -self.discriminators(fake, labels).mean(-1).sum()
             opt_g.zero_grad()
-            self.manual_backward(g_loss)
+            local_backward(self, g_loss)
             opt_g.step()
             logs["pretrain/g_loss"] = g_loss.detach() / n_d
             if self.trainer.global_step >= self.hparams.pretrain_iterations:
@@ -481,17 +543,27 @@ class GSWGAN(PrivateGenerativeModel):
     def _train_step(self, teacher: torch.Tensor, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
         if not self.charge(self.privacy_event()):
             return None  # budget reached: nothing of this step is applied
-        k = int(teacher)
-        d_loss = self.train_critic(k, real_x, real_y)
-        g_loss = self.generator_step(self.discriminator)
-        # the sanitised gradient is the step's only release: these are not (opt-in diagnostics)
-        self.log_private({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
+        k = int(teacher)  # the same on every rank (one secret seed); never logged unless opted in
+        rank, world = rank_and_world(self)
+        owner = k % world  # the rank that holds discriminator k (as in pretraining)
+        # the critic's own randomness (latents, interpolation weights), drawn on every rank so that
+        # the ranks' global random streams stay equal whichever of them trains the critic
+        critic_gen = torch.Generator(device=self.device).manual_seed(int(torch.randint(2**62, (1,))))
+        d_loss = self.train_critic(k, real_x, real_y, generator=critic_gen) if rank == owner else None
+        g_loss = self.generator_step(self.discriminator, owner=owner)
+        if rank != owner:  # the job's count on every rank (the owner counted its steps in train_critic)
+            self.critic_steps_taken += self.hparams.critic_steps
+        if rank == owner:  # the sanitised gradient is the step's only release: these are not (opt-in diagnostics)
+            self.log_private({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
 
-    def train_critic(self, k: int, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
+    def train_critic(self, k: int, real_x: torch.Tensor, real_y: torch.Tensor, *,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
         """Plain (non-private) WGAN-GP steps of discriminator ``k`` on its own batches
         ``real_x`` ``[critic_steps, b, ...]``, from its state at the start of training and a fresh Adam
         state (``discriminator_state: reset``) or from its last draw with its own Adam state
-        (``kept``); it is left loaded in ``self.discriminator``. Returns the last critic loss."""
+        (``kept``); it is left loaded in ``self.discriminator``. The latents of its fakes and the
+        interpolation weights come from ``generator`` (default: torch's global one). Returns the last
+        critic loss."""
         opt_d = self.optimizers()[1]
         critic = self.discriminator
         kept = self.hparams.get("discriminator_state", "reset") == "kept"
@@ -504,10 +576,10 @@ class GSWGAN(PrivateGenerativeModel):
             # Fakes with the real batch's labels (as the official code); the generator's BatchNorm
             # statistics must not record those private labels: they are restored afterwards.
             with torch.no_grad(), buffers_restored(self.generator):
-                fake = self.generator(self.latent(len(real_yc)), real_yc)
-            d_loss = self._critic_loss(critic, real_xc, real_yc, fake)
+                fake = self.generator(self.latent(len(real_yc), generator=generator), real_yc)
+            d_loss = self._critic_loss(critic, real_xc, real_yc, fake, generator=generator)
             opt_d.zero_grad()
-            self.manual_backward(d_loss)
+            local_backward(self, d_loss)
             self.step_uncounted(opt_d)
             self.critic_steps_taken += 1
         if kept:  # reset: the stacked state never changes, so no draw leaves a trace in it
@@ -515,32 +587,42 @@ class GSWGAN(PrivateGenerativeModel):
             self.discriminator_adam.store_member(k, critic, opt_d.optimizer)
         return d_loss.detach()
 
-    def generator_step(self, critic: nn.Module) -> torch.Tensor:
-        """Update G through ``critic`` with the sanitised gradient (the step's only release)."""
-        g_loss = self.sanitized_generator_gradient(critic)
+    def generator_step(self, critic: nn.Module, *, owner: int = 0) -> torch.Tensor | None:
+        """Update G through ``critic`` (held by rank ``owner``) with the sanitised gradient (the step's
+        only release)."""
+        g_loss = self.sanitized_generator_gradient(critic, owner=owner)
         self.optimizers()[0].step()
         self._update_ema()
         return g_loss
 
-    def sanitized_generator_gradient(self, critic: nn.Module) -> torch.Tensor:
+    def sanitized_generator_gradient(self, critic: nn.Module, *, owner: int = 0) -> torch.Tensor | None:
         """Set the generator's ``.grad`` to ``Σ_j J_j^T ĝ_j`` for B fresh samples, where ĝ_j is the
         sanitised gradient of the WGAN loss ``−mean_j D(x_j)`` w.r.t. sample x_j. The critic gets no
-        gradient: only the detached samples are differentiated. Returns the (detached) loss."""
+        gradient: only the detached samples are differentiated. Under DDP the samples are the same on
+        every rank; rank ``owner`` (the critic's) sanitises and broadcasts ĝ. Returns the (detached)
+        loss on the owner, ``None`` elsewhere."""
         opt_g = self.optimizers()[0]
         b = self.hparams.generator_batch_size
         labels = self.sample_labels(b)
         fake = self.generator(self.latent(b), labels)
-        with frozen(critic):
-            grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake, generator=self.noise_generator())
+        loss = None
+        if rank_and_world(self)[0] == owner:
+            with frozen(critic):
+                grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake, generator=self.noise_generator())
+        else:
+            grad = torch.empty_like(fake)
+            self.sanitizer.skip_noise(grad, generator=self.noise_generator())
+        if is_distributed():
+            torch.distributed.broadcast(grad, src=owner)
         opt_g.zero_grad()
-        self.manual_backward(fake, grad)
+        replicated_backward(self, fake, grad, params=self.generator.parameters())
         return loss
 
     def noise_generator(self) -> torch.Generator:
         """The sanitiser's noise generator: seeded from the OS (unless ``noise_seed``) when first
         used in a process, on the module's device; never saved, so a resumed run draws fresh noise."""
         if self._noise_generator is None or self._noise_generator.device != self.device:
-            self._noise_generator = mechanism_generator(self.device, self.hparams.noise_seed)
+            self._noise_generator = mechanism_generator(self.device, self._noise_seed)
         return self._noise_generator
 
     @torch.no_grad()
@@ -556,8 +638,17 @@ class GSWGAN(PrivateGenerativeModel):
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
+        if self.stage == "pretrain":  # every rank comes here: the checkpoint holds every member, in order
+            gather_members(checkpoint, owned=owned_members(self.num_discriminators, self), prefixes=self.STACKED_PREFIXES,
+                           optimizer_indices=[0, 1])
         checkpoint[GSWGAN_CHECKPOINT_KEY] = {
             "stage": self.stage,
             "num_discriminators": self.num_discriminators,
             "partition_fingerprint": self._partition_fingerprint() if self._trainer is not None else None,
         }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if self.stage == "pretrain":  # resumed on several processes: this rank's members only
+            select_members(checkpoint, owned=owned_members(self.num_discriminators, self), prefixes=self.STACKED_PREFIXES,
+                           optimizer_indices=[0, 1])

@@ -31,6 +31,13 @@ logged (teacher losses and vote margins are functions of the private data: opt-i
 Note on budgets. Under the guarantee every labelled sample is a 2λ-DP release (one record moves one
 teacher's vote, i.e. two counts by one), so the number of affordable queries scales as (ε/λ)²;
 ``lam: null`` picks the largest λ for which ``planned_queries`` labelled samples fit the budget.
+
+Several processes (Lightning DDP): the teachers are sharded as G-PATE's are (rank r of W holds and
+trains teachers r, r+W, … on their own partitions), each rank's vote counts are all-reduced into the
+histogram *before* the noise, and the Laplace noise comes from a generator seeded identically on every
+rank (a secret seed drawn on rank 0 and broadcast), so every rank labels the same samples the same way
+and the replicated student and generator take the same steps: one noisy vote per query, as on one
+process, and the same accounting.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ import torch.nn.functional as F
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
+from lightning_gpate.models.sharding import (gather_members, is_distributed, owned_members, replicated_backward,
+                                              select_members, shared_seed)
 from lightning_gpate.privacy import LaplaceVoteEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -142,7 +151,6 @@ class PATEGAN(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
-    single_process_only = "its teachers are not sharded across processes"
 
     def __init__(
         self,
@@ -239,6 +247,7 @@ class PATEGAN(PrivateGenerativeModel):
                 num_teachers, in_features=d, num_classes=self.num_classes,
                 hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
         self._noise_generator: torch.Generator | None = None
+        self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
         self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
 
     # ----------------------------------------------------------------- budget planning
@@ -277,8 +286,14 @@ class PATEGAN(PrivateGenerativeModel):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if self._trainer is not None and self.trainer.world_size > 1:
-            raise RuntimeError("PATEGAN trains on one process (teacher sharding across ranks is not implemented for it)")
+        owned = owned_members(self.num_teachers, self)
+        if len(owned) != self.teachers.num_teachers:  # DDP: this rank keeps (and trains) its share only
+            self.teachers = self.teachers.subset(owned)
+        if owned != list(range(self.num_teachers)):
+            # rank-local teachers: DDP must neither broadcast rank 0's over them nor average them
+            self._ddp_params_and_buffers_to_ignore = self.teachers.ddp_ignore_names("teachers.")
+        self._noise_seed = shared_seed(self, self.hparams.noise_seed)
+        self._noise_generator = None
 
     # ----------------------------------------------------------------- the vote
     def noise_generator(self) -> torch.Generator:
@@ -286,7 +301,7 @@ class PATEGAN(PrivateGenerativeModel):
         when first used in a process, never saved: its state would let anyone holding a checkpoint
         recover past noise, and a resumed run seeded afresh never replays it."""
         if self._noise_generator is None or self._noise_generator.device != self.device:
-            self._noise_generator = mechanism_generator(self.device, self.hparams.noise_seed)
+            self._noise_generator = mechanism_generator(self.device, self._noise_seed)
         return self._noise_generator
 
     def vote_noise(self, shape: Sequence[int]) -> torch.Tensor:
@@ -299,7 +314,8 @@ class PATEGAN(PrivateGenerativeModel):
         """Vote histograms ``[m, 2]`` (counts of teachers voting fake, real) for generated samples.
 
         Each teacher votes real when its logit is positive; the histogram is built with
-        ``scatter_add`` over the ``[T, m]`` vote matrix (no loop over teachers).
+        ``scatter_add`` over the ``[T, m]`` vote matrix (no loop over teachers). Under DDP each rank
+        counts its own teachers' votes and the counts are summed over the ranks (before any noise).
         """
         counts = torch.zeros(x.shape[0], 2, device=x.device, dtype=torch.float64 if x.device.type != "mps" else torch.float32)
         chunk = int(self.hparams.vote_chunk_size)
@@ -310,6 +326,8 @@ class PATEGAN(PrivateGenerativeModel):
         for s in range(0, x.shape[0], chunk):
             votes = (self.teachers.forward_shared(x[s:s + chunk], y[s:s + chunk]) > threshold).long()  # [T, c]
             counts[s:s + chunk].scatter_add_(1, votes.t(), torch.ones_like(votes.t(), dtype=counts.dtype))
+        if is_distributed():
+            torch.distributed.all_reduce(counts)
         return counts
 
     def noisy_labels(self, counts: torch.Tensor) -> torch.Tensor:
@@ -373,9 +391,9 @@ class PATEGAN(PrivateGenerativeModel):
     def training_step(self, batch, batch_idx):
         if self.budget_exhausted:
             return None
-        real_x, real_y = batch  # [T, b, ...], [T, b]: teacher t's rows come only from its own partition
-        if real_y.shape[0] != self.num_teachers:
-            raise RuntimeError(f"expected batches for {self.num_teachers} teachers, got {real_y.shape[0]}")
+        real_x, real_y = batch  # [T, b, ...], [T, b]: teacher t's rows come only from its own partition (this rank's T)
+        if real_y.shape[0] != self.teachers.num_teachers:
+            raise RuntimeError(f"expected batches for {self.teachers.num_teachers} teachers, got {real_y.shape[0]}")
         opt_g, opt_s, opt_t = self.optimizers()
         hp = self.hparams
         m = hp.query_batch_size
@@ -395,7 +413,7 @@ class PATEGAN(PrivateGenerativeModel):
             xs, ys, ls = self._student_batch(x, y, labels)
             s_loss = F.binary_cross_entropy_with_logits(self.student(xs, ys), ls.float())
             opt_s.zero_grad()
-            self.manual_backward(s_loss)
+            replicated_backward(self, s_loss, params=self.student.parameters())
             self.step_uncounted(opt_s)
             real_fraction.append(labels.float().mean())
             margins.append(gaps.mean() / self.num_teachers)
@@ -403,7 +421,7 @@ class PATEGAN(PrivateGenerativeModel):
         y = self.query_labels(m)
         g_loss = F.binary_cross_entropy_with_logits(self.student(self._fakes(y, grad=True), y), torch.ones(m, device=self.device))
         opt_g.zero_grad()
-        self.manual_backward(g_loss)
+        replicated_backward(self, g_loss, params=self.generator.parameters())
         opt_g.step()
 
         # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
@@ -411,6 +429,20 @@ class PATEGAN(PrivateGenerativeModel):
                        "noisy_real_fraction": torch.stack(real_fraction).mean()}, prog_bar=True)
         self.log_private({"t_loss": t_loss, "vote_margin": torch.stack(margins).mean().float()})
         return None
+
+    # ----------------------------------------------------------------- checkpoints
+    TEACHER_OPTIMIZER = 2  # configure_optimizers: generator, student, teachers
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        # every rank comes here: the checkpoint (written by rank 0) holds every teacher, in id order
+        gather_members(checkpoint, owned=self.teachers.teacher_ids.tolist(), prefixes=["teachers."],
+                       optimizer_indices=[self.TEACHER_OPTIMIZER])
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        select_members(checkpoint, owned=self.teachers.teacher_ids.tolist(), prefixes=["teachers."],
+                       optimizer_indices=[self.TEACHER_OPTIMIZER])
 
     # ----------------------------------------------------------------- reporting
     def on_train_start(self) -> None:

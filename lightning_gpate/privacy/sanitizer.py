@@ -111,6 +111,14 @@ class GradientSanitizer:
             out = out + self.noise_std * self._standard_normal(grad, generator)
         return out / scale
 
+    def skip_noise(self, like: torch.Tensor, *, generator: torch.Generator) -> None:
+        """Draw, and discard, the noise that sanitising a gradient shaped like ``like`` draws from
+        ``generator``: under DDP the processes that do not hold the step's discriminator keep their
+        copy of the (identically seeded) mechanism generator in step with the one that does, so that
+        no two steps ever get the same noise."""
+        if self.noise_multiplier > 0:
+            self._standard_normal(like, generator)
+
     def _standard_normal(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         def draw(shape):
             return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)

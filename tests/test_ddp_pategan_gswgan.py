@@ -1,0 +1,190 @@
+"""PATE-GAN and GS-WGAN through ``lightning-gpate fit`` on 2 CPU processes (DDP, gloo), as a user runs
+them, against the same command on 1 process under the same strategy: one MLflow run, the same ε, and —
+with the test-only noise seed and ``--seed_everything`` fixed — the same release, every tensor of it
+(BatchNorm buffers included). One pair of runs (per stage) serves every assertion of a model."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import mlflow
+import pytest
+import torch
+import yaml
+
+from clitools import TINY_SCHEMA, run_cli, write_tiny_table
+
+FIXED = ["--seed_everything", "11", "--model.init_args.noise_seed", "0", "--trainer.strategy", "ddp"]
+INIT = {
+    "PATEGAN": {"epsilon": 5.0, "teacher_steps": 2, "student_steps": 2, "query_batch_size": 16},
+    "GSWGAN": {"epsilon": 50.0, "delta": 1e-5, "stage": "pretrain", "critic_steps": 2, "pretrain_iterations": 3,
+               "generator_batch_size": 8, "noise_multiplier": 4.0},
+}
+
+
+def _fit(folder, model: str, devices: int, experiment: str, *extra: str):
+    """``lightning-gpate fit`` of ``model`` on the tiny table (5 teachers: 3 on rank 0, 2 on rank 1),
+    3 steps, default callbacks; returns the experiment's runs."""
+    config = {
+        "trainer": {"accelerator": "cpu", "max_steps": 3, "enable_progress_bar": False},
+        "model": {"class_path": f"lightning_gpate.models.{model}", "init_args": INIT[model]},
+        "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
+            "path": "table.csv", "label": "y", "class_ratio": [0.5, 0.5], "num_teachers": 5, "schema": TINY_SCHEMA}},
+    }
+    (folder / "c.yaml").write_text(yaml.safe_dump(config))
+    result = run_cli("fit", "--config", "c.yaml", "--trainer.devices", str(devices), *FIXED, *extra,
+                     "--trainer.logger.init_args.experiment_name", experiment, cwd=folder, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("lightning-gpate fit: done") == 1  # rank 0 only
+    if devices == 2:
+        assert "Starting with 2 processes" in result.stderr or "MEMBER: 2/2" in result.stderr
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}")
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def _tensors(state: dict) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if torch.is_tensor(v)}
+
+
+def assert_same_tensors(one: dict, two: dict, atol: float = 1e-6) -> None:
+    one, two = _tensors(one), _tensors(two)
+    assert one.keys() == two.keys() and one
+    for name, tensor in one.items():
+        assert tensor.shape == two[name].shape, name
+        assert torch.allclose(tensor.double(), two[name].double(), atol=atol, rtol=0), (name, (tensor.double() - two[name].double()).abs().max())
+
+
+def assert_same_optimizer_states(one: list, two: list) -> None:
+    assert len(one) == len(two)
+    for a, b in zip(one, two):
+        assert a["state"].keys() == b["state"].keys()
+        for p in a["state"]:
+            assert_same_tensors(a["state"][p], b["state"][p])
+
+
+def _checkpoint(run) -> dict:
+    return torch.load(run.data.tags["training_checkpoint"], map_location="cpu", weights_only=False)
+
+
+def _release(run) -> dict:
+    return torch.load(run.data.tags["release_artifact"], map_location="cpu", weights_only=False)
+
+
+def assert_one_finished_run_each_with_the_same_epsilon(runs_one, runs_two) -> tuple:
+    (one,), (two,) = runs_one, runs_two  # exactly one MLflow run for the two processes
+    for run in (one, two):
+        assert run.info.status == "FINISHED"
+        assert not [t for t in run.data.tags if t.endswith("_error")], run.data.tags  # every evaluation ran
+    assert math.isclose(one.data.metrics["epsilon_final"], two.data.metrics["epsilon_final"], rel_tol=1e-12)
+    assert one.data.tags["stop_reason"] == two.data.tags["stop_reason"]
+    return one, two
+
+
+# ------------------------------------------------------------------------------------------ PATE-GAN
+@pytest.fixture(scope="module")
+def pategan_runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pategan_ddp")
+    write_tiny_table(folder / "table.csv")
+    return _fit(folder, "PATEGAN", 1, "one"), _fit(folder, "PATEGAN", 2, "two")
+
+
+def test_pategan_on_two_processes_is_one_run_with_the_epsilon_and_the_release_of_one(pategan_runs):
+    one, two = assert_one_finished_run_each_with_the_same_epsilon(*pategan_runs)
+    assert one.data.tags["stop_reason"] == "max_steps=3 reached" and one.data.metrics["epsilon_final"] > 0
+    # the generator, BatchNorm running statistics included, is what the release samples from
+    assert_same_tensors(_release(one)["generator"], _release(two)["generator"])
+
+
+def test_pategan_training_checkpoint_of_two_processes_holds_every_teacher_in_order(pategan_runs):
+    # rank 0 writes the checkpoint: it gathers the teachers (and their Adam moments) of both ranks,
+    # so the checkpoint is the one process's, resumable with any number of processes
+    (one,), (two,) = pategan_runs
+    c1, c2 = _checkpoint(one), _checkpoint(two)
+    assert c2["state_dict"]["teachers.teacher_ids"].tolist() == [0, 1, 2, 3, 4]
+    assert_same_tensors(c1["state_dict"], c2["state_dict"])
+    assert_same_optimizer_states(c1["optimizer_states"], c2["optimizer_states"])
+
+
+# ------------------------------------------------------------------------------------------ GS-WGAN
+@pytest.fixture(scope="module")
+def gswgan_runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gswgan_ddp")
+    write_tiny_table(folder / "table.csv")
+    pre = {d: _fit(folder, "GSWGAN", d, f"pretrain{d}") for d in (1, 2)}
+    train = {d: _fit(folder, "GSWGAN", d, f"train{d}", "--model.init_args.stage", "train",
+                     "--model.init_args.pretrained_checkpoint", pre[d][0].data.tags["training_checkpoint"])
+             for d in (1, 2)}
+    return pre, train
+
+
+def test_gswgan_pretraining_on_two_processes_checkpoints_every_discriminator_as_one_process(gswgan_runs):
+    pre, _ = gswgan_runs
+    one, two = assert_one_finished_run_each_with_the_same_epsilon(pre[1], pre[2])
+    c1, c2 = _checkpoint(one), _checkpoint(two)
+    assert c2["state_dict"]["discriminators.body__0__weight"].shape[0] == 5  # 3 from rank 0, 2 from rank 1
+    assert_same_tensors(c1["state_dict"], c2["state_dict"])
+    assert_same_optimizer_states(c1["optimizer_states"], c2["optimizer_states"])
+
+
+def test_gswgan_private_stage_on_two_processes_is_one_run_with_the_epsilon_and_the_release_of_one(gswgan_runs):
+    # with noise_seed 0 the 3 steps draw discriminators 4, 2, 1: rank 0 sanitises twice, then rank 1
+    # (its broadcast, and both ranks' skipped noise, are on the path to the release compared here)
+    _, train = gswgan_runs
+    one, two = assert_one_finished_run_each_with_the_same_epsilon(train[1], train[2])
+    assert one.data.tags["stop_reason"] == "max_steps=3 reached" and one.data.metrics["epsilon_final"] > 0
+    assert_same_tensors(_release(one)["generator"], _release(two)["generator"])
+    # the secret choice of discriminator is not logged (it is only with log_private_diagnostics)
+    assert not [m for m in two.data.metrics if "discriminator" in m]
+    assert os.path.exists(two.data.tags["training_checkpoint"])
+
+
+# ------------------------------------------------------------------------------------------ the pieces
+def test_a_rank_that_skips_the_sanitiser_noise_draws_the_next_step_s_noise_as_the_owner_does():
+    # under DDP the rank without the step's discriminator only advances its (identically seeded) noise
+    # generator: the next step's noise is then the owner's, and never a repeat of this step's
+    from lightning_gpate.privacy.sanitizer import GradientSanitizer
+
+    for secure in (False, True):
+        sanitizer = GradientSanitizer(clip_bound=1.0, noise_multiplier=1.0, secure_mode=secure)
+        owner, other = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        grad = torch.randn(8, 5)
+        first = sanitizer(grad, reduction="sum", generator=owner)
+        sanitizer.skip_noise(grad, generator=other)
+        zero = torch.zeros_like(grad)
+        second_owner = sanitizer(zero, reduction="sum", generator=owner)
+        second_other = sanitizer(zero, reduction="sum", generator=other)
+        assert torch.equal(second_owner, second_other)
+        assert not torch.allclose(second_owner, first - sanitizer.clip(grad))  # fresh noise, not the first step's
+
+
+def test_a_checkpoint_of_every_member_is_sliced_to_a_rank_s_members_without_touching_live_state():
+    from lightning_gpate.models.sharding import select_members
+
+    live = {"exp_avg": torch.arange(5.0).view(5, 1), "step": torch.tensor(3.0)}
+    checkpoint = {"state_dict": {"teachers.w": torch.arange(10.0).view(5, 2), "generator.w": torch.ones(3)},
+                  "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(3)}}}, {"state": {0: live}}]}
+    select_members(checkpoint, owned=[1, 3], prefixes=["teachers."], optimizer_indices=[1])
+    assert checkpoint["state_dict"]["teachers.w"].tolist() == [[2.0, 3.0], [6.0, 7.0]]
+    assert checkpoint["state_dict"]["generator.w"].shape == (3,)  # replicated: whole
+    assert checkpoint["optimizer_states"][1]["state"][0]["exp_avg"].flatten().tolist() == [1.0, 3.0]
+    assert checkpoint["optimizer_states"][1]["state"][0]["step"] == 3.0
+    assert checkpoint["optimizer_states"][0]["state"][0]["exp_avg"].shape == (3,)  # not a member optimizer
+    assert live["exp_avg"].shape == (5, 1)  # the dict it came from is not modified
+
+
+def test_gswgan_that_keeps_discriminator_state_is_refused_on_two_processes_in_one_line(tmp_path, capsys):
+    from lightning_gpate.cli import main
+
+    write_tiny_table(tmp_path / "table.csv")
+    config = {
+        "trainer": {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 1},
+        "model": {"class_path": "lightning_gpate.models.GSWGAN", "init_args": {
+            "epsilon": 1.0, "delta": 1e-5, "discriminator_state": "kept", "budget_accounting": "paper"}},
+        "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
+            "path": "table.csv", "label": "y", "class_ratio": [0.5, 0.5], "num_teachers": 4, "schema": TINY_SCHEMA}},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", "c.yaml"]) == 2  # refused before any process is launched
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "lightning-gpate fit: error: GSWGAN trains on one process only (discriminator_state: kept")
