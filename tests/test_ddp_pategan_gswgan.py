@@ -89,6 +89,7 @@ def pategan_runs(tmp_path_factory):
     return _fit(folder, "PATEGAN", 1, "one"), _fit(folder, "PATEGAN", 2, "two")
 
 
+@pytest.mark.xdist_group("ddp_pategan")  # one module fixture's runs: one worker (pytest-xdist)
 def test_pategan_on_two_processes_is_one_run_with_the_epsilon_and_the_release_of_one(pategan_runs):
     one, two = assert_one_finished_run_each_with_the_same_epsilon(*pategan_runs)
     assert one.data.tags["stop_reason"] == "max_steps=3 reached" and one.data.metrics["epsilon_final"] > 0
@@ -96,6 +97,7 @@ def test_pategan_on_two_processes_is_one_run_with_the_epsilon_and_the_release_of
     assert_same_tensors(_release(one)["generator"], _release(two)["generator"])
 
 
+@pytest.mark.xdist_group("ddp_pategan")  # one module fixture's runs: one worker (pytest-xdist)
 def test_pategan_training_checkpoint_of_two_processes_holds_every_teacher_in_order(pategan_runs):
     # rank 0 writes the checkpoint: it gathers the teachers (and their Adam moments) of both ranks,
     # so the checkpoint is the one process's, resumable with any number of processes
@@ -118,6 +120,7 @@ def gswgan_runs(tmp_path_factory):
     return pre, train
 
 
+@pytest.mark.xdist_group("ddp_gswgan")  # one module fixture's runs: one worker (pytest-xdist)
 def test_gswgan_pretraining_on_two_processes_checkpoints_every_discriminator_as_one_process(gswgan_runs):
     pre, _ = gswgan_runs
     one, two = assert_one_finished_run_each_with_the_same_epsilon(pre[1], pre[2])
@@ -127,6 +130,7 @@ def test_gswgan_pretraining_on_two_processes_checkpoints_every_discriminator_as_
     assert_same_optimizer_states(c1["optimizer_states"], c2["optimizer_states"])
 
 
+@pytest.mark.xdist_group("ddp_gswgan")  # one module fixture's runs: one worker (pytest-xdist)
 def test_gswgan_private_stage_on_two_processes_is_one_run_with_the_epsilon_and_the_release_of_one(gswgan_runs):
     # with noise_seed 0 the 3 steps draw discriminators 4, 2, 1: rank 0 sanitises twice, then rank 1
     # (its broadcast, and both ranks' skipped noise, are on the path to the release compared here)
