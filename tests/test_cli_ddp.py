@@ -60,6 +60,8 @@ def _one_process_under_ddp():
     """A fit in this process with ``--trainer.strategy ddp --trainer.devices 1`` (a process group of one,
     the code path of every rank); the group and the variables Lightning set are removed afterwards."""
     environ = dict(os.environ)
+    # as in the CLI's processes (clitools.cli_env): else Lightning gives this one process every core's thread
+    os.environ["OMP_NUM_THREADS"] = "1"
     try:
         yield ["--trainer.strategy", "ddp", "--trainer.devices", "1"]
     finally:
