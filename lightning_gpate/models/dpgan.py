@@ -53,6 +53,7 @@ from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerative
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.generators import ConditionalMLPGenerator
 from lightning_gpate.privacy import SubsampledGaussianEvent
+from lightning_gpate.privacy.disclosure import private_diagnostics_allowed
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 ARCHITECTURES = ("mlp", "dcgan")
@@ -139,7 +140,8 @@ class DPGAN(PrivateGenerativeModel):
             hence more steps for a budget; :mod:`lightning_gpate.privacy.pld`). The RDP accountant
             records the steps either way (logged as ``epsilon_final_rdp``).
         log_private_diagnostics: also log the critic's Wasserstein estimate on the real batch and the
-            Poisson batch size (functions of the private data without noise) under ``private/*``.
+            Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
+            the estimate on rank 0's shard, the size of the whole batch).
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
@@ -462,8 +464,11 @@ class DPGAN(PrivateGenerativeModel):
             self.critic_steps_taken += 1
         g_loss = self.generator_step()
         self.log_dict({"g_loss": g_loss})  # through the DP critic: post-processing
-        self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(),
-                          "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
+        if private_diagnostics_allowed(self):  # under DDP: the estimate on rank 0's rows, the size of the whole batch
+            size = torch.tensor(float(sum(len(y) for _, y in batch)) / len(batch), device=self.device)
+            if self.trainer.world_size > 1:
+                size = self.all_gather(size).sum()
+            self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(), "real_batch_size": size})
 
     def on_train_epoch_end(self) -> None:
         self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)
