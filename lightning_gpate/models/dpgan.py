@@ -11,9 +11,9 @@ critic, so it is post-processing of a DP critic. What makes the accounting a gua
   are (the subsampled Gaussian's sensitivity). The fake term reads no private data: M fakes, M a
   public constant (the expected batch size B), latents and labels drawn from a public generator, the
   generator's BatchNorm running statistics restored afterwards; it is a function of the critic's
-  current (already private) weights, i.e. post-processing. (Pairing fake i with real row i and
-  clipping the pair, as before, let one record move every later pairing, the number of fakes and
-  through BatchNorm every other fake.)
+  current (already private) weights, i.e. post-processing. (Clipping pairs of fake i and real row i
+  instead would let one record move every later pairing, the number of fakes drawn and, through the
+  generator's BatchNorm, every other fake: a sensitivity far above C.)
 * **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
   model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
   assumes it. Its rate q is a **declared public** hyperparameter (``sampling_rate``), never
