@@ -13,6 +13,7 @@ import yaml
 
 from clitools import ROOT, TINY_SCHEMA, assert_one_line_error, run_cli, store_snapshot, write_tiny_table
 from conftest import query_run
+from ddp_workers import noise_of_one_dpgan_step
 from lightning_gpate.cli import main
 from lightning_gpate.release import load_release
 
@@ -130,32 +131,6 @@ def test_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_pa
     _assert_same_release(run_one.data.tags["release_artifact"], run_two.data.tags["release_artifact"], atol=1e-4)
 
 
-def _noise_of_one_step(rank: int, world: int, port: int, out: str, sigma: float, clip: float, batch: float) -> None:
-    """A DP-GAN critic step on an empty shard (noise only) on ``world`` gloo processes, each with its own
-    OS-seeded mechanism generator (as without noise_seed); writes the gradient x the expected batch."""
-    import os
-
-    from opacus import GradSampleModule
-
-    from lightning_gpate.nets.discriminators import ConditionalMLPDiscriminator
-    from lightning_gpate.privacy.distributed import DPSumOptimizer
-    from lightning_gpate.privacy.randomness import mechanism_generator
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    critic = GradSampleModule(ConditionalMLPDiscriminator(in_features=64, num_classes=10, hidden=(64, 64), norm="none"),
-                              batch_first=True, loss_reduction="sum")
-    opt = DPSumOptimizer(torch.optim.RMSprop(critic.parameters(), lr=1e-3), noise_multiplier=sigma, max_grad_norm=clip,
-                         expected_batch_size=batch, loss_reduction="mean", generator=mechanism_generator("cpu"))
-    opt.zero_grad()
-    for p in critic.parameters():
-        p.grad_sample = p.new_zeros(0, *p.shape)  # this process's shard of the Poisson batch is empty
-    assert opt.pre_step()
-    torch.save(torch.cat([p.grad.reshape(-1) for p in critic.parameters()]) * batch, f"{out}/{rank}.pt")
-    torch.distributed.destroy_process_group()
-
-
 def test_dpgan_noise_is_added_once_per_step_on_two_processes(tmp_path):
     import socket
 
@@ -163,7 +138,7 @@ def test_dpgan_noise_is_added_once_per_step_on_two_processes(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     sigma, clip = 1.3, 0.7
-    torch.multiprocessing.spawn(_noise_of_one_step, args=(2, port, str(tmp_path), sigma, clip, 32.0), nprocs=2)
+    torch.multiprocessing.spawn(noise_of_one_dpgan_step, args=(2, port, str(tmp_path), sigma, clip, 32.0), nprocs=2)
     noise = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
     assert torch.equal(noise[0], noise[1])  # every process applies the same noisy gradient
     d = noise[0].numel()
