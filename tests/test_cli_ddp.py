@@ -25,7 +25,7 @@ QUICK = ["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--data.i
 
 
 def _experiment_runs(experiment: str):
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])  # this test's store, whatever an earlier fit set
     exp = client.get_experiment_by_name(experiment)
     return client.search_runs([exp.experiment_id])
 
