@@ -239,3 +239,24 @@ def test_the_number_of_steps_does_not_depend_on_the_private_row_count():
         steps.append(int(model.critic_steps_taken))
         assert model.budget_exhausted and model.expected_batch_size == 4
     assert steps[0] == steps[1] > 5
+
+
+def test_poisson_shards_of_processes_are_disjoint_and_make_up_the_one_process_batch():
+    """Under DDP each process keeps the drawn rows it owns: with equal generators (a fixed test seed) the
+    shards are the one-process Poisson batch, split; each row is still decided by one Bernoulli draw."""
+    from datamodules.base import PoissonBatches
+
+    x, y = torch.arange(200.0).unsqueeze(1), torch.arange(200)
+
+    def batches(shard):
+        data = PoissonBatches(x, y, sample_rate=0.1, batches=3, generator=torch.Generator().manual_seed(5), shard=shard)
+        return [[by.tolist() for _, by in item] for item in data]
+
+    whole, shards = batches((0, 1)), [batches((r, 2)) for r in (0, 1)]
+    assert len(whole) == len(shards[0]) == len(shards[1])  # every process takes the same number of steps
+    for k, item in enumerate(whole):
+        for b, rows in enumerate(item):
+            mine, theirs = shards[0][k][b], shards[1][k][b]
+            assert sorted(mine + theirs) == sorted(rows) and not set(mine) & set(theirs)
+            assert all(r % 2 == 0 for r in mine) and all(r % 2 == 1 for r in theirs)
+    assert sum(len(rows) for item in whole for rows in item) > 0
