@@ -12,6 +12,7 @@ import torch
 from conftest import query_run
 from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.models import DPGAN, load_generator
+from lightning_gpate.privacy.distributed import DPSumOptimizer
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
 # q declared public: 32 expected rows of the 1258 in the (public) training split of the digits
@@ -92,6 +93,7 @@ def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
                   generator_hidden=(16,), discriminator_hidden=(64, 64))
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
+    assert isinstance(dp_opt, DPSumOptimizer)  # under DDP: noise once, on rank 0 (test_cli_ddp checks it on 2 processes)
     empty_x, empty_y = torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)
     dp_opt.zero_grad()
     model.real_term_per_sample_gradients(empty_x, empty_y)  # a Poisson batch may be empty
