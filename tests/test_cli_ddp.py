@@ -161,6 +161,22 @@ def test_marginaltree_under_ddp_is_refused_in_one_line_before_anything_starts(tm
     assert store_snapshot(tmp_path / "mlruns")["runs"] == {}  # refused before any process or MLflow run started
 
 
+@pytest.mark.parametrize("model", ["PATEGAN", "GSWGAN"])
+def test_pategan_and_gswgan_refuse_ddp_too(tmp_path, capsys, model):
+    write_tiny_table(tmp_path / "table.csv")
+    init = {"PATEGAN": {"epsilon": 1.0}, "GSWGAN": {"epsilon": 1.0, "delta": 1e-5, "stage": "pretrain"}}[model]
+    config = {
+        "trainer": {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 1},
+        "model": {"class_path": f"lightning_gpate.models.{model}", "init_args": init},
+        "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
+            "path": "table.csv", "label": "y", "class_ratio": [0.5, 0.5], "num_teachers": 4,
+            "schema": {"a": {"min": 0, "max": 1}, "b": {"min": 0, "max": 1}, "y": {"categories": [0, 1]}}}},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", "c.yaml"]) == 2  # refused before any process is launched
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"lightning-gpate fit: error: {model} trains on one process only")
+
+
 def test_the_gan_under_plain_ddp_is_told_which_strategy_it_needs(capsys):
     args = ["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     assert main([*args, "--trainer.strategy", "ddp"]) == 2
