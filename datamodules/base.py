@@ -50,10 +50,16 @@ class PoissonBatches(torch.utils.data.IterableDataset):
         batches: batches per item.
         transform: applied to gathered features (e.g. uint8 images to [-1, 1]).
         generator: the CPU ``torch.Generator`` of the draws (default: a fresh OS-seeded one).
+        shard: ``(rank, world)``: this process keeps the drawn rows ``r`` with ``r % world == rank``
+            (DDP). Every row's inclusion is still one Bernoulli(q) draw, made by the one process that
+            owns the row, so the union of the shards is a Poisson batch of the whole data, whether the
+            processes' generators are independent (OS-seeded) or equal (a fixed test seed: then the
+            union is the one-process batch).
     """
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, *, sample_rate: float, batches: int = 1,
-                 transform: Callable | None = None, generator: torch.Generator | None = None) -> None:
+                 transform: Callable | None = None, generator: torch.Generator | None = None,
+                 shard: tuple[int, int] = (0, 1)) -> None:
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
         if batches < 1:
@@ -61,6 +67,9 @@ class PoissonBatches(torch.utils.data.IterableDataset):
         self.features, self.labels, self.transform = features, labels, transform
         self.sample_rate, self.batches = float(sample_rate), int(batches)
         self.generator = generator if generator is not None else mechanism_generator("cpu")
+        self.rank, self.world = int(shard[0]), int(shard[1])
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"shard must be (rank, world) with 0 <= rank < world, got {shard}")
 
     def __len__(self) -> int:
         return max(1, int(round(1.0 / (self.sample_rate * self.batches))))
@@ -74,6 +83,8 @@ class PoissonBatches(torch.utils.data.IterableDataset):
             items = []
             for rows in sampler:
                 rows = torch.as_tensor(rows, dtype=torch.long)
+                if self.world > 1:
+                    rows = rows[rows % self.world == self.rank]
                 x = self.features[rows]
                 items.append((self.transform(x) if self.transform is not None else x, self.labels[rows]))
             yield items
@@ -232,7 +243,6 @@ class GenerativeDataModule(pl.LightningDataModule):
         loaded = self._load()
         splits = dict(loaded["splits"])
         x, y = splits.pop("train")
-        n = len(y)
         # Per record, from its content: one record more or less moves no other record between splits.
         keys = record_keys(x, y)
         u = torch.from_numpy(keyed_uniform(keys, self.split_seed, "split"))
@@ -300,15 +310,15 @@ class GenerativeDataModule(pl.LightningDataModule):
         each batch independently with probability ``sample_rate``, the rate the model declared public
         (never derived here from the private row count); each step gets ``batches`` such batches
         (DP-GAN: one per critic step). The sampling is drawn from an OS-seeded generator
-        (``mechanism_seed``: a fixed seed, for tests only)."""
+        (``mechanism_seed``: a fixed seed, for tests only); under DDP each process keeps its shard of
+        the rows (see :class:`PoissonBatches`)."""
         self.setup("fit")
         if self.num_teachers > 0:
             raise DataError("Poisson sampling draws from the whole training split: set num_teachers: 0")
-        if self._world_size() > 1:
-            raise DataError("Poisson sampling for DP-SGD is implemented for a single process only")
         x, y = self.splits["train"]
+        shard = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         dataset = PoissonBatches(x, y, sample_rate=sample_rate, batches=batches, transform=self._transform,
-                                 generator=mechanism_generator("cpu", mechanism_seed))
+                                 generator=mechanism_generator("cpu", mechanism_seed), shard=shard)
         return DataLoader(dataset, batch_size=None, num_workers=0)
 
     def one_teacher_dataloader(self, batches: int = 1, *, mechanism_seed: int | None = None):

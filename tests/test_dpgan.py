@@ -12,6 +12,7 @@ import torch
 from conftest import query_run
 from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.models import DPGAN, load_generator
+from lightning_gpate.privacy.distributed import DPSumOptimizer
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
 # q declared public: 32 expected rows of the 1258 in the (public) training split of the digits
@@ -38,35 +39,52 @@ def test_each_real_record_gives_one_clipped_gradient():
     dp_opt = model.optimizers()[1].optimizer
     dp_opt.noise_multiplier = 0.0  # isolate the clipping
     x, y = dm.model_space("train")
-    real_x, real_y, fake_x, fake_y = x[:6], y[:6], x[6:12].flip(-1), y[6:12]
+    real_x, real_y = x[:6], y[:6]
 
     dp_opt.zero_grad()
-    model.paired_per_sample_gradients(real_x, real_y, fake_x, fake_y)
+    model.real_term_per_sample_gradients(real_x, real_y)
     dp_opt.pre_step()  # clip, sum, (no) noise, divide by the expected batch size
     got = _flat(p.grad for p in model.discriminator.parameters())
 
-    # Independent reference: per record i, the gradient of D(fake_i) - D(real_i), clipped to C.
+    # Independent reference: per record i, the gradient of -D(real_i), clipped to C.
     critic = model.discriminator._module
     params = list(critic.parameters())
     model.discriminator.disable_hooks()
-    pairs, real_only, fake_only = [], [], []
-    for i in range(6):
-        d_real = critic(real_x[i:i + 1], real_y[i:i + 1]).sum()
-        d_fake = critic(fake_x[i:i + 1], fake_y[i:i + 1]).sum()
-        pairs.append(_flat(torch.autograd.grad(d_fake - d_real, params, retain_graph=True)))
-        real_only.append(_flat(torch.autograd.grad(-d_real, params, retain_graph=True)))
-        fake_only.append(_flat(torch.autograd.grad(d_fake, params)))
+    real_only = [_flat(torch.autograd.grad(-critic(real_x[i:i + 1], real_y[i:i + 1]).sum(), params)) for i in range(6)]
     model.discriminator.enable_hooks()
     C, expected_batch = 0.05, model.expected_batch_size
-
-    def clipped_sum(grads):
-        return sum(g * min(1.0, C / float(g.norm())) for g in grads)
-
-    assert min(float(g.norm()) for g in pairs) > C  # every record's gradient needed clipping
-    assert torch.allclose(got, clipped_sum(pairs) / expected_batch, atol=1e-7, rtol=1e-4)
+    assert min(float(g.norm()) for g in real_only) > C  # every record's gradient needed clipping
+    assert torch.allclose(got, sum(g * C / float(g.norm()) for g in real_only) / expected_batch, atol=1e-7, rtol=1e-4)
     assert float(got.norm()) * expected_batch <= 6 * C + 1e-6
-    # clipping real and fake rows separately would be a different (2C-sensitive) gradient
-    assert not torch.allclose(got, (clipped_sum(real_only) + clipped_sum(fake_only)) / expected_batch, rtol=1e-3)
+
+
+def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignores_the_batch():
+    """Issue 20, finding 3: the subsampled Gaussian's sensitivity C holds for the whole critic
+    gradient (noise aside), and the generator's released BatchNorm buffers do not see the private
+    batch. Fails on pairing fake i with real row i (every fake moves when a record is added)."""
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, max_grad_norm=0.05, **SMALL)
+    _ready(model, dm)
+    dp_opt = model.optimizers()[1].optimizer
+    dp_opt.noise_multiplier = 0.0
+    critic_params = list(model.discriminator.parameters())
+    with torch.no_grad():  # weight clipping after the step is then a no-op: the critic stays the same
+        for p in critic_params:
+            p.clamp_(-model.hparams.weight_clip, model.hparams.weight_clip)
+    grads = []
+    dp_opt.original_optimizer.step = lambda *a, **k: grads.append(_flat(p.grad for p in critic_params))  # record, no update
+    x, y = dm.model_space("train")
+    before = _flat(b.float() for b in model.generator.buffers())
+    buffers = []
+    for n in (30, 31):  # neighbouring batches: record 30 added
+        torch.manual_seed(0)
+        model._public_seed, model._public_gen = 0, None
+        model.discriminator_step(x[:n], y[:n])
+        buffers.append(_flat(b.float() for b in model.generator.buffers()))
+    C, expected_batch = 0.05, model.expected_batch_size
+    assert len(grads) == 2 and float(grads[0].norm()) > 0
+    assert float((grads[1] - grads[0]).norm()) * expected_batch <= C * (1 + 1e-4)
+    assert torch.equal(buffers[0], before) and torch.equal(buffers[1], before)
 
 
 def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
@@ -75,9 +93,10 @@ def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
                   generator_hidden=(16,), discriminator_hidden=(64, 64))
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
+    assert isinstance(dp_opt, DPSumOptimizer)  # under DDP: noise once, on rank 0 (test_cli_ddp checks it on 2 processes)
     empty_x, empty_y = torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)
     dp_opt.zero_grad()
-    model.paired_per_sample_gradients(empty_x, empty_y, empty_x, empty_y)  # a Poisson batch may be empty
+    model.real_term_per_sample_gradients(empty_x, empty_y)  # a Poisson batch may be empty
     dp_opt.pre_step()
     noise = _flat(p.grad for p in model.discriminator.parameters())
     assert noise.numel() > 8000
@@ -222,3 +241,24 @@ def test_the_number_of_steps_does_not_depend_on_the_private_row_count():
         steps.append(int(model.critic_steps_taken))
         assert model.budget_exhausted and model.expected_batch_size == 4
     assert steps[0] == steps[1] > 5
+
+
+def test_poisson_shards_of_processes_are_disjoint_and_make_up_the_one_process_batch():
+    """Under DDP each process keeps the drawn rows it owns: with equal generators (a fixed test seed) the
+    shards are the one-process Poisson batch, split; each row is still decided by one Bernoulli draw."""
+    from datamodules.base import PoissonBatches
+
+    x, y = torch.arange(200.0).unsqueeze(1), torch.arange(200)
+
+    def batches(shard):
+        data = PoissonBatches(x, y, sample_rate=0.1, batches=3, generator=torch.Generator().manual_seed(5), shard=shard)
+        return [[by.tolist() for _, by in item] for item in data]
+
+    whole, shards = batches((0, 1)), [batches((r, 2)) for r in (0, 1)]
+    assert len(whole) == len(shards[0]) == len(shards[1])  # every process takes the same number of steps
+    for k, item in enumerate(whole):
+        for b, rows in enumerate(item):
+            mine, theirs = shards[0][k][b], shards[1][k][b]
+            assert sorted(mine + theirs) == sorted(rows) and not set(mine) & set(theirs)
+            assert all(r % 2 == 0 for r in mine) and all(r % 2 == 1 for r in theirs)
+    assert sum(len(rows) for item in whole for rows in item) > 0

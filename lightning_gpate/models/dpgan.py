@@ -3,13 +3,17 @@
 A conditional WGAN whose critic (discriminator) is trained with DP-SGD; the generator only sees the
 critic, so it is post-processing of a DP critic. What makes the accounting a guarantee here:
 
-* **one clipped contribution per real record**: the critic's loss on a batch of n real records is
-  ``Σ_i ℓ_i`` with ``ℓ_i = D(fake_i) − D(real_i)``, one generated sample paired with each real one.
-  Per-sample gradients come from opacus' ``GradSampleModule`` on the concatenated batch; the two
-  halves are added into one gradient per pair, and *that* is clipped to C. Clipping the real and fake
-  losses in separate noisy passes would release two noisy gradients per step (double the cost);
-  clipping real and fake rows separately in one pass would make the sensitivity 2C (a record adds a
-  real row and, through the batch size, a fake one).
+* **the noisy sum holds the real records only** (Abadi et al. 2016, Alg. 1, applied to the critic
+  loss of Xie et al. 2018, Alg. 1): the critic's gradient is
+  ``(Σ_{i∈batch} clip_C(∇_w −D(x_i, y_i)) + N(0, σ²C²I)) / B + ∇_w (1/M) Σ_{j≤M} D(G(z_j, y_j), y_j)``.
+  Only the real term reads private data: each record contributes one per-sample gradient, clipped to
+  C, so adding or removing one record moves the noisy sum by at most C, whatever the other records
+  are (the subsampled Gaussian's sensitivity). The fake term reads no private data: M fakes, M a
+  public constant (the expected batch size B), latents and labels drawn from a public generator, the
+  generator's BatchNorm running statistics restored afterwards; it is a function of the critic's
+  current (already private) weights, i.e. post-processing. (Clipping pairs of fake i and real row i
+  instead would let one record move every later pairing, the number of fakes drawn and, through the
+  generator's BatchNorm, every other fake: a sensitivity far above C.)
 * **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
   model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
   assumes it. Its rate q is a **declared public** hyperparameter (``sampling_rate``), never
@@ -21,7 +25,9 @@ critic, so it is post-processing of a DP critic. What makes the accounting a gua
   (``d_steps`` critic steps) fails at the start with the cost of a step and what to change, instead
   of ending with an untrained generator and ε spent 0.
 * **noise and accounting**: opacus' ``DPOptimizer`` adds N(0, σ²C²) to the summed clipped gradients
-  and divides by the expected batch size qN; the noise and the Poisson draws come from OS-seeded
+  and divides by the expected batch size qN (under DDP, :class:`~lightning_gpate.privacy.distributed.DPSumOptimizer`:
+  each process clips its shard of the Poisson batch, the noise is drawn once, on rank 0, and the sum
+  is all-reduced: the same mechanism, the same accounting); the noise and the Poisson draws come from OS-seeded
   mechanism generators (:mod:`lightning_gpate.privacy.randomness`), never from ``seed_everything``. Every critic step is charged as
   ``SubsampledGaussianEvent(σ, q, 1)`` *before* it is applied (budget stop), and opacus' own
   ``RDPAccountant`` follows the same steps as a cross-check (logged as ``epsilon_opacus``).
@@ -47,6 +53,7 @@ from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerative
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.generators import ConditionalMLPGenerator
 from lightning_gpate.privacy import SubsampledGaussianEvent
+from lightning_gpate.privacy.disclosure import private_diagnostics_allowed
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 ARCHITECTURES = ("mlp", "dcgan")
@@ -89,6 +96,18 @@ def frozen(module: nn.Module):
             p.requires_grad_(flag)
 
 
+@contextmanager
+def buffers_restored(module: nn.Module):
+    """The buffers of ``module`` (e.g. BatchNorm running statistics) are restored on exit."""
+    saved = [b.detach().clone() for b in module.buffers()]
+    try:
+        yield module
+    finally:
+        with torch.no_grad():
+            for b, value in zip(module.buffers(), saved):
+                b.copy_(value)
+
+
 class DPGAN(PrivateGenerativeModel):
     """Conditional WGAN with a DP-SGD critic (Xie et al. 2018, Algorithm 1; G-PATE's DP-GAN baseline).
 
@@ -102,7 +121,7 @@ class DPGAN(PrivateGenerativeModel):
             it is not derived from the private row count. The DataModule's ``batch_size`` is the
             expected batch size q·N the noisy gradient sum is divided by (a public constant).
         noise_multiplier: σ of DP-SGD (noise std σ·C on the summed clipped gradients).
-        max_grad_norm: C, the L2 bound of each real record's (paired) critic gradient.
+        max_grad_norm: C, the L2 bound of each real record's critic gradient (of ``−D(x_i, y_i)``).
         budget_accounting: ``"guarantee"`` (DP-SGD's accounting is a guarantee either way).
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
@@ -121,13 +140,12 @@ class DPGAN(PrivateGenerativeModel):
             hence more steps for a budget; :mod:`lightning_gpate.privacy.pld`). The RDP accountant
             records the steps either way (logged as ``epsilon_final_rdp``).
         log_private_diagnostics: also log the critic's Wasserstein estimate on the real batch and the
-            Poisson batch size (functions of the private data without noise) under ``private/*``.
+            Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
+            the estimate on rank 0's shard, the size of the whole batch).
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
     """
-
-    single_process_only = "DP-SGD's noise is added once, globally, to Poisson batches of the whole data"
 
     def __init__(
         self,
@@ -189,6 +207,12 @@ class DPGAN(PrivateGenerativeModel):
             critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
+        # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's
+        # average of raw gradients: DDP ignores the critic (its weights are broadcast once at the start).
+        self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_parameters() if n.startswith("discriminator.")] + [
+            n for n, _ in self.named_buffers() if n.startswith("discriminator.")]
+        self._public_seed: int | None = None
+        self._public_gen: torch.Generator | None = None
         self.opacus_accountant = RDPAccountant()
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
 
@@ -222,12 +246,37 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError("DP-GAN needs a GenerativeDataModule (it serves the Poisson batches and declares the expected batch size)")
         return float(batch_size)
 
+    @property
+    def fake_batch_size(self) -> int:
+        """M, the fakes of every critic step's fake term and of every generator step: the expected
+        batch size (public), at least 2 (BatchNorm in G needs more than one sample)."""
+        return max(2, round(self.expected_batch_size))
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        # Latents and labels of the fakes: public randomness (it follows seed_everything), the same
+        # stream on every process (rank 0's seed), so that every process computes the same fake term
+        # and generator step. Never the mechanism generator: that one is secret.
+        seed = int(torch.randint(2**62, (1,)))
+        if self._trainer is not None and self.trainer.world_size > 1:
+            seed = int(self.trainer.strategy.broadcast(seed, src=0))
+        self._public_seed, self._public_gen = seed, None
+
+    @property
+    def public_generator(self) -> torch.Generator:
+        """The generator of the fakes' latents and labels (see :meth:`setup`), on the model's device."""
+        if self._public_gen is None or self._public_gen.device != self.device:
+            if self._public_seed is None:  # used outside a fit
+                self._public_seed = int(torch.randint(2**62, (1,)))
+            self._public_gen = torch.Generator(device=self.device).manual_seed(self._public_seed)
+        return self._public_gen
+
     def configure_optimizers(self):
-        from opacus.optimizers import DPOptimizer
+        from lightning_gpate.privacy.distributed import DPSumOptimizer
 
         lr = self.hparams.lr
         opt_g = torch.optim.RMSprop(self.generator.parameters(), lr=lr)
-        opt_d = DPOptimizer(
+        opt_d = DPSumOptimizer(
             torch.optim.RMSprop(self.discriminator.parameters(), lr=lr),
             noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
             expected_batch_size=self.expected_batch_size, loss_reduction="mean",
@@ -273,8 +322,10 @@ class DPGAN(PrivateGenerativeModel):
     def on_train_start(self) -> None:
         super().on_train_start()
         self.check_affords_a_step()
-        if self.trainer.world_size > 1:
-            raise RuntimeError("DP-GAN is implemented for one process (noise must be added once, globally)")
+        from lightning_gpate.privacy.distributed import broadcast_from_rank_zero
+
+        # DDP ignores the critic (see __init__): every process starts from rank 0's critic
+        broadcast_from_rank_zero([*self.discriminator.parameters(), *self.discriminator.buffers()])
         dataset = getattr(self.trainer.train_dataloader, "dataset", None)
         rate = getattr(dataset, "sample_rate", None)
         if rate is None or not math.isclose(rate, self.sampling_rate, rel_tol=1e-12):
@@ -337,50 +388,61 @@ class DPGAN(PrivateGenerativeModel):
         """The cost of one critic step: a Poisson-subsampled Gaussian (add/remove neighbours)."""
         return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate, steps=1)
 
-    def _fakes(self, labels: torch.Tensor) -> torch.Tensor:
-        """Generated samples for ``labels`` without gradient; at least the expected batch size is
-        generated (BatchNorm in G needs > 1 sample, and a Poisson batch may hold 0 or 1 rows)."""
-        n = len(labels)
-        m = max(n, math.ceil(self.expected_batch_size), 2)
-        labels = torch.cat([labels, self.sample_labels(m - n)]) if m > n else labels
-        with torch.no_grad():
-            return self.generator(self.latent(m), labels)[:n]
-
-    def paired_per_sample_gradients(self, real_x: torch.Tensor, real_y: torch.Tensor, fake_x: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
-        """Set ``p.grad_sample`` of every critic parameter to the per-pair gradient of
-        ``ℓ_i = D(fake_i) − D(real_i)`` (``[n, *p.shape]``), ready for the DP optimizer to clip and
-        noise. Returns the critic's Wasserstein estimate ``mean D(real) − mean D(fake)``."""
-        n = len(real_y)
+    def real_term_per_sample_gradients(self, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
+        """Set ``p.grad_sample`` of every critic parameter to the per-record gradient of
+        ``−D(x_i, y_i)`` (``[n, *p.shape]``; this process's rows of the Poisson batch), ready for the DP
+        optimizer to clip, sum and noise. Returns ``Σ_i D(x_i, y_i)`` (for the private diagnostic)."""
         params = [p for p in self.discriminator.parameters() if p.requires_grad]
-        if n == 0:  # an empty Poisson batch: the step still adds noise (the analysis counts it)
+        if len(real_y) == 0:  # an empty Poisson batch (or shard): the step still adds noise (the analysis counts it)
             for p in params:
                 p.grad_sample = p.new_zeros(0, *p.shape)
             return real_x.new_zeros(())
-        scores = self.discriminator(torch.cat([real_x, fake_x]), torch.cat([real_y, fake_y]))
-        self.manual_backward((scores[n:] - scores[:n]).sum())
-        for p in params:
-            p.grad_sample = p.grad_sample[:n] + p.grad_sample[n:]
-        return (scores[:n].mean() - scores[n:].mean()).detach()
+        scores = self.discriminator(real_x, real_y)
+        # autograd directly, not manual_backward: DDP ignores the critic (no reducer for this backward)
+        torch.autograd.backward(-scores.sum())
+        return scores.detach().sum()
+
+    def fake_term_gradients(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``(∇_w (1/M) Σ_j D(G(z_j, y_j), y_j), its value)`` over M = :attr:`fake_batch_size` fakes
+        from the public generator, with the generator's BatchNorm buffers restored: no private data,
+        the same on every process."""
+        m, gen = self.fake_batch_size, self.public_generator
+        labels = self.sample_labels(m, generator=gen)
+        with torch.no_grad(), buffers_restored(self.generator):
+            fakes = self.generator(self.latent(m, generator=gen), labels)
+        params = [p for p in self.discriminator.parameters() if p.requires_grad]
+        self.discriminator.disable_hooks()  # no per-sample gradients here: nothing private to clip
+        try:
+            score = self.discriminator(fakes, labels).mean()
+            grads = torch.autograd.grad(score, params)
+        finally:
+            self.discriminator.enable_hooks()
+        return list(grads), score.detach()
 
     def discriminator_step(self, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
-        """One DP-SGD critic step on a Poisson batch (already paid for), then weight clipping."""
-        opt_d = self.optimizers()[1]
-        fake_y = self.sample_labels(len(real_y))
-        fake_x = self._fakes(fake_y)
-        opt_d.zero_grad()
-        wasserstein = self.paired_per_sample_gradients(real_x, real_y, fake_x, fake_y)
-        self.step_uncounted(opt_d)  # DPOptimizer: clip per pair, sum, add N(0, σ²C²), divide by qN
+        """One DP-SGD critic step on a Poisson batch (already paid for), then weight clipping. Returns
+        the critic's Wasserstein estimate ``mean D(real) − mean D(fake)`` (this process's rows)."""
+        dp_opt = self.optimizers()[1].optimizer
+        dp_opt.zero_grad()
+        real_sum = self.real_term_per_sample_gradients(real_x, real_y)
+        fake_grads, fake_mean = self.fake_term_gradients()
+        # clip per record, sum (over processes), add N(0, σ²C²) once, divide by B; the opacus accountant's hook
+        if dp_opt.pre_step():
+            with torch.no_grad():
+                for p, g in zip((p for p in self.discriminator.parameters() if p.requires_grad), fake_grads):
+                    p.grad.add_(g)
+            dp_opt.original_optimizer.step()  # uncounted: Lightning counts generator steps
         c = self.hparams.weight_clip
         with torch.no_grad():
             for p in self.discriminator.parameters():
                 p.clamp_(-c, c)
-        return wasserstein
+        return real_sum / max(len(real_y), 1) - fake_mean
 
     def generator_step(self) -> torch.Tensor:
         opt_g = self.optimizers()[0]
-        m = max(2, round(self.expected_batch_size))
-        labels = self.sample_labels(m)
-        fake = self.generator(self.latent(m), labels)
+        m, gen = self.fake_batch_size, self.public_generator
+        labels = self.sample_labels(m, generator=gen)
+        fake = self.generator(self.latent(m, generator=gen), labels)
         self.discriminator.disable_hooks()  # no per-sample gradients (nor their memory) here
         try:
             with frozen(self.discriminator):
@@ -402,8 +464,11 @@ class DPGAN(PrivateGenerativeModel):
             self.critic_steps_taken += 1
         g_loss = self.generator_step()
         self.log_dict({"g_loss": g_loss})  # through the DP critic: post-processing
-        self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(),
-                          "real_batch_size": float(sum(len(y) for _, y in batch)) / len(batch)})
+        if private_diagnostics_allowed(self):  # under DDP: the estimate on rank 0's rows, the size of the whole batch
+            size = torch.tensor(float(sum(len(y) for _, y in batch)) / len(batch), device=self.device)
+            if self.trainer.world_size > 1:
+                size = self.all_gather(size).sum()
+            self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(), "real_batch_size": size})
 
     def on_train_epoch_end(self) -> None:
         self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)

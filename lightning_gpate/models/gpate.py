@@ -100,7 +100,12 @@ class GPATE(PrivateGenerativeModel):
 
     Teachers are held outside the module tree (they are never averaged by DDP); under DDP rank r owns
     teachers r, r+W, …, votes are summed with an all-reduce, and the projection and noise come from a
-    generator seeded identically on every rank, so every rank applies the same generator update.
+    generator seeded identically on every rank, so every rank applies the same generator update, and W
+    processes release the generator of one (every tensor, BatchNorm buffers included) when each runs
+    the same arithmetic. On CPU that means the same number of threads per process: Lightning gives each
+    of W processes 1/W of the cores unless ``OMP_NUM_THREADS`` is set, CPU kernels (BatchNorm,
+    transposed convolutions) round differently with the thread count, and sign votes and Adam turn
+    last-bit differences into visibly different generators (1e-2 in running means after one step).
 
     Args:
         data_spec: the DataModule's spec (``num_teachers`` > 0: set ``data.num_teachers``).

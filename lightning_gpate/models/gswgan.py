@@ -57,14 +57,13 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lightning_gpate.models.dpgan import build_mlp_generator, frozen
+from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import (gather_members, is_distributed, local_backward, owned_members, rank_and_world,
                                               replicated_backward, select_members, shared_seed)
@@ -191,18 +190,6 @@ class StackedAdamState(nn.Module):
                 v[k].copy_(state["exp_avg_sq"])
                 step = int(state["step"])
         self.steps[k] = step
-
-
-@contextmanager
-def buffers_restored(module: nn.Module):
-    """The buffers of ``module`` (e.g. BatchNorm running statistics) are restored on exit."""
-    saved = [b.detach().clone() for b in module.buffers()]
-    try:
-        yield module
-    finally:
-        with torch.no_grad():
-            for b, value in zip(module.buffers(), saved):
-                b.copy_(value)
 
 
 # ============================================================================ WGAN-GP

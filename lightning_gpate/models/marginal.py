@@ -202,6 +202,8 @@ class MarginalTree(PrivateGenerativeModel):
         noise_seed: seed of the mechanisms' randomness (``None``: OS entropy; tests only otherwise).
     """
 
+    single_process_only = "it reads the whole training split once, in one step: more processes would not speed it up"
+
     def __init__(
         self,
         data_spec: dict[str, Any],
