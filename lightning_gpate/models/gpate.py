@@ -15,6 +15,7 @@ from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.privacy import ConfidentGNMaxEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
+from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.privacy.randomness import mechanism_generator, secret_seed
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
@@ -27,10 +28,6 @@ TEACHER_PRECISIONS = ("32", "bf16")
 def own_label_voting(real_y: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
     """``[T, m]`` bool: teacher ``t`` (real labels ``real_y[t]``, ``[T, b]``) has fake ``j``'s label ``fake_y[j]``."""
     return (real_y.long().unsqueeze(-1) == fake_y.long().to(real_y.device).view(1, 1, -1)).any(dim=1)
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class _VoteUnits:
@@ -329,7 +326,7 @@ class GPATE(PrivateGenerativeModel):
         seed = self.hparams.noise_seed
         if seed is None:
             seed = secret_seed()
-            if _distributed():
+            if is_distributed():
                 seed = self.trainer.strategy.broadcast(seed, src=0)
         self._shared_gen = mechanism_generator(self.device, seed)
 
@@ -450,7 +447,7 @@ class GPATE(PrivateGenerativeModel):
                 grads = unit_directions(grads) if hp.normalize_directions else grads
                 votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
                                          voting=None if voting is None else voting[t0:t1])
-            if _distributed():
+            if is_distributed():
                 dist.all_reduce(votes)
 
         # budget check on the worst case (all answered) before the mechanism runs
@@ -484,7 +481,7 @@ class GPATE(PrivateGenerativeModel):
                 u = None if uniforms is None else uniforms[ids[t0:t1]]
                 index, sign = topk_stochastic_signs(grads, hp.topk, u, max_grad=hp.topagg_max_grad)
                 votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
-            if _distributed():
+            if is_distributed():
                 dist.all_reduce(votes)
         with record_function("gpate/budget"):
             if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg),
@@ -533,7 +530,7 @@ class GPATE(PrivateGenerativeModel):
         # Only Lightning (training) checkpoints come here: they are private, local, and written only
         # when checkpoints were asked for; the release artifact never holds teachers.
         local = self._local_teacher_state()
-        if not _distributed():  # one process owns every teacher, in id order: no copy, no merge
+        if not is_distributed():  # one process owns every teacher, in id order: no copy, no merge
             checkpoint[TEACHERS_KEY] = local
             return
         parts = [None] * dist.get_world_size()  # every rank calls this hook; gather all teachers

@@ -65,8 +65,9 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
 from lightning_gpate.models.private import PrivateGenerativeModel
-from lightning_gpate.models.sharding import (gather_members, is_distributed, local_backward, owned_members, rank_and_world,
+from lightning_gpate.models.sharding import (gather_members, local_backward, owned_members, rank_and_world,
                                               replicated_backward, select_members, shared_seed)
+from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.privacy import GSWGANStepEvent
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator

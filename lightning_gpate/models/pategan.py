@@ -53,8 +53,9 @@ import torch.nn.functional as F
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
-from lightning_gpate.models.sharding import (gather_members, is_distributed, owned_members, replicated_backward,
+from lightning_gpate.models.sharding import (gather_members, owned_members, replicated_backward,
                                               select_members, shared_seed)
+from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.privacy import LaplaceVoteEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 

@@ -30,14 +30,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.privacy.randomness import secret_seed
 
-__all__ = ["is_distributed", "rank_and_world", "owned_members", "shared_seed", "local_backward", "replicated_backward",
+__all__ = ["rank_and_world", "owned_members", "shared_seed", "local_backward", "replicated_backward",
            "gather_members", "select_members"]
-
-
-def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank_and_world(module) -> tuple[int, int]:
