@@ -26,11 +26,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path

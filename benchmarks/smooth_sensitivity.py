@@ -51,7 +51,6 @@ the full 60k MNIST; ``mnist_15k`` gives 7 per teacher)::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time

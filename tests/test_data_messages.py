@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from datamodules import DataError, ImageDataModule, TabularDataModule
+from datamodules import ImageDataModule, TabularDataModule
 from datamodules.idx import load_idx_splits, parse_idx
 from datamodules.partition import TeacherPartition, record_keys
 from lightning_gpate.evaluation.tabular import LabelEncoder

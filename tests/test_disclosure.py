@@ -5,7 +5,6 @@ data-dependent ε; a run with a fixed mechanism seed is no guarantee and says so
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lightning_gpate.cli import main
-from lightning_gpate.planning import Probe, plan, synthetic_probe
-from lightning_gpate.privacy import ConfidentGNMaxEvent, PrivacyAccountant
+from lightning_gpate.planning import plan, synthetic_probe
+from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.pate import confident_gnmax_rdp
 
 ROOT = Path(__file__).resolve().parents[1]

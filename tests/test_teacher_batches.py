@@ -3,7 +3,6 @@ computed independently here (SplitMix64 on Python integers, one teacher at a tim
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
