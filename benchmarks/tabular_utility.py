@@ -116,9 +116,10 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
     if system == "marginaltree":  # its defaults, the same for every data set and ε
         return {"data": {}, "model": {}, "max_steps": 1}  # one pass over the data measures everything
     if system == "pategan":
-        # The ladder's fix (benchmarks/results/pategan_ladder.md): teachers judge generated rows as released
-        # (discrete_samples) and vote relative to their median on generated rows; 500+ teachers keep the vote
-        # gaps far above the Laplace noise, which affords 4x the queries at ε = 10.
+        # Teachers judge generated rows as released (discrete_samples) and vote relative to their median on
+        # generated rows of the same class; 500+ teachers keep the vote gaps far above the Laplace noise, which
+        # affords 4x the queries at ε = 10. These settings do not learn the marginals, even without noise
+        # (benchmarks/results/pategan_ladder.md and tabular_ladder.md: the generator drifts to the bounds).
         teachers = 500 if cervical else 1000
         queries = 2000 if epsilon <= 1 else 32000
         model = dict(planned_queries=queries, teacher_steps=1, student_steps=1, query_batch_size=16, query_labels="uniform",
