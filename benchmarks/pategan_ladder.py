@@ -55,7 +55,8 @@ VARIANTS = {
 }
 
 
-def run(variant: str, rung: str, seed: int, options: dict | None = None, data: dict | None = None) -> dict:
+def run(variant: str, rung: str, seed: int, options: dict | None = None, data: dict | None = None,
+        queries: int | None = None) -> dict:
     import pytorch_lightning as pl
     import torch
 
@@ -64,7 +65,8 @@ def run(variant: str, rung: str, seed: int, options: dict | None = None, data: d
     from pategan_vote_signal import vote_statistics
     from tabular_utility import DELTA, datamodule, score
 
-    data_options, model_options, queries = VARIANTS[variant]
+    data_options, model_options, planned = VARIANTS[variant]
+    queries = queries or planned
     model_options = {**model_options, **(options or {})}
     data_options = {**data_options, **(data or {})}
     pl.seed_everything(seed, verbose=False)
@@ -91,8 +93,8 @@ def run(variant: str, rung: str, seed: int, options: dict | None = None, data: d
     train, test = dm.split_frame("train"), dm.split_frame("test")
     synthetic = synthetic_table(model, 2000, seed=seed)
     s = score(train, test, synthetic, "Biopsy", seed, ["LogisticRegression", "RandomForest"], dm.spec)
-    return {"variant": variant, "rung": rung, "seed": seed, "options": {**(data or {}), **(options or {})}, "epsilon": epsilon, "lam": model.lam,
-            "steps": int(trainer.global_step), "eps_spent": float(model.spent_epsilon()) if epsilon is not None else None,
+    return {"variant": variant, "rung": rung, "seed": seed, "queries": queries, "options": {**(data or {}), **(options or {})}, "epsilon": epsilon, "lam": model.lam,
+            "relative_median": "per class", "steps": int(trainer.global_step), "eps_spent": float(model.spent_epsilon()) if epsilon is not None else None,
             **votes, "noisy_real": float(np.mean(noisy_real)) if noisy_real else float("nan"),
             "tvd_1way": s["tvd_1way"], "tvd_2way": s["tvd_2way"], "corr_mae": s["corr_mae"], "auroc_lr_rf": s["auroc"], "wall_s": wall}
 
@@ -113,13 +115,17 @@ def report(out: Path) -> None:
              "training split; AUROC: mean of logistic regression and random forest, Setting B, 2,000 synthetic rows. "
              f"Reference: independent uniform columns score 1-way TVD {uniform['tvd_1way']:.3f}, 2-way {uniform['tvd_2way']:.3f}, "
              f"corr Δ {uniform['corr_mae']:.3f} (split seed 0).", "",
-             "| variant | options | rung | seed | λ | steps | ε spent | real votes | unanimous | flip | noisy real | student real | "
+             "Relative votes before the per-class median (`relative median: pooled`) compared a teacher's logit with its "
+             "median over generated samples of every class.", "",
+             "| variant | options | relative median | rung | seed | queries | λ | steps | ε spent | real votes | unanimous | flip | noisy real | student real | "
              "1-way TVD | 2-way TVD | corr Δ | AUROC |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         spent = "–" if r["eps_spent"] is None else f"{r['eps_spent']:.2f}"
         opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "–"
-        lines.append(f"| {r['variant']} | {opts} | {r['rung']} | {r['seed']} | {r['lam']:.4g} | {r['steps']} | {spent} | "
+        vote = {**VARIANTS[r["variant"]][1], **r["options"]}.get("teacher_vote", "logit")
+        median = r.get("relative_median", "pooled") if vote == "relative" else "–"
+        lines.append(f"| {r['variant']} | {opts} | {median} | {r['rung']} | {r['seed']} | {r.get('queries', VARIANTS[r['variant']][2])} | {r['lam']:.4g} | {r['steps']} | {spent} | "
                      f"{r['real_votes']:.3f} | {r['unanimous']:.2f} | {r['flip']:.3f} | {r['noisy_real']:.3f} | {r['student_real']:.3f} | "
                      f"{r['tvd_1way']:.3f} | {r['tvd_2way']:.3f} | {r['corr_mae']:.3f} | {r['auroc_lr_rf']:.3f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -132,6 +138,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--options", default="{}", help="JSON: model options over the variant's")
     parser.add_argument("--data-options", default="{}", help="JSON: data options over the variant's (num_teachers, ...)")
+    parser.add_argument("--queries", type=int, default=None, help="planned queries (default: the variant's)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
@@ -144,7 +151,7 @@ def main() -> None:
     if not args.report_only:
         for seed in args.seeds:
             for rung in args.rungs:
-                record = run(args.variant, rung, seed, json.loads(args.options), json.loads(args.data_options))
+                record = run(args.variant, rung, seed, json.loads(args.options), json.loads(args.data_options), args.queries)
                 print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in record.items()}, flush=True)
                 with out.with_suffix(".jsonl").open("a") as f:
                     f.write(json.dumps(record, default=float) + "\n")

@@ -198,11 +198,18 @@ def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes(
     model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="relative", **SMALL)
     with torch.no_grad():  # make every teacher call everything fake: paper votes would be unanimous
         model.teachers.forward_shared = (lambda f: (lambda x, y: f(x, y) - 100.0))(model.teachers.forward_shared)
-    x, y = model.generate(400, seed=0)
+    y = torch.arange(2).repeat(200)
+    x = model._fakes(y)  # generated as in training (what the teachers vote on)
     counts = model.teacher_votes(x, y)
     assert counts.sum(1).eq(6).all()
     share_real = counts[:, 1].sum() / (6 * 400)
     assert 0.4 < share_real < 0.6  # each teacher: about half of the generated samples beat its median
+    # ... within each class: a teacher whose logits are far lower for one class (a rare class in its
+    # partition) still ranks that class's samples among themselves, not all of them below the median
+    model.teachers.forward_shared = (lambda f: (lambda x, y: f(x, y) - 50.0 * y.float()))(model.teachers.forward_shared)
+    counts = model.teacher_votes(x, y)
+    for c in range(model.num_classes):
+        assert 0.35 < counts[y == c, 1].sum() / (6 * int((y == c).sum())) < 0.65
     with pytest.raises(ValueError, match="teacher_vote"):
         PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="soft", **SMALL)
 

@@ -123,7 +123,8 @@ class PATEGAN(PrivateGenerativeModel):
             that a rare class gets its share of the queries; sampling still uses the class ratio).
         teacher_vote: ``"logit"`` (the paper: a teacher votes "real" when its logit is positive) or
             ``"relative"``: it votes "real" when its logit exceeds its own median logit on a fresh batch
-            of generated samples ("more real than the generator's typical output"). Teachers trained
+            of generated samples of the same class ("more real than the generator's typical output for
+            this label"). Teachers trained
             on a few rows each call every generated sample fake, so paper votes are unanimous and teach
             the student nothing (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a
             signal. Each vote still depends on one teacher's partition only: the analysis is unchanged.
@@ -320,12 +321,19 @@ class PATEGAN(PrivateGenerativeModel):
         """
         counts = torch.zeros(x.shape[0], 2, device=x.device, dtype=torch.float64 if x.device.type != "mps" else torch.float32)
         chunk = int(self.hparams.vote_chunk_size)
-        threshold = 0.0
-        if self.hparams.get("teacher_vote", "logit") == "relative":  # each teacher's median logit on fresh fakes
-            ref_y = self.query_labels(max(x.shape[0], 64))
-            threshold = self.teachers.forward_shared(self._fakes(ref_y), ref_y).median(dim=1, keepdim=True).values  # [T, 1]
+        threshold = None
+        if self.hparams.get("teacher_vote", "logit") == "relative":
+            # Each teacher's median logit on fresh fakes OF EACH CLASS: the teachers are conditional, and on a
+            # table with a rare class every teacher's logit is far lower for it (its partition holds few or no
+            # such rows), so one median over all classes makes the vote a function of the label, which the
+            # generator cannot change, instead of the features, which it can.
+            per_class = max(x.shape[0], 64)
+            ref_y = torch.arange(self.num_classes, device=x.device).repeat_interleave(per_class)
+            ref = self.teachers.forward_shared(self._fakes(ref_y), ref_y).view(-1, self.num_classes, per_class)
+            threshold = ref.median(dim=2).values  # [T, classes]
         for s in range(0, x.shape[0], chunk):
-            votes = (self.teachers.forward_shared(x[s:s + chunk], y[s:s + chunk]) > threshold).long()  # [T, c]
+            logits = self.teachers.forward_shared(x[s:s + chunk], y[s:s + chunk])  # [T, c]
+            votes = (logits > (0.0 if threshold is None else threshold[:, y[s:s + chunk].long()])).long()
             counts[s:s + chunk].scatter_add_(1, votes.t(), torch.ones_like(votes.t(), dtype=counts.dtype))
         if is_distributed():
             torch.distributed.all_reduce(counts)
