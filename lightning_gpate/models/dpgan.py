@@ -403,29 +403,34 @@ class DPGAN(PrivateGenerativeModel):
         return scores.detach().sum()
 
     def fake_term_gradients(self) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``(∇_w (1/M) Σ_j D(G(z_j, y_j), y_j), its value)`` over M = :attr:`fake_batch_size` fakes
-        from the public generator, with the generator's BatchNorm buffers restored: no private data,
-        the same on every process."""
+        """``((1/M) Σ_j clip_C(∇_w D(G(z_j, y_j), y_j)), (1/M) Σ_j D(G(z_j, y_j), y_j))`` over M =
+        :attr:`fake_batch_size` fakes from the public generator, with the generator's BatchNorm buffers
+        restored: no private data, the same on every process. Each fake's gradient is clipped to C as
+        each real record's is (no noise: nothing private), so that the two halves of the critic's loss
+        keep the scale they had when pairs were clipped together; unclipped, the fake half dominated
+        and DP-GAN's tables went from 0.08 to 0.19–0.36 mean 1-way TVD on cervical."""
         m, gen = self.fake_batch_size, self.public_generator
         labels = self.sample_labels(m, generator=gen)
         with torch.no_grad(), buffers_restored(self.generator):
             fakes = self.generator(self.latent(m, generator=gen), labels)
         params = [p for p in self.discriminator.parameters() if p.requires_grad]
-        self.discriminator.disable_hooks()  # no per-sample gradients here: nothing private to clip
-        try:
-            score = self.discriminator(fakes, labels).mean()
-            grads = torch.autograd.grad(score, params)
-        finally:
-            self.discriminator.enable_hooks()
-        return list(grads), score.detach()
+        scores = self.discriminator(fakes, labels)
+        torch.autograd.backward(scores.sum())  # per-sample gradients into p.grad_sample (opacus hooks)
+        per_sample = [p.grad_sample for p in params]
+        norms = torch.stack([g.reshape(m, -1).norm(dim=1) for g in per_sample], dim=1).norm(dim=1)
+        factor = (self.hparams.max_grad_norm / (norms + 1e-6)).clamp(max=1.0) / m
+        grads = [torch.einsum("i,i...->...", factor, g) for g in per_sample]
+        for p in params:  # the real term's per-sample gradients start from nothing
+            p.grad_sample, p.grad = None, None
+        return grads, scores.detach().mean()
 
     def discriminator_step(self, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
         """One DP-SGD critic step on a Poisson batch (already paid for), then weight clipping. Returns
         the critic's Wasserstein estimate ``mean D(real) − mean D(fake)`` (this process's rows)."""
         dp_opt = self.optimizers()[1].optimizer
-        dp_opt.zero_grad()
-        real_sum = self.real_term_per_sample_gradients(real_x, real_y)
+        dp_opt.zero_grad()  # clears the last step's per-sample gradients
         fake_grads, fake_mean = self.fake_term_gradients()
+        real_sum = self.real_term_per_sample_gradients(real_x, real_y)
         # clip per record, sum (over processes), add N(0, σ²C²) once, divide by B; the opacus accountant's hook
         if dp_opt.pre_step():
             with torch.no_grad():
