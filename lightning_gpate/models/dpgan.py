@@ -5,13 +5,14 @@ critic, so it is post-processing of a DP critic. What makes the accounting a gua
 
 * **the noisy sum holds the real records only** (Abadi et al. 2016, Alg. 1, applied to the critic
   loss of Xie et al. 2018, Alg. 1): the critic's gradient is
-  ``(Σ_{i∈batch} clip_C(∇_w −D(x_i, y_i)) + N(0, σ²C²I)) / B + ∇_w (1/M) Σ_{j≤M} D(G(z_j, y_j), y_j)``.
+  ``(Σ_{i∈batch} clip_C(∇_w −D(x_i, y_i)) + N(0, σ²C²I)) / B + (1/M) Σ_{j≤M} clip_C(∇_w D(G(z_j, y_j), y_j))``.
   Only the real term reads private data: each record contributes one per-sample gradient, clipped to
   C, so adding or removing one record moves the noisy sum by at most C, whatever the other records
   are (the subsampled Gaussian's sensitivity). The fake term reads no private data: M fakes, M a
   public constant (the expected batch size B), latents and labels drawn from a public generator, the
   generator's BatchNorm running statistics restored afterwards; it is a function of the critic's
-  current (already private) weights, i.e. post-processing. (Clipping pairs of fake i and real row i
+  current (already private) weights, i.e. post-processing. Its per-fake gradients are clipped to C
+  too (no noise), so that both halves keep one scale. (Clipping pairs of fake i and real row i
   instead would let one record move every later pairing, the number of fakes drawn and, through the
   generator's BatchNorm, every other fake: a sensitivity far above C.)
 * **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
