@@ -12,11 +12,12 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.privacy import ConfidentGNMaxEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
-from lightning_gpate.privacy.randomness import mechanism_generator, secret_seed
+from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
 TEACHERS_KEY = "gpate_teachers"
@@ -277,10 +278,6 @@ class GPATE(PrivateGenerativeModel):
         return self.generator_ema if self.hparams.ema_decay > 0 else self.generator
 
     # ----------------------------------------------------------------- teachers
-    def owned_teacher_ids(self) -> list[int]:
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        return list(range(rank, self.num_teachers, world))
-
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
         hp = self.hparams
         if self.is_image:
@@ -308,7 +305,7 @@ class GPATE(PrivateGenerativeModel):
         if self._teachers is not None:
             return
         hp = self.hparams
-        object.__setattr__(self, "_teachers", self._build_teachers(self.owned_teacher_ids()).to(self.device))
+        object.__setattr__(self, "_teachers", self._build_teachers(owned_members(self.num_teachers, self)).to(self.device))
         # One Adam over the stacked tensors: elementwise, so every teacher keeps its own moments. Fused:
         # one kernel over the stacked tensors (the unfused loop took a third of a CPU iteration).
         self._teacher_opt = torch.optim.Adam(self._teachers.parameters(), lr=hp.teacher_lr, betas=tuple(hp.teacher_betas),
@@ -323,12 +320,7 @@ class GPATE(PrivateGenerativeModel):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        seed = self.hparams.noise_seed
-        if seed is None:
-            seed = secret_seed()
-            if is_distributed():
-                seed = self.trainer.strategy.broadcast(seed, src=0)
-        self._shared_gen = mechanism_generator(self.device, seed)
+        self._shared_gen = mechanism_generator(self.device, shared_seed(self, self.hparams.noise_seed))
 
     # ----------------------------------------------------------------- the iteration
     def _teacher_autocast(self):

@@ -1,11 +1,13 @@
 """One model on several processes (Lightning DDP) when part of it is *sharded* and the rest *replicated*.
 
-PATE-GAN's teachers and GS-WGAN's discriminators are members of one stacked ensemble (leading member
+G-PATE's and PATE-GAN's teachers and GS-WGAN's discriminators are members of one stacked ensemble (leading member
 axis), each trained only on its own partition of the data: under DDP, rank ``r`` of ``W`` holds and
 trains members ``r, r+W, …`` (the DataModule's ``owned_teachers`` gives it exactly their batches). The
 networks that learn from the privatised output (generator, student) are replicated: every rank computes
 the same update from the same inputs, so they stay identical without DDP's bucketed reducer (which needs
-every parameter to receive a gradient in every backward and would average rank-local members).
+every parameter to receive a gradient in every backward and would average rank-local members). G-PATE
+uses the member rule and the shared seed here; its teachers live outside the module tree and keep
+their own checkpoint gather.
 
 What is here:
 
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_gpate.privacy.distributed import is_distributed
+from lightning_gpate.privacy.distributed import all_reduce_sum, is_distributed
 from lightning_gpate.privacy.randomness import secret_seed
 
 __all__ = ["rank_and_world", "owned_members", "shared_seed", "local_backward", "replicated_backward",
@@ -84,13 +86,9 @@ def replicated_backward(module, loss: torch.Tensor, *args: Any, params: Iterable
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    offset = 0
+    all_reduce_sum(grads)
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+        g /= dist.get_world_size()
 
 
 def _member_keys(state: dict[str, Any], prefixes: Sequence[str]) -> list[str]:

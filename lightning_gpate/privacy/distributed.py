@@ -20,7 +20,7 @@ import torch.distributed as dist
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.optimizer import _generate_noise
 
-__all__ = ["is_distributed", "rank", "sum_with_noise_once", "broadcast_from_rank_zero", "DPSumOptimizer"]
+__all__ = ["is_distributed", "rank", "all_reduce_sum", "sum_with_noise_once", "broadcast_from_rank_zero", "DPSumOptimizer"]
 
 
 def is_distributed() -> bool:
@@ -33,7 +33,7 @@ def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
 
 
-def _all_reduce_sum(tensors: Sequence[torch.Tensor]) -> None:
+def all_reduce_sum(tensors: Sequence[torch.Tensor]) -> None:
     """Sum ``tensors`` over processes in place, as one flat collective."""
     flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
@@ -54,7 +54,7 @@ def sum_with_noise_once(tensors: Sequence[torch.Tensor], add_noise: Callable[[],
     if rank() == 0:
         add_noise()
     if is_distributed():
-        _all_reduce_sum(tensors)
+        all_reduce_sum(tensors)
 
 
 @torch.no_grad()
