@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,3 +125,21 @@ def store_snapshot(store: Path) -> dict:
     artifacts = store / "artifacts"
     files = sorted((str(p.relative_to(store)), p.stat().st_size) for p in artifacts.rglob("*") if p.is_file()) if artifacts.exists() else []
     return {"runs": runs, "artifacts": files}
+
+
+def assert_fit_ran(result: subprocess.CompletedProcess, *, processes: int) -> None:
+    """A ``lightning-gpate fit`` on ``processes`` processes finished, and only rank 0 reported."""
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("lightning-gpate fit: done") == 1  # rank 0 only
+    if processes > 1:
+        assert f"Starting with {processes} processes" in result.stderr or f"MEMBER: {processes}/{processes}" in result.stderr
+
+
+def assert_same_tensors(one: dict, two: dict, *, atol: float) -> None:
+    """Two name → tensor maps hold the same names, shapes and values (within ``atol``); a failure
+    names the tensor and its largest gap."""
+    assert one.keys() == two.keys() and one
+    for name, tensor in one.items():
+        assert tensor.shape == two[name].shape, name
+        assert torch.allclose(tensor.double(), two[name].double(), atol=atol, rtol=0), (
+            name, float((tensor.double() - two[name].double()).abs().max()))

@@ -10,7 +10,8 @@ import mlflow
 import torch
 import yaml
 
-from clitools import ROOT, TINY_SCHEMA, assert_one_line_error, run_cli, store_snapshot, write_tiny_table
+from clitools import (ROOT, TINY_SCHEMA, assert_fit_ran, assert_one_line_error, assert_same_tensors, run_cli,
+                      store_snapshot, write_tiny_table)
 from conftest import query_run
 from ddp_workers import noise_of_one_dpgan_step
 from lightning_gpate.cli import main
@@ -49,10 +50,8 @@ def _artifact_tensors(path: str) -> dict[str, torch.Tensor]:
 
 def _assert_same_release(path_one: str, path_two: str, *, atol: float) -> None:
     one, two = _artifact_tensors(path_one), _artifact_tensors(path_two)
-    assert one.keys() == two.keys() and any("running_mean" in k for k in one)  # BatchNorm buffers included
-    for name, tensor in one.items():
-        assert torch.allclose(tensor.double(), two[name].double(), atol=atol, rtol=0), (
-            name, float((tensor.double() - two[name].double()).abs().max()))
+    assert any("running_mean" in k for k in one)  # BatchNorm buffers included
+    assert_same_tensors(one, two, atol=atol)
 
 
 @contextlib.contextmanager
@@ -75,9 +74,7 @@ def _two_processes(args: list[str], experiment: str, cwd) -> tuple:
     """``args`` on 2 gloo processes through the CLI: (completed process, its one MLflow run)."""
     two = run_cli(*args, "--trainer.devices", "2", "--trainer.strategy", "ddp",
                   "--trainer.logger.init_args.experiment_name", experiment, cwd=cwd, timeout=600)
-    assert two.returncode == 0, two.stderr[-4000:]
-    assert two.stdout.count("lightning-gpate fit: done") == 1  # rank 0 only
-    assert "Starting with 2 processes" in two.stderr or "MEMBER: 2/2" in two.stderr
+    assert_fit_ran(two, processes=2)
     (run_two,) = _experiment_runs(experiment)  # exactly one run for the two processes
     return two, run_two
 
