@@ -27,10 +27,11 @@ def _fixed_gpate_outputs(monkeypatch, votes: str, answer: bool = True) -> None:
     other query answered, or none without ``answer``; Δx = 0). The mechanisms' secret seeds are fixed so that two runs can be
     compared (the runs stay tagged as guarantees: no noise_seed is configured)."""
     import lightning_gpate.models.gpate as gpate
+    import lightning_gpate.models.sharding as sharding
     import lightning_gpate.privacy.randomness as randomness
 
-    monkeypatch.setattr(randomness, "secret_seed", lambda: 1234)
-    monkeypatch.setattr(gpate, "secret_seed", lambda: 1234)
+    monkeypatch.setattr(randomness, "secret_seed", lambda: 1234)  # mechanism_generator's OS seed
+    monkeypatch.setattr(sharding, "secret_seed", lambda: 1234)  # shared_seed's, under DDP
 
     def histograms(U, *, clip, num_bins, voting=None):
         t, m, k = U.shape
