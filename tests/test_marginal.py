@@ -69,10 +69,11 @@ def test_plan_is_what_is_recorded_and_spends_the_budget():
     model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, noise_seed=1)
     plan, hp = model.plan, model.hparams
     d = 4  # features; the spanning tree over them and the label has d edges
+    assert model.label_edges == 2  # the default: two edges at the label
     # the zCDP of the planned events adds up to the plan's rho (Gaussian 1/(2 z^2), z = sigma / sensitivity; EM eps^2/8)
     rho = (1 / (2 * plan["sigma_label"] ** 2) + d / (2 * plan["sigma_one_way"] ** 2)
-           + hp.label_edges * (plan["epsilon_select_label"] ** 2 / 8 + 1 / (2 * plan["sigma_label_edge"] ** 2))
-           + (d - hp.label_edges) * (plan["epsilon_select"] ** 2 / 8 + 1 / (2 * plan["sigma_two_way"] ** 2)))
+           + model.label_edges * (plan["epsilon_select_label"] ** 2 / 8 + 1 / (2 * plan["sigma_label_edge"] ** 2))
+           + (d - model.label_edges) * (plan["epsilon_select"] ** 2 / 8 + 1 / (2 * plan["sigma_two_way"] ** 2)))
     assert rho == pytest.approx(plan["rho"], rel=1e-9)
     # and the shares are the documented fractions
     assert d / (2 * plan["sigma_one_way"] ** 2) == pytest.approx(hp.one_way_fraction * plan["rho"], rel=1e-9)
@@ -85,9 +86,9 @@ def test_plan_is_what_is_recorded_and_spends_the_budget():
     # converted with Canonne, Kamath & Steinke 2020 Prop. 12 at the accountant's orders
     orders = np.asarray(model.accountant.orders, dtype=float)
     gaussians = 1 / (2 * plan["sigma_label"] ** 2) + d / (2 * plan["sigma_one_way"] ** 2) \
-        + hp.label_edges / (2 * plan["sigma_label_edge"] ** 2) + (d - hp.label_edges) / (2 * plan["sigma_two_way"] ** 2)
-    rdp = orders * gaussians + hp.label_edges * np.minimum(plan["epsilon_select_label"], orders * plan["epsilon_select_label"] ** 2 / 8) \
-        + (d - hp.label_edges) * np.minimum(plan["epsilon_select"], orders * plan["epsilon_select"] ** 2 / 8)
+        + model.label_edges / (2 * plan["sigma_label_edge"] ** 2) + (d - model.label_edges) / (2 * plan["sigma_two_way"] ** 2)
+    rdp = orders * gaussians + model.label_edges * np.minimum(plan["epsilon_select_label"], orders * plan["epsilon_select_label"] ** 2 / 8) \
+        + (d - model.label_edges) * np.minimum(plan["epsilon_select"], orders * plan["epsilon_select"] ** 2 / 8)
     ok = orders > 1.01
     eps = rdp[ok] + np.log((orders[ok] - 1) / orders[ok]) - (np.log(1e-5) + np.log(orders[ok])) / (orders[ok] - 1)
     assert model.spent_epsilon() == pytest.approx(eps.min(), rel=1e-6)
@@ -117,7 +118,7 @@ def test_tree_spans_every_column_finds_the_label_driven_feature_and_reproduces_t
 
     age = [c for c in model.data_spec["columns"] if c["name"] == "age"]
     (a, cards), (b, _) = discretize(real, age), discretize(synthetic, age)
-    assert synthetic["age"].dtype == np.int64 and marginal_tvds(a, b, cards)[0][0] < 0.02
+    assert synthetic["age"].dtype == np.int64 and marginal_tvds(a, b, cards)[0][0] < 0.03  # two samples of 20,000: ~0.012 apart by chance
     # the ages are uniform on the integers 20..79 in the data: the last bin of [18, 90] (from 82.8) holds none
     # and stays (nearly) empty; the first, [18, 25.2), holds 20..25, a tenth of them
     assert (synthetic["age"] >= 90 - 7.2).mean() < 0.01 and (synthetic["age"] < 18 + 7.2).mean() == pytest.approx(0.1, abs=0.02)
@@ -174,7 +175,8 @@ def test_little_budget_gives_noisy_tables_and_bad_input_is_refused():
     with pytest.raises(ValueError, match="num_bins"):
         MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, num_bins=1)
     with pytest.raises(ValueError, match="label_edges"):
-        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edges=5)
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edges=-1)
+    assert MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_edges=9).label_edges == 4  # every feature
     model = MarginalTree(dm.spec, epsilon=0.05, delta=1e-5, noise_seed=0)
     assert model.plan["sigma_two_way"] > 50  # at eps = 0.05 the two-way tables drown in noise
     _fit(model, dm)
