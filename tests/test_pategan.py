@@ -25,7 +25,7 @@ from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.cli import main
 from lightning_gpate.models import PATEGAN
 from lightning_gpate.models.private import PrivateMetadataError
-from lightning_gpate.privacy import LaplaceVoteEvent, moments_to_epsilon, pate_laplace_moments, rdp_to_epsilon
+from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent, moments_to_epsilon, pate_laplace_moments, rdp_to_epsilon
 from lightning_gpate.privacy.rdp import pure_dp_rdp
 from lightning_gpate.sampling import write_samples
 from lightning_gpate.tracking import GPATEMLFlowLogger
@@ -489,3 +489,79 @@ def test_a_budget_that_pays_for_no_step_is_an_error_not_a_trained_model():
     assert model.accountant.counts["laplace_vote_events"] == 0 and model.spent_epsilon() == 0.0
     run, _ = query_run("pategan-no-step")  # the run still says why it stopped
     assert run.data.tags["stop_reason"].startswith("privacy budget reached")
+
+
+# ----------------------------------------------------------------------------- measured marginals (marginal_fraction)
+
+
+def marker_datamodule(n: int = 400, teachers: int = 4) -> TabularDataModule:
+    """A table whose binary ``c`` equals the label 90% of the time and whose ``x`` sits at the low end of
+    its declared range for class 0 and the high end for class 1."""
+    rng = np.random.default_rng(3)
+    y = rng.choice([0, 1], n, p=[0.6, 0.4])
+    frame = pd.DataFrame({"x": np.where(y == 1, rng.uniform(2.5, 4.0, n), rng.uniform(-4.0, -2.5, n)).round(3),
+                          "c": np.where(rng.random(n) < 0.9, y, 1 - y), "y": y})
+    schema = {"x": {"min": -4, "max": 4}, "c": {"type": "binary", "categories": [0, 1]}, "y": {"type": "binary", "categories": [0, 1]}}
+    return TabularDataModule(frame=frame, label="y", schema=schema, num_teachers=teachers, class_ratio=[0.5, 0.5],
+                             teacher_batch_size=4, test_fraction=0.0)
+
+
+def test_measured_marginals_cost_their_share_once_and_leave_the_votes_the_rest():
+    dm = marker_datamodule()
+    model = PATEGAN(dm.spec, epsilon=2.0, delta=1e-5, planned_queries=400, marginal_fraction=0.25, **SMALL)
+    # the Gaussian alone costs a quarter of the budget, by formula: RDP a/(2 z^2), converted with
+    # Canonne, Kamath & Steinke 2020 Prop. 12 (the accountant's "improved" conversion)
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    orders = orders[orders > 1.01]
+    z = model.marginal_noise
+    eps_alone = (orders / (2 * z ** 2) + np.log((orders - 1) / orders) - (np.log(1e-5) + np.log(orders)) / (orders - 1)).min()
+    assert eps_alone == pytest.approx(0.5, rel=1e-6)
+    # the votes are planned on what is left: the marginals and 400 votes fit, 0.1% more noise-free votes do not
+    event = SubsampledGaussianEvent(noise_multiplier=z, sampling_rate=1.0)
+    assert model.accountant.epsilon_if(event, LaplaceVoteEvent(np.zeros(400), model.lam)) <= 2.0
+    assert model.accountant.epsilon_if(event, LaplaceVoteEvent(np.zeros(400), model.lam * 1.001)) > 2.0
+    assert model.lam < PATEGAN(dm.spec, epsilon=2.0, delta=1e-5, planned_queries=400, **SMALL).lam
+    fit(model, dm, 5)
+    # one measurement, paid before use, not repeated on later steps
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1 and bool(model.marginals_measured)
+    assert model.spent_epsilon() <= 2.0
+
+
+def test_measured_marginals_are_the_noisy_conditional_marginals_and_pull_the_generator_to_them():
+    dm = marker_datamodule()
+    # a large budget: little noise, so the measured tables are the data's conditional marginals
+    model = PATEGAN(dm.spec, epsilon=1000.0, delta=1e-5, planned_queries=4000, marginal_fraction=0.5, marginal_weight=10.0,
+                    lr=5e-3, **{**SMALL, "generator_hidden": [16]})
+    fit(model, dm, 1)
+    x, y = dm.model_space("train")
+    targets = model.marginal_targets
+    for c in (0, 1):
+        share = (x[y == c, 1] > 0).float().mean()  # column c (binary) = 1 given the class
+        assert float(targets[1, c, 1]) == pytest.approx(float(share), abs=0.05)
+    assert float(targets[0, 0, :5].sum()) > 0.95 and float(targets[0, 1, 5:].sum()) > 0.95  # x: low bins for 0, high for 1
+    with torch.no_grad():
+        before = float(model.marginal_loss())
+    fit(model, dm, 300)  # a fresh trainer continues from the fitted state; nothing is measured again
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1
+    model.eval()
+    with torch.no_grad():
+        labels = torch.arange(2).repeat_interleave(500)
+        rows = model.generator(model.latent(1000), labels)
+        after = float(model.marginal_loss())
+    assert after < before / 3
+    assert float((rows[labels == 0, 0] < 0).float().mean()) > 0.8 and float((rows[labels == 1, 0] > 0).float().mean()) > 0.8
+    assert float(((rows[:, 1] > 0).long() == labels).float().mean()) > 0.75
+
+
+def test_measured_marginals_need_a_table_the_guarantee_and_a_datamodule():
+    dm = marker_datamodule()
+    with pytest.raises(ValueError, match="marginal_fraction"):
+        PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, budget_accounting="paper", **SMALL)
+    with pytest.raises(ValueError, match="marginal_fraction must be in"):
+        PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=1.0, **SMALL)
+    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, **SMALL)
+    dm.setup("fit")
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    with pytest.raises(ValueError, match="datamodule"):
+        trainer.fit(model, train_dataloaders=dm.train_dataloader())
+    assert model.accountant.counts.get("subsampled_gaussian_events", 0) == 0  # refused before paying

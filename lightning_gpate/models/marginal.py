@@ -243,7 +243,7 @@ class MarginalTree(PrivateGenerativeModel):
         if not columns:
             raise ValueError("MarginalTree needs at least one feature column beside the label")
         kinds = [NUMERIC if c["type"] == "numeric" else BINARY if c["type"] == "binary" else CATEGORICAL for c in columns]
-        cards = [int(num_bins) if k == NUMERIC else (2 if k == BINARY else len(c["categories"])) for k, c in zip(kinds, columns)]
+        cards = column_cards(data_spec, int(num_bins))
         with warnings.catch_warnings():  # the class ratio is measured with DP here: no need to warn about it
             warnings.filterwarnings("ignore", message="the class ratio was read from the private data")
             super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
@@ -323,18 +323,7 @@ class MarginalTree(PrivateGenerativeModel):
     # ----------------------------------------------------------------- data in codes
     def encode(self, x: torch.Tensor) -> np.ndarray:
         """Rows in the generator's space → ``[n, d]`` category codes (bins for numeric columns)."""
-        g = self.generator
-        x = x.detach().double().cpu().numpy()
-        codes = np.zeros((x.shape[0], g.num_nodes), dtype=np.int64)
-        for i in range(g.num_nodes):
-            start, kind, card = int(g.starts[i]), int(g.kinds[i]), int(g.cards[i])
-            if kind == NUMERIC:  # + BIN_TOLERANCE: a value on a bin edge, rounded in float32, stays in the upper bin
-                codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * card + BIN_TOLERANCE), 0, card - 1)
-            elif kind == BINARY:
-                codes[:, i] = (x[:, start] >= 0).astype(np.int64)
-            else:
-                codes[:, i] = x[:, start:start + card].argmax(1)
-        return codes
+        return column_codes(x, self.data_spec, int(self.hparams.num_bins))
 
     # ----------------------------------------------------------------- training
     def configure_optimizers(self):
@@ -510,6 +499,27 @@ class MarginalTree(PrivateGenerativeModel):
         label = self.data_spec["label"]["name"]
         return [(label if p == LABEL_PARENT else names[p], names[c])
                 for c, p in enumerate(self.generator.parents.tolist()) if p != NO_PARENT]
+
+
+def column_cards(data_spec: dict[str, Any], num_bins: int) -> list[int]:
+    """Per feature column, its number of codes in :func:`column_codes`."""
+    return [num_bins if c["type"] == "numeric" else 2 if c["type"] == "binary" else len(c["categories"])
+            for c in data_spec["columns"]]
+
+
+def column_codes(x: torch.Tensor, data_spec: dict[str, Any], num_bins: int) -> np.ndarray:
+    """Rows in the generator's space → ``[n, d]`` category codes: a numeric column's equal-width bin of
+    its declared range ([-1, 1] here), a binary column 0/1, a categorical column its category."""
+    x = x.detach().double().cpu().numpy()
+    codes = np.zeros((x.shape[0], len(data_spec["columns"])), dtype=np.int64)
+    for i, (column, (start, end, _)) in enumerate(zip(data_spec["columns"], data_spec["spans"])):
+        if column["type"] == "numeric":  # + BIN_TOLERANCE: a value on a bin edge, rounded in float32, stays in the upper bin
+            codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * num_bins + BIN_TOLERANCE), 0, num_bins - 1)
+        elif column["type"] == "binary":
+            codes[:, i] = (x[:, start] >= 0).astype(np.int64)
+        else:
+            codes[:, i] = x[:, start:end].argmax(1)
+    return codes
 
 
 def _integer_grid(column: dict[str, Any], num_bins: int) -> dict[str, Any] | None:

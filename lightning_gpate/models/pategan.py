@@ -18,6 +18,18 @@ Options beyond the paper, all free post-processing of the paid-for votes: ``quer
 (a rare class gets its share of the queries) and ``replay_capacity`` (the student re-fits every
 labelled sample kept so far rather than only the newest batch).
 
+One option that is not post-processing and pays for itself: ``marginal_fraction`` (tables). Neither
+vote keeps the generator near the data (``benchmarks/results/tabular_ladder.md``): with the paper's
+vote the teachers call every generated row fake; a relative vote only ranks generated rows against each
+other, so the generator follows its direction past the data to the bounds of the declared domain, even
+without noise. With ``marginal_fraction > 0`` a share of ε buys every column's one-way marginal per
+class, once, before training (the Gaussian mechanism on the ``d`` tables class × value, numeric
+columns in ``marginal_bins`` equal-width bins of their declared range: a record adds one to one cell of
+each, L2 sensitivity √d), and the generator's loss adds ``marginal_weight`` times the KL divergence of
+each measured conditional marginal from the generator's (soft) marginal on a batch of its rows: the
+marginals anchor the generator, the teachers' votes shape the rest. The measured tables are noisy
+releases (kept in the checkpoint as public state); the votes get the budget that is left.
+
 What the public implementations got wrong, and what this one does instead (see REFERENCE.md and the
 replication study): teacher partitions are fixed and disjoint; the student never sees real rows;
 the vote noise really is Lap(1/λ) per class count; ε comes from the project's accountant with the
@@ -56,7 +68,8 @@ from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsembl
 from lightning_gpate.models.sharding import (gather_members, owned_members, replicated_backward,
                                               select_members, shared_seed)
 from lightning_gpate.privacy.distributed import is_distributed
-from lightning_gpate.privacy import LaplaceVoteEvent
+from lightning_gpate.models.marginal import _simplex, column_cards, column_codes
+from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 QUERY_LABELS = ("ratio", "uniform")
@@ -141,6 +154,12 @@ class PATEGAN(PrivateGenerativeModel):
             student how far a sample is from the teachers' verdict, not a coin flip near the middle.
             Under the data-dependent analyses (``paper``, ``smooth_sensitivity``), which bound the
             argmax only, it is refused.
+        marginal_fraction: tables: the share of ε (the ε of that measurement alone) spent before training
+            on every column's one-way marginal per class (see the module doc); 0 (default) is the paper.
+            Needs ``budget_accounting: guarantee`` and a DataModule (the whole training split is read once).
+        marginal_weight: weight of the generator's KL term to the measured marginals.
+        marginal_bins: equal-width bins of a numeric column's declared range for those marginals.
+        marginal_batch_size: generated rows (every class equally often) per generator step for the term.
         gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
@@ -184,6 +203,10 @@ class PATEGAN(PrivateGenerativeModel):
         teacher_vote: str = "logit",
         discrete_samples: bool = False,
         student_labels: str = "argmax",
+        marginal_fraction: float = 0.0,
+        marginal_weight: float = 1.0,
+        marginal_bins: int = 10,
+        marginal_batch_size: int = 256,
         gf_dim: int = 64,
         df_dim: int = 64,
         fc_dim: int = 1024,
@@ -218,6 +241,16 @@ class PATEGAN(PrivateGenerativeModel):
             raise ValueError(f"student_batch_size must be an integer >= 1 (or null), got {student_batch_size}")
         if teacher_fake_batch_size is not None and (int(teacher_fake_batch_size) != teacher_fake_batch_size or teacher_fake_batch_size < 1):
             raise ValueError(f"teacher_fake_batch_size must be an integer >= 1 (or null), got {teacher_fake_batch_size}")
+        if not 0.0 <= marginal_fraction < 1.0:
+            raise ValueError(f"marginal_fraction must be in [0, 1), got {marginal_fraction}")
+        if marginal_fraction > 0 and (data_spec["kind"] != "tabular" or budget_accounting != "guarantee"):
+            raise ValueError("marginal_fraction measures a table's marginals under budget_accounting: guarantee; "
+                             f"got a {data_spec['kind']} data set with budget_accounting: {budget_accounting}")
+        for name, value in {"marginal_bins": marginal_bins, "marginal_batch_size": marginal_batch_size}.items():
+            if int(value) != value or value < 2:
+                raise ValueError(f"{name} must be an integer >= 2, got {value}")
+        if not 0 <= marginal_weight < math.inf:
+            raise ValueError(f"marginal_weight must be a finite number >= 0, got {marginal_weight}")
         if lam is not None and not (0 < lam < math.inf):
             raise ValueError(f"lam must be a finite number > 0 (or null to plan it from the budget), got {lam}")
         image = data_spec["kind"] == "image"
@@ -232,6 +265,12 @@ class PATEGAN(PrivateGenerativeModel):
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.num_teachers = num_teachers
+        self.marginal_noise = self.plan_marginal_noise(marginal_fraction) if marginal_fraction > 0 else None
+        if self.marginal_noise is not None:
+            cards = column_cards(data_spec, int(marginal_bins))
+            # P̂(column j = v | class c), measured once (a DP release: public state from then on)
+            self.register_buffer("marginal_targets", torch.zeros(len(cards), self.num_classes, max(cards)))
+            self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
         self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
         if image:
             self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim)
@@ -264,6 +303,8 @@ class PATEGAN(PrivateGenerativeModel):
         gaps = np.zeros(int(planned_queries))
 
         def fits(lam: float) -> bool:
+            if self.marginal_noise is not None and not self.measured():  # (guarantee accounting only)
+                return self.accountant.epsilon_if(self.marginal_event(), LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
             return self.epsilon_if(LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
 
         lo, hi = 1e-12, 1.0
@@ -275,6 +316,92 @@ class PATEGAN(PrivateGenerativeModel):
             mid = math.sqrt(lo * hi)
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
+
+    # ----------------------------------------------------------------- the measured marginals
+    def marginal_event(self) -> SubsampledGaussianEvent:
+        """The marginals' measurement: one Gaussian of noise multiplier ``marginal_noise`` relative to
+        its L2 sensitivity √d (sampling rate 1: the plain Gaussian mechanism)."""
+        return SubsampledGaussianEvent(noise_multiplier=self.marginal_noise, sampling_rate=1.0)
+
+    def measured(self) -> bool:
+        return self.marginal_noise is not None and bool(self.marginals_measured)
+
+    def plan_marginal_noise(self, fraction: float) -> float:
+        """The smallest noise multiplier (to 1e-9 relative) whose Gaussian alone costs at most
+        ``fraction`` of the budget (the same δ and conversion; a public function of public numbers)."""
+        from lightning_gpate.privacy import PrivacyAccountant
+
+        target = fraction * self.budget_limit()
+
+        def fits(z: float) -> bool:
+            trial = PrivacyAccountant(delta=self.delta, orders=self.accountant.orders, conversion=self.accountant.conversion,
+                                      neighbouring=self.neighbouring_relation)
+            trial.record(SubsampledGaussianEvent(noise_multiplier=z, sampling_rate=1.0))
+            return trial.epsilon() <= target
+
+        lo, hi = 1e-3, 1.0
+        while not fits(hi):
+            lo, hi = hi, hi * 2.0
+        while hi / lo > 1.0 + 1e-9:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        return hi
+
+    def measure_marginals(self) -> bool:
+        """Pay for and measure every column's one-way marginal per class on the whole training split
+        (the DataModule's): noisy counts ``n(c, v) + N(0, (z√d)²)``, each class's row projected on the
+        simplex of its noisy total (:func:`~lightning_gpate.models.marginal._simplex`: small noisy cells
+        become 0) and normalised (uniform where the noisy total is ≤ 0). Returns ``False`` (nothing
+        measured) when the budget refuses it."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is None or not hasattr(datamodule, "model_space"):
+            raise ValueError("marginal_fraction reads the whole training split from the DataModule: fit with a datamodule")
+        if not self.charge(self.marginal_event()):
+            return False
+        x, y = datamodule.model_space("train")
+        bins = int(self.hparams.marginal_bins)
+        codes, labels = column_codes(x, self.data_spec, bins), y.long().cpu().numpy()
+        cards = column_cards(self.data_spec, bins)
+        sigma = self.marginal_noise * math.sqrt(len(cards))
+        gen = self.noise_generator()  # secret, and the same on every rank under DDP
+        targets = torch.zeros_like(self.marginal_targets, device="cpu")
+        for j, card in enumerate(cards):
+            counts = np.zeros((self.num_classes, card))
+            np.add.at(counts, (labels, codes[:, j]), 1.0)
+            noisy = counts + sigma * torch.randn(counts.shape, generator=gen, device=gen.device, dtype=torch.float64).cpu().numpy()
+            for c in range(self.num_classes):
+                total = noisy[c].sum()
+                targets[j, c, :card] = torch.from_numpy(_simplex(noisy[c], total) / total if total > 0 else np.full(card, 1.0 / card))
+        with torch.no_grad():
+            self.marginal_targets.copy_(targets)
+            self.marginals_measured.fill_(True)
+        return True
+
+    def marginal_loss(self) -> torch.Tensor:
+        """Mean over columns and classes of KL(measured ‖ generated) for one batch of generated rows
+        (every class equally often): a numeric value's soft bin is a Gaussian kernel of its distance to
+        the bins' centres (σ half a bin), a binary value's probability of 1 is (x + 1)/2, a categorical
+        column's is its softmax."""
+        hp = self.hparams
+        bins, k = int(hp.marginal_bins), self.num_classes
+        y = torch.arange(k, device=self.device).repeat_interleave(-(-int(hp.marginal_batch_size) // k))
+        x = self.generator(self.latent(y.shape[0]), y)
+        centres = -1.0 + (2.0 * torch.arange(bins, device=self.device, dtype=x.dtype) + 1.0) / bins
+        onehot = F.one_hot(y, k).to(x.dtype)
+        per_class = onehot / onehot.sum(0).clamp_min(1.0)  # rows → their class's mean
+        total = x.new_zeros(())
+        for j, (column, (start, end, _)) in enumerate(zip(self.data_spec["columns"], self.data_spec["spans"])):
+            if column["type"] == "numeric":
+                soft = torch.softmax(-0.5 * ((x[:, start, None] - centres) * bins) ** 2, dim=1)
+            elif column["type"] == "binary":
+                p = ((x[:, start] + 1.0) / 2.0).clamp(0.0, 1.0)
+                soft = torch.stack([1.0 - p, p], dim=1)
+            else:
+                soft = x[:, start:end]
+            generated = per_class.t() @ soft  # [classes, card]
+            target = self.marginal_targets[j, :, :soft.shape[1]].to(x.dtype)
+            total = total + (target * (torch.log(target + 1e-6) - torch.log(generated + 1e-6))).sum(1).mean()
+        return total / len(self.data_spec["columns"])
 
     # ----------------------------------------------------------------- networks
     def configure_optimizers(self):
@@ -406,6 +533,8 @@ class PATEGAN(PrivateGenerativeModel):
         opt_g, opt_s, opt_t = self.optimizers()
         hp = self.hparams
         m = hp.query_batch_size
+        if self.marginal_noise is not None and not self.measured() and not self.measure_marginals():
+            return None  # the budget refused the measurement: nothing trains
 
         for _ in range(hp.teacher_steps):
             t_loss = self._teacher_step(real_x, real_y, opt_t)
@@ -429,6 +558,10 @@ class PATEGAN(PrivateGenerativeModel):
 
         y = self.query_labels(m)
         g_loss = F.binary_cross_entropy_with_logits(self.student(self._fakes(y, grad=True), y), torch.ones(m, device=self.device))
+        if self.measured():
+            m_loss = self.marginal_loss()
+            self.log("marginal_kl", m_loss.detach())  # generator vs the noisy release: public
+            g_loss = g_loss + hp.marginal_weight * m_loss
         opt_g.zero_grad()
         replicated_backward(self, g_loss, params=self.generator.parameters())
         opt_g.step()
@@ -471,5 +604,8 @@ class PATEGAN(PrivateGenerativeModel):
         split["epsilon_budget"] = self.epsilon_budget
         split["epsilon_spent_before_training"] = self.spent_epsilon()
         split["lam"] = self.lam
+        if self.marginal_noise is not None:
+            split["marginal_noise_multiplier"] = self.marginal_noise
+            split["marginal_epsilon_alone"] = self.hparams.marginal_fraction * self.budget_limit()
         return split
 
