@@ -119,14 +119,15 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
         # Teachers judge generated rows as released (discrete_samples) and vote relative to their median on
         # generated rows of the same class; 500+ teachers keep the vote gaps far above the Laplace noise.
         # The votes alone do not learn the marginals, even without noise (tabular_ladder.md: the generator
-        # drifts to the bounds): a share of ε measures every column's marginal per class and anchors the
-        # generator to them (marginal_fraction; half of ε at ε = 1, a fifth at ε = 10), and the generator
-        # takes 1,000 / 2,000 steps of 16 queries (the votes get the rest of ε).
+        # drifts to the bounds): half of ε measures every column's marginal per class and anchors the
+        # generator to them (marginal_fraction; noise-level class deviations thresholded at ε = 10 only:
+        # tabular_ladder.md), and the generator takes 1,000 / 2,000 steps of 16 queries (the votes get the
+        # rest of ε).
         teachers = 500 if cervical else 1000
         queries = 16000 if epsilon <= 1 else 32000
         model = dict(planned_queries=queries, teacher_steps=1, student_steps=1, query_batch_size=16, query_labels="uniform",
                      lr=1e-3, teacher_lr=1e-3, discrete_samples=True, teacher_vote="relative",
-                     marginal_fraction=0.5 if epsilon <= 1 else 0.2, marginal_weight=30.0)
+                     marginal_fraction=0.5, marginal_weight=30.0, marginal_threshold=0.0 if epsilon <= 1 else 1.0)
         return {"data": dict(num_teachers=teachers, teacher_batch_size=8), "model": model, "max_steps": queries // 16}
     if system == "gpate":
         teachers = 100 if cervical else 1000

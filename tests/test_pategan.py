@@ -565,3 +565,18 @@ def test_measured_marginals_need_a_table_the_guarantee_and_a_datamodule():
     with pytest.raises(ValueError, match="datamodule"):
         trainer.fit(model, train_dataloaders=dm.train_dataloader())
     assert model.accountant.counts.get("subsampled_gaussian_events", 0) == 0  # refused before paying
+
+
+def test_class_deviations_below_the_threshold_fall_back_to_the_pooled_marginal():
+    dm = marker_datamodule()
+    targets = {}
+    for threshold in (0.0, 1e6):
+        model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=100, marginal_fraction=0.5,
+                        marginal_threshold=threshold, **SMALL)
+        fit(model, dm, 1)
+        targets[threshold] = model.marginal_targets.clone()
+    # the same noise (noise_seed 0): kept whole, the classes differ; thresholded away, both are the pooled shares
+    assert (targets[0.0][:, 0] - targets[0.0][:, 1]).abs().max() > 0.1
+    torch.testing.assert_close(targets[1e6][:, 0], targets[1e6][:, 1])
+    pooled = targets[1e6][:, 0]
+    assert torch.allclose(pooled.sum(-1)[0], torch.tensor(1.0)) and (pooled >= 0).all()

@@ -86,6 +86,13 @@ def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Genera
     return (e[0] - e[1]) * scale
 
 
+def _shares(noisy: np.ndarray) -> np.ndarray:
+    """Noisy counts → shares: projected on the simplex of their noisy total (small noisy cells become 0),
+    uniform when that total is ≤ 0."""
+    total = float(noisy.sum())
+    return _simplex(noisy, total) / total if total > 0 else np.full(len(noisy), 1.0 / len(noisy))
+
+
 class PATEGAN(PrivateGenerativeModel):
     """PATE-GAN: k teachers on disjoint partitions, a student on noisily labelled generated samples,
     a generator trained against the student (Yoon et al. 2019, Algorithm 1).
@@ -160,6 +167,11 @@ class PATEGAN(PrivateGenerativeModel):
         marginal_weight: weight of the generator's KL term to the measured marginals.
         marginal_bins: equal-width bins of a numeric column's declared range for those marginals.
         marginal_batch_size: generated rows (every class equally often) per generator step for the term.
+        marginal_threshold: a class's measured deviation from the pooled marginal is kept beyond this
+            many noise stds of a share (soft thresholding; 0 keeps it all). On cervical (35 positive
+            rows) 1 gave the better tables and AUROC at ε = 10; at ε = 1, where that threshold erases the
+            positive class's deviations entirely, 0 scored better (its noisy marginals make its rows
+            unlike the negatives'; ``benchmarks/results/tabular_ladder.md``).
         gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
@@ -207,6 +219,7 @@ class PATEGAN(PrivateGenerativeModel):
         marginal_weight: float = 1.0,
         marginal_bins: int = 10,
         marginal_batch_size: int = 256,
+        marginal_threshold: float = 1.0,
         gf_dim: int = 64,
         df_dim: int = 64,
         fc_dim: int = 1024,
@@ -249,6 +262,8 @@ class PATEGAN(PrivateGenerativeModel):
         for name, value in {"marginal_bins": marginal_bins, "marginal_batch_size": marginal_batch_size}.items():
             if int(value) != value or value < 2:
                 raise ValueError(f"{name} must be an integer >= 2, got {value}")
+        if not 0 <= marginal_threshold < math.inf:
+            raise ValueError(f"marginal_threshold must be a finite number >= 0, got {marginal_threshold}")
         if not 0 <= marginal_weight < math.inf:
             raise ValueError(f"marginal_weight must be a finite number >= 0, got {marginal_weight}")
         if lam is not None and not (0 < lam < math.inf):
@@ -349,10 +364,10 @@ class PATEGAN(PrivateGenerativeModel):
 
     def measure_marginals(self) -> bool:
         """Pay for and measure every column's one-way marginal per class on the whole training split
-        (the DataModule's): noisy counts ``n(c, v) + N(0, (z√d)²)``, each class's row projected on the
-        simplex of its noisy total (:func:`~lightning_gpate.models.marginal._simplex`: small noisy cells
-        become 0) and normalised (uniform where the noisy total is ≤ 0). Returns ``False`` (nothing
-        measured) when the budget refuses it."""
+        (the DataModule's): noisy counts ``n(c, v) + N(0, (z√d)²)``; each class's shares (its row
+        projected on the simplex of its noisy total, :func:`_shares`) keep their deviation from the pooled
+        shares only beyond ``marginal_threshold`` noise stds of a share, ``σ / n̂_c`` (soft thresholding). Returns ``False``
+        (nothing measured) when the budget refuses it."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is None or not hasattr(datamodule, "model_space"):
             raise ValueError("marginal_fraction reads the whole training split from the DataModule: fit with a datamodule")
@@ -369,9 +384,15 @@ class PATEGAN(PrivateGenerativeModel):
             counts = np.zeros((self.num_classes, card))
             np.add.at(counts, (labels, codes[:, j]), 1.0)
             noisy = counts + sigma * torch.randn(counts.shape, generator=gen, device=gen.device, dtype=torch.float64).cpu().numpy()
+            pooled = _shares(noisy.sum(0))
             for c in range(self.num_classes):
-                total = noisy[c].sum()
-                targets[j, c, :card] = torch.from_numpy(_simplex(noisy[c], total) / total if total > 0 else np.full(card, 1.0 / card))
+                # A class's deviation from the pooled marginal is kept only beyond the threshold (noise stds of a share)
+                # (soft thresholding, post-processing): on a small class the noise alone would otherwise
+                # give most columns a spurious association with the label.
+                deviation = _shares(noisy[c]) - pooled
+                tau = self.hparams.marginal_threshold * sigma / max(noisy[c].sum(), sigma)
+                share = np.clip(pooled + np.sign(deviation) * np.maximum(np.abs(deviation) - tau, 0.0), 0.0, None)
+                targets[j, c, :card] = torch.from_numpy(share / share.sum())
         with torch.no_grad():
             self.marginal_targets.copy_(targets)
             self.marginals_measured.fill_(True)
