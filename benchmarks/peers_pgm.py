@@ -15,7 +15,10 @@ This script runs under the interpreter of its own virtualenv (``mbi`` needs JAX;
 
     python -m venv .venv-pgm && .venv-pgm/bin/pip install -c constraints.txt "mbi==2.0.0" pandas
 
-and imports nothing from the project. It reads a JSON job on stdin::
+and imports nothing from the project. AIM compiles new JAX programs every round, and each keeps
+memory mappings: under Linux's default ``vm.max_map_count`` (65,530) a cardio fit died after ~7 minutes
+with "LLVM compilation error: Cannot allocate memory"; raise the limit first
+(``sysctl -w vm.max_map_count=1048576``). It reads a JSON job on stdin::
 
     {"synth": "mst", "epsilon": 1.0, "delta": 1e-5, "train_csv": "...", "out_csv": "...", "num_rows": 2000,
      "bins": 10, "seed": 0,
