@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.privacy import ExponentialMechanismEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -303,17 +303,10 @@ class MarginalTree(PrivateGenerativeModel):
         noise it gives: ``sigma_label``, ``sigma_one_way`` (per cell, the √d sensitivity included),
         ``epsilon_select`` and ``sigma_two_way`` (per cell) of the ordinary edges, and
         ``epsilon_select_label`` and ``sigma_label_edge`` of the first ``label_edges``."""
-        lo, hi = 1e-12, 1.0
-        if not self._fits(lo):
-            raise ValueError(f"the budget ε={self.epsilon_budget:g} leaves nothing for the marginals")
-        while self._fits(hi):
-            lo, hi = hi, hi * 2.0
-        while hi / lo > 1.0 + 1e-9:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if self._fits(mid) else (lo, mid)
-        events = self.planned_events(lo)
+        rho = largest_that_fits(self._fits, f"the marginals within ε={self.epsilon_budget:g}")
+        events = self.planned_events(rho)
         d = len(self.data_spec["columns"])
-        plan = {"rho": lo, "sigma_label": events["label"].noise_multiplier, "sigma_one_way": events["one_way"].noise_multiplier * math.sqrt(d)}
+        plan = {"rho": rho, "sigma_label": events["label"].noise_multiplier, "sigma_one_way": events["one_way"].noise_multiplier * math.sqrt(d)}
         if self.label_edges:
             plan.update(epsilon_select_label=events["select"][0].epsilon, sigma_label_edge=events["measure"][0].noise_multiplier)
         if self.label_edges < self.num_edges:

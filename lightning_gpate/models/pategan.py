@@ -62,7 +62,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
 from lightning_gpate.models.sharding import (gather_members, owned_members, replicated_backward,
@@ -322,15 +322,7 @@ class PATEGAN(PrivateGenerativeModel):
                 return self.accountant.epsilon_if(self.marginal_event(), LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
             return self.epsilon_if(LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
 
-        lo, hi = 1e-12, 1.0
-        if not fits(lo):
-            raise ValueError(f"the budget ε={self.budget_limit():g} leaves no room for {planned_queries} queries")
-        while fits(hi):
-            lo, hi = hi, hi * 2.0
-        while hi / lo > 1.0 + 1e-9:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
+        return largest_that_fits(fits, f"{planned_queries} queries within ε={self.budget_limit():g}")
 
     # ----------------------------------------------------------------- the measured marginals
     def marginal_event(self) -> SubsampledGaussianEvent:
@@ -348,19 +340,13 @@ class PATEGAN(PrivateGenerativeModel):
 
         target = fraction * self.budget_limit()
 
-        def fits(z: float) -> bool:
+        def fits(inverse_z: float) -> bool:  # a larger 1/z is less noise: true below the largest that fits
             trial = PrivacyAccountant(delta=self.delta, orders=self.accountant.orders, conversion=self.accountant.conversion,
                                       neighbouring=self.neighbouring_relation)
-            trial.record(SubsampledGaussianEvent(noise_multiplier=z, sampling_rate=1.0))
+            trial.record(SubsampledGaussianEvent(noise_multiplier=1.0 / inverse_z, sampling_rate=1.0))
             return trial.epsilon() <= target
 
-        lo, hi = 1e-3, 1.0
-        while not fits(hi):
-            lo, hi = hi, hi * 2.0
-        while hi / lo > 1.0 + 1e-9:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-        return hi
+        return 1.0 / largest_that_fits(fits, f"the marginals within {target:g}")
 
     def measure_marginals(self) -> bool:
         """Pay for and measure every column's one-way marginal per class on the whole training split

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from typing import Any
 
@@ -453,6 +454,21 @@ class PrivateGenerativeModel(GenerativeModel):
             from lightning_gpate.privacy.smooth_release import GNSSRelease
 
             self.smooth_sensitivity.released = GNSSRelease(**released)
+
+
+def largest_that_fits(fits, what: str) -> float:
+    """The largest x > 0 (to 1e-9 relative) with ``fits(x)``, for a predicate true below some point and
+    false above it (a budget filled by a noise scale, a ρ, a λ): doubling from 1, then bisection on the
+    log scale. ``what`` names x in the error when not even 1e-12 fits."""
+    lo, hi = 1e-12, 1.0
+    if not fits(lo):
+        raise ValueError(f"the budget leaves no room for {what}")
+    while fits(hi):
+        lo, hi = hi, hi * 2.0
+    while hi / lo > 1.0 + 1e-9:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
