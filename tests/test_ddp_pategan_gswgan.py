@@ -17,7 +17,8 @@ from clitools import TINY_SCHEMA, assert_fit_ran, assert_same_tensors, run_cli, 
 
 FIXED = ["--seed_everything", "11", "--model.init_args.noise_seed", "0", "--trainer.strategy", "ddp"]
 INIT = {
-    "PATEGAN": {"epsilon": 5.0, "teacher_steps": 2, "student_steps": 2, "query_batch_size": 16},
+    "PATEGAN": {"epsilon": 5.0, "teacher_steps": 2, "student_steps": 2, "query_batch_size": 16,
+                "marginal_fraction": 0.3},  # the measured marginals too: the same noisy tables on every rank
     "GSWGAN": {"epsilon": 50.0, "delta": 1e-5, "stage": "pretrain", "critic_steps": 2, "pretrain_iterations": 3,
                "generator_batch_size": 8, "noise_multiplier": 4.0},
 }
@@ -97,6 +98,7 @@ def test_pategan_training_checkpoint_of_two_processes_holds_every_teacher_in_ord
     (one,), (two,) = pategan_runs
     c1, c2 = _checkpoint(one), _checkpoint(two)
     assert c2["state_dict"]["teachers.teacher_ids"].tolist() == [0, 1, 2, 3, 4]
+    assert bool(c2["state_dict"]["marginals_measured"])  # compared below with the one process's noisy tables
     assert_same_state(c1["state_dict"], c2["state_dict"])
     assert_same_optimizer_states(c1["optimizer_states"], c2["optimizer_states"])
 
