@@ -310,6 +310,9 @@ SHORT_REASONS: dict[tuple[str, str], str] = {
     ("cervical", "mst_pgm"): "Each fit takes 5-25 minutes of wall time on this machine (2 cores shared by 5 sessions; "
                              "mirror descent over 35 columns); the runs that made this table ran out of time. Rerun the "
                              "command to add the missing seeds.",
+    **{(d, "aim_pgm"): "Each fit takes ~25 minutes of wall time on this machine (2 shared cores; a JAX program compiled per "
+                       "round, ~100-200 rounds); the sessions that made this table ran out of time. Rerun the command to "
+                       "add the missing seeds." for d in ("cervical", "cardio")},
     **{("cardio", s): "The session that made this table ran out of CPU time (2 cores shared by 5 sessions; a cardio cell "
                       "of a GAN takes minutes to tens of minutes on 56,000 rows). Rerun the command to add the missing seeds."
        for s in ("pategan", "gpate", "dpgan", "gswgan", "gan")},
@@ -320,14 +323,13 @@ NOTES: list[str] = [
     "marginals, domain compression, an exponential-mechanism maximum spanning tree, mirror descent: 2,500 iterations for the "
     "selection, 10,000 for the model), with the same declared bounds in 10 bins and the same δ.",
     "- private-pgm AIM: the author's `mechanisms/aim.py` with the workload of all 2-way marginals, mirror descent reduced to "
-    "250 iterations per round and the model-size limit to 5 MB (the paper: 1,000 and 80 MB) for CPU time. **Not in this "
-    "table**: no session has had the CPU time for it yet (15-60 minutes per cervical fit on this machine).",
-    "- Not in this table yet (CPU time; `python benchmarks/tabular_utility.py` runs every missing cell): the GAN-based "
-    "models on cardio beyond the cells listed above, and private-pgm AIM on both data sets.",
-    "- PATE-GAN: relative votes against each teacher's median per class (`teacher_vote: relative`, since this table's run; "
-    "the JSONL's first cervical ε=10 seed-0 PATE-GAN cell, with the earlier pooled median, is superseded by the later one). "
-    "Its tables stay near the uniform table's distance at both ε, and it does not learn the marginals without noise either "
-    "(`pategan_ladder.md`, `tabular_ladder.md`).",
+    "250 iterations per round and the model-size limit to 5 MB (the paper: 1,000 and 80 MB) for CPU time (~25 minutes "
+    "per fit here even so).",
+    "- PATE-GAN: relative votes against each teacher's median per class, and half of ε on every column's one-way marginal per "
+    "class, which anchors the generator (`marginal_fraction`; class deviations below one noise std thresholded at ε = 10). "
+    "Without that anchor its tables stayed at the uniform table's distance, with or without noise (`tabular_ladder.md`).",
+    "- The G-PATE and GS-WGAN cells on cervical were measured before the teachers' row order became a function of their "
+    "records (issue 20, finding 2: the same mechanisms, reshuffled teacher batch streams).",
     "- Fidelity is measured against the real training split (the data the model saw; the issue's convention); the JSONL also "
     "holds it against the test split (`test_*`). A private model's own evaluation (`lightning-gpate fit`) measures it "
     "against the test split.",
