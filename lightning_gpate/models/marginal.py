@@ -515,6 +515,13 @@ def column_codes(x: torch.Tensor, data_spec: dict[str, Any], num_bins: int) -> n
     return codes
 
 
+def noisy_shares(noisy: np.ndarray) -> np.ndarray:
+    """Noisy counts → shares: projected on the simplex of their noisy total (:func:`_simplex`: small
+    noisy cells become 0), uniform when that total is ≤ 0."""
+    total = float(np.sum(noisy))
+    return _simplex(noisy, total) / total if total > 0 else np.full(len(noisy), 1.0 / len(noisy))
+
+
 def _integer_grid(column: dict[str, Any], num_bins: int) -> dict[str, Any] | None:
     """For an integer column, per equal-width bin of its declared range, the generator-space position of
     the bin's first integer and their number (the last bin holds its upper bound), and one integer's

@@ -68,7 +68,7 @@ from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsembl
 from lightning_gpate.models.sharding import (gather_members, owned_members, replicated_backward,
                                               select_members, shared_seed)
 from lightning_gpate.privacy.distributed import is_distributed
-from lightning_gpate.models.marginal import _simplex, column_cards, column_codes
+from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -84,13 +84,6 @@ def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Genera
     (exact, and without the log(0) edge case of the inverse-CDF method)."""
     e = torch.empty((2, *shape), device=device, dtype=dtype).exponential_(generator=generator)
     return (e[0] - e[1]) * scale
-
-
-def _shares(noisy: np.ndarray) -> np.ndarray:
-    """Noisy counts → shares: projected on the simplex of their noisy total (small noisy cells become 0),
-    uniform when that total is ≤ 0."""
-    total = float(noisy.sum())
-    return _simplex(noisy, total) / total if total > 0 else np.full(len(noisy), 1.0 / len(noisy))
 
 
 class PATEGAN(PrivateGenerativeModel):
@@ -351,9 +344,10 @@ class PATEGAN(PrivateGenerativeModel):
     def measure_marginals(self) -> bool:
         """Pay for and measure every column's one-way marginal per class on the whole training split
         (the DataModule's): noisy counts ``n(c, v) + N(0, (z√d)²)``; each class's shares (its row
-        projected on the simplex of its noisy total, :func:`_shares`) keep their deviation from the pooled
-        shares only beyond ``marginal_threshold`` noise stds of a share, ``σ / n̂_c`` (soft thresholding). Returns ``False``
-        (nothing measured) when the budget refuses it."""
+        projected on the simplex of its noisy total, :func:`~lightning_gpate.models.marginal.noisy_shares`)
+        keep their deviation from the pooled shares only beyond ``marginal_threshold`` noise stds of a
+        share, ``σ / n̂_c`` (soft thresholding). Returns ``False`` (nothing measured) when the budget
+        refuses it."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is None or not hasattr(datamodule, "model_space"):
             raise ValueError("marginal_fraction reads the whole training split from the DataModule: fit with a datamodule")
@@ -370,12 +364,12 @@ class PATEGAN(PrivateGenerativeModel):
             counts = np.zeros((self.num_classes, card))
             np.add.at(counts, (labels, codes[:, j]), 1.0)
             noisy = counts + sigma * torch.randn(counts.shape, generator=gen, device=gen.device, dtype=torch.float64).cpu().numpy()
-            pooled = _shares(noisy.sum(0))
+            pooled = noisy_shares(noisy.sum(0))
             for c in range(self.num_classes):
-                # A class's deviation from the pooled marginal is kept only beyond the threshold (noise stds of a share)
-                # (soft thresholding, post-processing): on a small class the noise alone would otherwise
-                # give most columns a spurious association with the label.
-                deviation = _shares(noisy[c]) - pooled
+                # Soft thresholding (post-processing): a class keeps its deviation from the pooled shares only
+                # beyond the threshold; on a small class the noise alone would otherwise give most columns a
+                # spurious association with the label.
+                deviation = noisy_shares(noisy[c]) - pooled
                 tau = self.hparams.marginal_threshold * sigma / max(noisy[c].sum(), sigma)
                 share = np.clip(pooled + np.sign(deviation) * np.maximum(np.abs(deviation) - tau, 0.0), 0.0, None)
                 targets[j, c, :card] = torch.from_numpy(share / share.sum())
