@@ -328,8 +328,8 @@ NOTES: list[str] = [
     "- PATE-GAN: relative votes against each teacher's median per class, and half of ε on every column's one-way marginal per "
     "class, which anchors the generator (`marginal_fraction`; class deviations below one noise std thresholded at ε = 10). "
     "Without that anchor its tables stayed at the uniform table's distance, with or without noise (`tabular_ladder.md`).",
-    "- The G-PATE and GS-WGAN cells on cervical were measured before the teachers' row order became a function of their "
-    "records (issue 20, finding 2: the same mechanisms, reshuffled teacher batch streams).",
+    "- The GS-WGAN cells on cervical and seed 0 of cardio were measured before the teachers' row order became a function "
+    "of their records (issue 20, finding 2: the same mechanisms, reshuffled teacher batch streams); every other cell after.",
     "- Fidelity is measured against the real training split (the data the model saw; the issue's convention); the JSONL also "
     "holds it against the test split (`test_*`). A private model's own evaluation (`lightning-gpate fit`) measures it "
     "against the test split.",
