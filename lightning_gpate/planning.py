@@ -212,7 +212,8 @@ def plan(probe: Probe, *, epsilon: float, orders: Sequence[float] = PLAN_ORDERS)
     delta, conversion, grid = acc.delta, acc.conversion, acc.orders
     start = PrivacyAccountant(delta=delta, orders=grid, conversion=conversion)
     metadata = [PureDPEvent(float(c["epsilon"]), str(c.get("what", "metadata"))) for c in model.data_spec.get("metadata_cost", [])]
-    for event in metadata:  # what the run pays before its first step
+    before = [*metadata, *model.events_before_first_step()]  # what the run pays before its first step
+    for event in before:
         start.record(event)
     base = start.rdp
     worst = sum(acc.rdp_of(_worst_case(e))[0] for e in probe.events) / probe.steps
@@ -231,7 +232,7 @@ def plan(probe: Probe, *, epsilon: float, orders: Sequence[float] = PLAN_ORDERS)
 
     best = None
     for z, label in QUANTILES:
-        choice = _best_smooth_sensitivity(probe, metadata, epsilon, z, orders)
+        choice = _best_smooth_sensitivity(probe, before, epsilon, z, orders)
         if choice is None:
             out.rows.append(PlanRow(f"smooth sensitivity, allowed w.p. ~{label}", 0, math.nan, "no order fits"))
             continue
@@ -249,7 +250,7 @@ def plan(probe: Probe, *, epsilon: float, orders: Sequence[float] = PLAN_ORDERS)
     return out
 
 
-def _best_smooth_sensitivity(probe: Probe, metadata: list, epsilon: float, z: float, orders):
+def _best_smooth_sensitivity(probe: Probe, before: list, epsilon: float, z: float, orders):
     """(steps, parameters, ε) of the order that allows the most steps with the release ≤ ε at
     noise quantile ``z``; σ_ss minimises GNSS's noise term plus the released bound's noise
     ``(2 + c)·SS·σ_ss`` (Papernot et al.'s table, with the upper bound's shift c = Φ⁻¹(1 − δ′), δ′ = δ/2)."""
@@ -262,11 +263,11 @@ def _best_smooth_sensitivity(probe: Probe, metadata: list, epsilon: float, z: fl
         beta = fraction / lam
         ss_acc = SmoothSensitivityAccountant(params=GNSSParameters(order=lam, beta=beta, sigma=1.0, delta_prime=delta_prime),
                                              num_teachers=n, delta=acc.delta, conversion=acc.conversion)
-        for e in [*metadata, *probe.events]:
+        for e in [*before, *probe.events]:
             ss_acc.record(e)
         dd_step = ss_acc.ledger.data_dependent_rdp() / probe.steps
         ss_step = ss_acc.ledger.smooth_sensitivity(beta) / probe.steps
-        other = float(ss_acc.release(0.0).other_rdp)  # the metadata's RDP at λ
+        other = float(ss_acc.release(0.0).other_rdp)  # the RDP at λ of what is paid before the first step
 
         def release_eps(t: int):
             noise = t * ss_step

@@ -11,6 +11,7 @@ from lightning_gpate.cli import main
 from lightning_gpate.planning import plan, synthetic_probe
 from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.pate import confident_gnmax_rdp
+from lightning_gpate.privacy.rdp import pure_dp_rdp
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--config", str(ROOT / "configs" / "quickstart.yaml"), "--data.num_teachers", "60",
@@ -27,6 +28,9 @@ class _Model:
         class H:
             num_bins, fake_batch_size, projection_dim, sigma_threshold, sigma_gnmax, epsilon = 10, 4, 5, s1, s2, 3.0
         self.hparams = H()
+
+    def events_before_first_step(self):
+        return []
 
 
 def test_extrapolation_matches_the_analyses_step_by_step():
@@ -59,6 +63,32 @@ def test_extrapolation_matches_the_analyses_step_by_step():
     assert min(abs(rec["model.smooth_sensitivity"]["beta"] * order - f) for f in (0.1, 0.2, 0.3, 0.4)) < 1e-4
     assert rec["model.smooth_sensitivity"]["delta_prime"] == 5e-6
     assert rec["model.epsilon_hard_cap"] > 10.0  # the worst case of that many steps is weaker
+
+
+def test_a_plan_starts_from_what_the_run_pays_before_its_first_step():
+    """PATE-GAN's measured marginals (one Gaussian, paid at the first step) count before the votes."""
+    import pandas as pd
+
+    from datamodules import TabularDataModule
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"x": rng.uniform(0, 1, 80).round(3), "y": rng.choice([0, 1], 80)})
+    dm = TabularDataModule(frame=frame, label="y", schema={"x": {"min": 0, "max": 1}, "y": {"type": "binary", "categories": [0, 1]}},
+                           num_teachers=4, class_ratio=[0.5, 0.5], test_fraction=0.0)
+    model = PATEGAN(dm.spec, epsilon=5.0, delta=1e-5, planned_queries=400, marginal_fraction=0.5, query_batch_size=8,
+                    student_steps=1, noise_seed=0)
+    probe = synthetic_probe(model, [1.0], steps=3)
+    t = {r.analysis: r.steps for r in plan(probe, epsilon=5.0).rows}["data-independent, worst case (the stop rule)"]
+    orders = model.accountant.orders
+    gaussian = orders / (2 * model.marginal_noise ** 2)  # RDP of the Gaussian mechanism, by formula
+    vote_step = 8 * pure_dp_rdp(2 * model.lam, orders)  # 8 queries per step, each 2λ-DP
+
+    def eps(curve):
+        return rdp_to_epsilon(curve, orders, 1e-5)[0]
+    assert eps(gaussian + t * vote_step) <= 5.0 < eps(gaussian + (t + 1) * vote_step)
+    assert eps((t + 5) * vote_step) <= 5.0  # without the marginals the plan would promise more steps
 
 
 def test_plan_rejects_non_pate_probes_and_bad_shares():

@@ -310,9 +310,11 @@ class PATEGAN(PrivateGenerativeModel):
         """
         gaps = np.zeros(int(planned_queries))
 
+        before = self.events_before_first_step()
+
         def fits(lam: float) -> bool:
-            if self.marginal_noise is not None and not self.measured():  # (guarantee accounting only)
-                return self.accountant.epsilon_if(self.marginal_event(), LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
+            if before:  # the measured marginals (guarantee accounting only)
+                return self.accountant.epsilon_if(*before, LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
             return self.epsilon_if(LaplaceVoteEvent(gaps, lam)) <= self.budget_limit()
 
         return largest_that_fits(fits, f"{planned_queries} queries within ε={self.budget_limit():g}")
@@ -325,6 +327,10 @@ class PATEGAN(PrivateGenerativeModel):
 
     def measured(self) -> bool:
         return self.marginal_noise is not None and bool(self.marginals_measured)
+
+    def events_before_first_step(self) -> list:
+        """The marginals' measurement while it is still to be paid (see the private base)."""
+        return [self.marginal_event()] if self.marginal_noise is not None and not self.measured() else []
 
     def plan_marginal_noise(self, fraction: float) -> float:
         """The smallest noise multiplier (to 1e-9 relative) whose Gaussian alone costs at most
@@ -534,7 +540,7 @@ class PATEGAN(PrivateGenerativeModel):
         opt_g, opt_s, opt_t = self.optimizers()
         hp = self.hparams
         m = hp.query_batch_size
-        if self.marginal_noise is not None and not self.measured() and not self.measure_marginals():
+        if self.events_before_first_step() and not self.measure_marginals():
             return None  # the budget refused the measurement: nothing trains
 
         for _ in range(hp.teacher_steps):

@@ -227,6 +227,11 @@ class PrivateGenerativeModel(GenerativeModel):
             return self.accountant.epsilon_paper()
         return self.guarantee_epsilon()
 
+    def events_before_first_step(self) -> list:
+        """Mechanism events a fit still pays before its first training step, beyond the metadata already
+        recorded (none here; PATE-GAN's measured marginals): budget plans start from them."""
+        return []
+
     def epsilon_if(self, event) -> float:
         """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""
         if self.budget_accounting == "paper":
