@@ -412,6 +412,8 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
                       f"{_f(base.get('fid_real_train_vs_reference'), 2)}; feature classifier test accuracy "
                       f"{_f(base.get('feature_net_test_accuracy'))}. Paper: real-data IS 9.86; G-PATE IS 5.16 (ε=10), 3.60 (ε=1)."]
     lines += ["", "Grids: 10 generated digits per class (rows 0-9), from `<row>.png` in `mnist_table/`."]
+    if meta.get("notes"):
+        lines += ["", "Notes:", ""] + [f"* {note}" for note in meta["notes"]]
     return lines
 
 
@@ -424,6 +426,24 @@ def write_table(data: dict[str, Any], results: Path, state: Path, *, smoke: bool
     path.write_text("\n".join(table_lines(data, smoke=smoke)) + "\n")
     (results / f"{TABLE}.json").write_text(json.dumps(data, indent=1, default=str))
     return path
+
+
+def merge_states(data: dict[str, Any], state: Path, sources: list[Path]) -> None:
+    """Rows and grids of ``sources`` (states of runners run side by side) into ``data``/``state``. A row
+    already finished in ``data`` stays; the meta (machine, real baseline) is filled where missing."""
+    for source in sources:
+        other = load_state(source)
+        if not other["rows"] and not other["meta"]:
+            raise SystemExit(f"{source}: no results.json")
+        for key, value in other["meta"].items():
+            data.setdefault("meta", {}).setdefault(key, value)
+        for name, record in other["rows"].items():
+            if data["rows"].get(name, {}).get("status") != "done":
+                data["rows"][name] = record
+                png = source / "grids" / f"{name}.png"
+                if png.is_file():
+                    (state / "grids").mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(png, state / "grids" / png.name)
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -458,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the real digits' row of the evaluation")
     p.add_argument("--list", action="store_true", help="print the rows, their configs and budgets, and exit")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from --state")
+    p.add_argument("--merge-from", type=Path, nargs="*", default=None, metavar="STATE",
+                   help="states of runners that ran at the same time (each with its own --state): their rows and grids "
+                        "go into --state (a finished row wins over an unfinished one), then the table is written")
+    p.add_argument("--note", action="append", default=[], help="a line for the table's notes (kept in the state)")
     a = p.parse_args(argv)
     rows = selected_rows(a.rows)
     if a.list:
@@ -475,7 +499,13 @@ def main(argv: list[str] | None = None) -> int:
         a.cnn_epochs = a.cnn_epochs or 1
     results = a.results or (a.state / "results" if a.smoke else RESULTS)
     data = load_state(a.state)
-    if a.table_only:
+    if a.merge_from is not None:
+        merge_states(data, a.state, a.merge_from)
+    if a.note:
+        data.setdefault("meta", {}).setdefault("notes", []).extend(a.note)
+    if a.merge_from is not None or a.note:
+        save_state(a.state, data)
+    if a.table_only or a.merge_from is not None:
         print(write_table(data, results, a.state, smoke=data.get("meta", {}).get("smoke", False)))
         return 0
 
@@ -514,12 +544,14 @@ def main(argv: list[str] | None = None) -> int:
             seconds = left - ROW_OVERHEAD_S
         print(f"== {row.name} ({row.config}" + ("" if a.smoke else f"; training ≤ {seconds:.0f} s") + ")", flush=True)
         t0 = time.perf_counter()
+        record = {"row": row.name}
         try:
             record, model, dm = fit_row(row, a, seconds=seconds, state=a.state, resume=resume)
             record["train_s_used"] = used + record["fit_s"]
             if not record["complete"] and record.get("checkpoint") and record["train_s_used"] < row.max_seconds * a.time_scale - 1:
                 record["status"] = "partial"  # more of its time budget in the next call
             else:
+                record["status"] = "evaluating"
                 record.update(evaluate_row(model, dm, a, a.state, a.state / "grids", row.name))
                 record["status"] = "done"
                 record.pop("checkpoint", None)
@@ -528,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-            record = {"row": row.name, "status": "error", "error": f"{type(err).__name__}: {err}"[:500]}
+            # What the fit measured (steps, ε) stays in the record when only its evaluation failed.
+            stage = "evaluation" if record.get("status") == "evaluating" else "fit"
+            record.update(status="error", error=f"{stage}: {type(err).__name__}: {err}"[:500])
         record["row_s"] = time.perf_counter() - t0
         data["rows"][row.name] = record
         save_state(a.state, data)

@@ -255,3 +255,32 @@ def test_fused_adam_on_stacked_tensors_matches_per_teacher_adam(chunk_size):
         got = ens.export_teacher(i).state_dict()
         for k, v in loop.teachers[i].state_dict().items():
             torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_input_grads_of_the_gpu_kernels_pass_one_dtype_to_conv2d_input(monkeypatch):
+    """Under ``teacher_precision: bf16`` the first layer's VJP (``conv2d_input``, which autocast does not
+    cover) got fp32 weights and a bf16 gradient: CUDA refuses that ("expected scalar type BFloat16 but found
+    Float", the first MNIST table run on an H200); CPU kernels accept it, so the dtypes are checked here."""
+    real = torch.nn.grad.conv2d_input
+    seen = []
+
+    def strict(input_size, weight, grad_output, *args, **kwargs):
+        seen.append((weight.dtype, grad_output.dtype))
+        assert weight.dtype == grad_output.dtype, f"conv2d_input got weight {weight.dtype}, grad {grad_output.dtype}"
+        return real(input_size, weight, grad_output, *args, **kwargs)
+
+    ens = ConvTeacherEnsemble(T, in_shape=(1, 12, 12), num_classes=Y, channels=(4, 6), fc=16, conv_impl="gpu")
+    x, y = torch.randn(6, 1, 12, 12), torch.randint(0, Y, (6,))
+    want = ens.per_teacher_input_grads(x, y)  # fp32
+    monkeypatch.setattr(torch.nn.grad, "conv2d_input", strict)
+    chunks, got = ens.iter_input_grads(x, y, chunk_size=2), []
+    while True:
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as GPATE._directions runs them
+            chunk = next(chunks, None)
+        if chunk is None:
+            break
+        got.append(chunk[2].float())
+    assert seen and all(w == torch.bfloat16 for w, _ in seen)
+    got = torch.cat(got)
+    assert got.shape == want.shape
+    assert torch.linalg.vector_norm(got - want) <= 0.05 * torch.linalg.vector_norm(want)  # bf16 rounding only

@@ -76,6 +76,29 @@ def test_frechet_distance_matches_the_closed_form():
     assert frechet_distance(_Flatten(3), ta, ta) == pytest.approx(0.0, abs=1e-6)
 
 
+class _OnDevice(nn.Module):
+    """``inner`` behind a parameter that pins the module to a device: its outputs come back there."""
+
+    def __init__(self, inner, device):
+        super().__init__()
+        self.inner, self.anchor = inner, nn.Parameter(torch.zeros((), device=device))
+
+    def forward(self, x):
+        return self.inner(x.to(self.anchor.device)) + self.anchor
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_is_and_fid_with_a_gpu_feature_net_and_cpu_images():
+    """The first MNIST table run on an H200 failed in every row: the FID metric's sums were on the CPU,
+    the GPU feature net's features on the GPU. The metric now lives where the net is."""
+    rng = np.random.default_rng(0)
+    ta, tb = (torch.from_numpy(rng.normal(m, 1.0, (600, 3))).view(-1, 3, 1, 1) for m in (0.0, 1.0))
+    assert frechet_distance(_OnDevice(_Flatten(3), "cuda"), ta, tb) == pytest.approx(frechet_distance(_Flatten(3), ta, tb), rel=1e-6)
+    images = (torch.arange(500) % 10).view(-1, 1, 1, 1).float().expand(-1, 1, 2, 2).clone()
+    got = inception_score(_OnDevice(_PixelLogits(10, 2.0), "cuda"), images, splits=1)[0]
+    assert got == pytest.approx(inception_score(_PixelLogits(10, 2.0), images, splits=1)[0], rel=1e-6)
+
+
 @pytest.fixture(scope="module")
 def digits():
     dm = ImageDataModule("digits")

@@ -46,3 +46,33 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
         assert f"[grid](mnist_table/{name}.png)" in lines[name]
         assert (second / "results" / "mnist_table" / f"{name}.png").stat().st_size > 0
     assert "Real digits, the same evaluation" in table
+
+
+def test_a_failed_evaluation_keeps_the_fit_and_runners_side_by_side_merge(tmp_path, monkeypatch):
+    import mnist_table
+
+    absent = tmp_path / "no_data"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(mnist_table, "evaluate_row", broken)
+    a, b, merged = tmp_path / "a", tmp_path / "b", tmp_path / "merged"
+    assert mnist_table.main(["--smoke", "--data-root", str(absent), "--state", str(a), "--rows", "gpate_eps10_guarantee"]) == 1
+    row = json.loads((a / "results.json").read_text())["rows"]["gpate_eps10_guarantee"]
+    # what the fit measured stays: steps and the ε it spent, with where it failed
+    assert row["status"] == "error" and row["error"].startswith("evaluation: RuntimeError: Expected all tensors")
+    assert row["steps"] == 2 and 0 < row["epsilon_guarantee"] <= 10
+    monkeypatch.undo()
+
+    assert mnist_table.main(["--smoke", "--data-root", str(absent), "--state", str(b), "--no-baseline",
+                             "--rows", "gpate_eps10_guarantee", "gan_nonprivate"]) == 0
+    assert mnist_table.main(["--state", str(merged), "--merge-from", str(a), str(b), "--results", str(merged / "results"),
+                             "--note", "rows ran side by side"]) == 0
+    data = json.loads((merged / "results.json").read_text())
+    assert {k: v["status"] for k, v in data["rows"].items()} == {"gpate_eps10_guarantee": "done", "gan_nonprivate": "done"}
+    assert data["meta"]["real_baseline"] == json.loads((a / "results.json").read_text())["meta"]["real_baseline"]
+    table = (merged / "results" / "mnist_table.md").read_text()
+    assert "* rows ran side by side" in table
+    for name in ("gpate_eps10_guarantee", "gan_nonprivate"):
+        assert (merged / "results" / "mnist_table" / f"{name}.png").is_file()

@@ -312,6 +312,13 @@ def feature_classifier(
 
 
 # ----------------------------------------------------------------------------- IS / FID
+def _module_device(net: nn.Module) -> torch.device:
+    """The device of ``net``'s parameters (or buffers); CPU for a module without either."""
+    for tensor in (*net.parameters(), *net.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 def inception_score(
     logits_net: nn.Module, images: torch.Tensor, *, splits: int = 10, min_split_size: int = 250, seed: int = 0, batch_size: int = 500
 ) -> tuple[float, float]:
@@ -330,7 +337,7 @@ def inception_score(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*will save all extracted features.*")
         # No sync: evaluation runs on one process (rank 0 under DDP); a sync would wait for ranks that never come.
-        metric = InceptionScore(feature=logits_net, splits=splits, sync_on_compute=False)
+        metric = InceptionScore(feature=logits_net, splits=splits, sync_on_compute=False).to(_module_device(logits_net))
     batches = images.split(batch_size)
     for xb in progress(batches, desc="Inception Score", total=len(batches), unit="batch"):
         metric.update(xb)
@@ -348,7 +355,9 @@ def frechet_distance(features_net: nn.Module, real: torch.Tensor, fake: torch.Te
     from lightning_gpate.progress import progress
 
     # No sync: evaluation runs on one process (rank 0 under DDP); a sync would wait for ranks that never come.
+    # The metric's sums live where the feature net puts its features (a GPU net: the GPU).
     metric = FrechetInceptionDistance(feature=features_net, reset_real_features=False, sync_on_compute=False)
+    metric = metric.to(_module_device(features_net))
     batches = [(xb, True) for xb in real.split(batch_size)] + [(xb, False) for xb in fake.split(batch_size)]
     for xb, is_real in progress(batches, desc="FID", unit="batch"):
         metric.update(xb, real=is_real)

@@ -657,7 +657,9 @@ class ConvTeacherEnsemble(TeacherEnsemble):
             cols = cols.view(Tc, C * 25, m, L1).transpose(1, 2).reshape(Tc * m, C * 25, L1)
             gx = F.fold(cols, (H, W), 5, padding=2, stride=2)  # [Tc*m, C, H, W]
             return gx.view(Tc, m, C * H * W)
-        gx = torch.nn.grad.conv2d_input((m, Tc * C, H, W), wx, g.reshape(m, Tc * c0, self._h1, self._w1),
+        # conv2d_input calls convolution_backward, which autocast does not cover: under a bf16 teacher
+        # precision g is bf16 and the weights fp32, and CUDA refuses mixed dtypes.
+        gx = torch.nn.grad.conv2d_input((m, Tc * C, H, W), wx.to(g.dtype), g.reshape(m, Tc * c0, self._h1, self._w1),
                                         stride=2, padding=2, groups=Tc)  # [m, Tc*C, H, W]
         return gx.reshape(m, Tc, C * H * W).transpose(0, 1).contiguous()
 
