@@ -37,6 +37,9 @@ Usage::
     source .gpu/env.sh && python benchmarks/mnist_table.py --device cuda --data-root .gpu/data/mnist \\
         --state $OUT/state --results $OUT/results --time-budget 540 [--resume-from .gpu/mnist_state]
     python benchmarks/mnist_table.py --table-only --state <state>  # rebuild the table from a state
+    # Rows share one GPU well (most rows leave it idle much of the time): runners side by side in one call,
+    # each with its own --state and --rows, then one table (s/step then includes the sharing: say so):
+    python benchmarks/mnist_table.py --state <merged> --merge-from <state_A> <state_B> ... --note "..."
 """
 
 from __future__ import annotations
