@@ -76,3 +76,23 @@ def test_a_failed_evaluation_keeps_the_fit_and_runners_side_by_side_merge(tmp_pa
     assert "* rows ran side by side" in table
     for name in ("gpate_eps10_guarantee", "gan_nonprivate"):
         assert (merged / "results" / "mnist_table" / f"{name}.png").is_file()
+
+
+def test_gpu_call_script_runs_runners_side_by_side_and_packs_one_table(tmp_path):
+    """benchmarks/mnist_table_gpu.sh (the recipe of a device call), here on CPU in smoke mode."""
+    import os
+    import subprocess
+    import tarfile
+
+    env = {**os.environ, "OUT": str(tmp_path), "WORK": str(tmp_path / "work"), "DEVICE": "cpu", "EXTRA": "--smoke",
+           "RESUME": "", "DATA_ROOT": str(tmp_path / "no_data"), "END_S": "300", "PYTHONPATH": str(ROOT),
+           "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "mnist_table_gpu.sh"), "gan_nonprivate", "dpgan_eps1_guarantee"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with tarfile.open(tmp_path / "mnist_table_call.tgz") as tar:
+        names = set(tar.getnames())
+        merged = json.loads(tar.extractfile("./merged/results.json").read())
+    assert {k: v["status"] for k, v in merged["rows"].items()} == {"gan_nonprivate": "done", "dpgan_eps1_guarantee": "done"}
+    assert "2 runners side by side on one GPU: s/step includes the sharing" in merged["meta"]["notes"]
+    assert {"./merged/results/mnist_table.md", "./merged/grids/gan_nonprivate.png"} <= names

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: runners of benchmarks/mnist_table.py side by side on the one GPU,
+# merged into one state and table, packed into $OUT/mnist_table_call.tgz (a call returns at most 8 files).
+#
+#   source .gpu/env.sh && END_S=540 bash benchmarks/mnist_table_gpu.sh "gan_nonprivate gpate_noisefree" \
+#       "gpate_eps10_guarantee gpate_eps10_ladder_guarantee" "dpgan_eps10_guarantee dpgan_eps1_guarantee"
+#
+# Each argument is one runner's rows (in the table's order); the call ends by END_S seconds after it
+# starts (rows that do not fit wait for the next call). Carry .gpu/whl, .gpu/env.sh, .gpu/data/mnist and
+# a state to continue (RESUME, default .gpu/mnist_state: e.g. the real baseline and the feature classifier,
+# computed on a CPU by `python benchmarks/mnist_table.py --time-budget 0 --state .gpu/mnist_state`).
+# Other knobs: TIME_SCALE (row budgets), DEVICE, DATA_ROOT, PYTHON, EXTRA (more runner flags), NOTE, WORK.
+# Unpack here with `tar xzf mnist_table_call.tgz`, then merge its state into the table:
+#   python benchmarks/mnist_table.py --state <kept state> --merge-from <unpacked>/merged --results benchmarks/results
+set -u
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+W=${WORK:-/tmp/mnist_table_call}; mkdir -p "$W"
+RESUME=${RESUME-.gpu/mnist_state}
+LEFT=$(( ${END_S:-540} - 25 - $(el) ))   # 25 s kept for the merge and the archive
+BUDGET=$(( LEFT - 40 ))                  # a runner starts no row that needs more than its budget
+THREADS=$(( $(nproc) / $# )); [ "$THREADS" -ge 1 ] || THREADS=1
+echo "[$(el) s] $# runners, $THREADS threads each, row budget $BUDGET s, hard stop $LEFT s"
+i=0; states=()
+for rows in "$@"; do
+  i=$((i + 1)); states+=("$W/state_$i")
+  # shellcheck disable=SC2086  # the rows are words
+  ( timeout "$LEFT" "${PYTHON:-python3}" benchmarks/mnist_table.py --device "${DEVICE:-cuda}" --threads "$THREADS" \
+      --data-root "${DATA_ROOT:-.gpu/data/mnist}" ${RESUME:+--resume-from "$RESUME"} --state "$W/state_$i" \
+      --results "$W/results_$i" --time-budget "$BUDGET" --time-scale "${TIME_SCALE:-1}" ${EXTRA:-} --rows $rows \
+      > "$W/runner_$i.log" 2>&1; echo "[$(el) s] runner $i ($rows) rc=$?" ) &
+done
+wait
+for j in $(seq 1 $i); do echo "--- runner $j"; grep -E "^== |status=|Error" "$W/runner_$j.log" | tail -8; done
+"${PYTHON:-python3}" benchmarks/mnist_table.py --state "$W/merged" --merge-from "${states[@]}" --results "$W/merged/results" \
+  --note "${NOTE:-$i runners side by side on one GPU: s/step includes the sharing}" > /dev/null
+rm -rf "$W"/state_*/ckpt "$W"/state_*/cache "$W"/state_*/smoke_data "$W/merged/cache"
+tar czf "${OUT:-.}/mnist_table_call.tgz" -C "$W" . && echo "[$(el) s] packed ${OUT:-.}/mnist_table_call.tgz"
