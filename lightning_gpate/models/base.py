@@ -87,10 +87,12 @@ class GenerativeModel(pl.LightningModule):
     def is_image(self) -> bool:
         return self.data_spec["kind"] == "image"
 
-    def build_generator(self, *, hidden: tuple[int, ...] = (256, 256), norm: str = "batch", gf_dim: int = 64, fc_dim: int = 1024) -> nn.Module:
+    def build_generator(self, *, hidden: tuple[int, ...] = (256, 256), norm: str = "batch", gf_dim: int = 64, fc_dim: int = 1024,
+                        upsample: str = "transposed") -> nn.Module:
         """The conditional generator matching the data kind (DCGAN for images, MLP for tables)."""
         if self.is_image:
-            return ConditionalDCGANGenerator(z_dim=self.z_dim, num_classes=self.num_classes, out_shape=self.data_spec["shape"], gf_dim=gf_dim, fc_dim=fc_dim)
+            return ConditionalDCGANGenerator(z_dim=self.z_dim, num_classes=self.num_classes, out_shape=self.data_spec["shape"], gf_dim=gf_dim,
+                                             fc_dim=fc_dim, upsample=upsample)
         return ConditionalMLPGenerator(z_dim=self.z_dim, num_classes=self.num_classes, spans=self.data_spec["spans"], hidden=hidden, norm=norm)
 
     def sampling_class_ratio(self) -> list[float]:

@@ -14,6 +14,7 @@ from torch.profiler import record_function
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
+from lightning_gpate.nets.generators import ConditionalDCGANGenerator
 from lightning_gpate.privacy import ConfidentGNMaxEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
@@ -166,6 +167,10 @@ class GPATE(PrivateGenerativeModel):
         generator_steps: generator steps per aggregation towards the same ``x̂`` (post-processing).
         ema_decay: decay of the generator's weight EMA used for sampling (0: no EMA, the paper).
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
+        generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
+            ``"nearest"`` (nearest ×2 then a convolution: no checkerboard lattice; the samples of G-PATE
+            at 28×28 are lattices with the paper's layers, see
+            :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`). Public: no privacy cost.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
             knows it — for tests only.
@@ -220,6 +225,7 @@ class GPATE(PrivateGenerativeModel):
         ema_decay: float = 0.0,
         gf_dim: int = 64,
         fc_dim: int = 1024,
+        generator_upsample: str = "transposed",
         hidden: Sequence[int] = (256, 256),
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
@@ -235,7 +241,8 @@ class GPATE(PrivateGenerativeModel):
         for name, value, choices in (("aggregator", aggregator, AGGREGATORS),
                                      ("teacher_fake_labels", teacher_fake_labels, TEACHER_FAKE_LABELS),
                                      ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS),
-                                     ("teacher_conv_impl", teacher_conv_impl, ("auto", "cpu", "gpu"))):
+                                     ("teacher_conv_impl", teacher_conv_impl, ("auto", "cpu", "gpu")),
+                                     ("generator_upsample", generator_upsample, ConditionalDCGANGenerator.UPSAMPLE)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         for name, value in (("fake_batch_size", fake_batch_size), ("projection_dim", projection_dim), ("num_bins", num_bins),
@@ -260,7 +267,7 @@ class GPATE(PrivateGenerativeModel):
                              "TopAgg's cost is data-independent already: use budget_accounting: guarantee")
         self.save_hyperparameters()
         self.automatic_optimization = False
-        self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim)
+        self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
         if ema_decay > 0:
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         self.threshold = threshold_fraction * self.num_teachers

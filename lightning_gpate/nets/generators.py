@@ -19,6 +19,13 @@ def concat_label_maps(h: torch.Tensor, y_onehot: torch.Tensor) -> torch.Tensor:
     return torch.cat([h, maps], dim=1)
 
 
+def _upsample(in_channels: int, out_channels: int, kind: str) -> nn.Module:
+    """×2 spatial upsampling with a 5×5 kernel: a transposed convolution or nearest + convolution."""
+    if kind == "transposed":
+        return nn.ConvTranspose2d(in_channels, out_channels, 5, stride=2, padding=2, output_padding=1)
+    return nn.Sequential(nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(in_channels, out_channels, 5, padding=2))
+
+
 class ConditionalDCGANGenerator(nn.Module):
     """DCGAN generator with the label concatenated to every layer, as in G-PATE's MNIST model
     (DCGAN-tensorflow ``generator`` with ``y_dim``): fc(1024) → fc(2·gf·s/4·s/4) → deconv → deconv.
@@ -29,13 +36,26 @@ class ConditionalDCGANGenerator(nn.Module):
         out_shape: ``(C, H, W)`` with ``H`` and ``W`` divisible by 4.
         gf_dim: base channel width (64 in the paper).
         fc_dim: width of the first dense layer (1024 in the paper).
+        upsample: ``"transposed"``: 5×5 transposed convolutions of stride 2 (DCGAN, the paper);
+            ``"nearest"``: nearest-neighbour ×2 upsampling, then a 5×5 convolution (Odena, Dumoulin &
+            Olah, "Deconvolution and Checkerboard Artifacts", Distill 2016). A 5×5 kernel at stride 2
+            overlaps unevenly, so the transposed layers paint a period-2 lattice that only a
+            discriminator's full gradient removes; G-PATE's student sees a few random projections
+            of its teachers' gradients per step, and at 28×28 its samples stay lattices
+            (``docs/results.md``). The generator is released, never trained on private data
+            directly: the choice is public and costs no privacy.
     """
 
-    def __init__(self, *, z_dim: int, num_classes: int, out_shape: Sequence[int], gf_dim: int = 64, fc_dim: int = 1024) -> None:
+    UPSAMPLE = ("transposed", "nearest")
+
+    def __init__(self, *, z_dim: int, num_classes: int, out_shape: Sequence[int], gf_dim: int = 64, fc_dim: int = 1024,
+                 upsample: str = "transposed") -> None:
         super().__init__()
         c, h, w = out_shape
         if h % 4 or w % 4:
             raise ValueError(f"image side must be divisible by 4, got {h}x{w}")
+        if upsample not in self.UPSAMPLE:
+            raise ValueError(f"upsample must be one of {self.UPSAMPLE}, got {upsample!r}")
         self.num_classes, self.out_shape = num_classes, tuple(out_shape)
         self.h4, self.w4, self.gf = h // 4, w // 4, gf_dim
         self.fc0 = nn.Sequential(nn.Linear(z_dim + num_classes, fc_dim), nn.BatchNorm1d(fc_dim), nn.ReLU(True))
@@ -43,11 +63,8 @@ class ConditionalDCGANGenerator(nn.Module):
             nn.Linear(fc_dim + num_classes, 2 * gf_dim * self.h4 * self.w4),
             nn.BatchNorm1d(2 * gf_dim * self.h4 * self.w4), nn.ReLU(True),
         )
-        self.up1 = nn.Sequential(
-            nn.ConvTranspose2d(2 * gf_dim + num_classes, 2 * gf_dim, 5, stride=2, padding=2, output_padding=1),
-            nn.BatchNorm2d(2 * gf_dim), nn.ReLU(True),
-        )
-        self.up2 = nn.ConvTranspose2d(2 * gf_dim + num_classes, c, 5, stride=2, padding=2, output_padding=1)
+        self.up1 = nn.Sequential(_upsample(2 * gf_dim + num_classes, 2 * gf_dim, upsample), nn.BatchNorm2d(2 * gf_dim), nn.ReLU(True))
+        self.up2 = _upsample(2 * gf_dim + num_classes, c, upsample)
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         yo = one_hot(y, self.num_classes)

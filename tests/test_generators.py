@@ -1,0 +1,53 @@
+"""The image generator's upsampling: the paper's transposed convolutions paint a period-2 lattice, the
+nearest + convolution layers do not; G-PATE takes either, and its release rebuilds the same generator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from datamodules import ImageDataModule
+from lightning_gpate.models import GPATE
+from lightning_gpate.nets.generators import ConditionalDCGANGenerator
+from lightning_gpate.release import build_release, model_from_release
+
+
+def _interior_lattice(upsample: str) -> float:
+    """How much the last layer's output of a spatially constant input varies inside the image (no
+    borders): a period-2 pattern there is the checkerboard every sample carries."""
+    torch.manual_seed(0)
+    gen = ConditionalDCGANGenerator(z_dim=4, num_classes=3, out_shape=(1, 28, 28), gf_dim=4, fc_dim=8, upsample=upsample)
+    with torch.no_grad():
+        out = gen.up2(torch.ones(1, 2 * 4 + 3, 14, 14))
+    inner = out[0, 0, 4:-4, 4:-4]
+    return float(inner.std() / inner.abs().mean())
+
+
+def test_transposed_layers_paint_a_lattice_and_nearest_layers_do_not():
+    assert _interior_lattice("transposed") > 0.05  # 5x5 kernels at stride 2 overlap unevenly
+    assert _interior_lattice("nearest") < 1e-6
+
+
+def test_both_generators_have_the_papers_shapes():
+    for upsample in ConditionalDCGANGenerator.UPSAMPLE:
+        gen = ConditionalDCGANGenerator(z_dim=5, num_classes=10, out_shape=(1, 28, 28), gf_dim=8, fc_dim=16, upsample=upsample)
+        x = gen(torch.randn(6, 5), torch.arange(6))
+        assert x.shape == (6, 1, 28, 28) and x.abs().max() <= 1
+    with pytest.raises(ValueError, match="upsample must be one of"):
+        ConditionalDCGANGenerator(z_dim=5, num_classes=10, out_shape=(1, 28, 28), upsample="bilinear")
+
+
+def test_gpate_release_rebuilds_the_nearest_generator():
+    spec = {**ImageDataModule("digits").spec, "num_teachers": 4}
+    model = GPATE(spec, epsilon=10.0, z_dim=8, gf_dim=8, fc_dim=16, fake_batch_size=4, generator_upsample="nearest", noise_seed=0)
+    assert any(isinstance(m, torch.nn.Upsample) for m in model.generator.modules())
+    with torch.no_grad():  # weights that differ from a fresh model's
+        for p in model.generator.parameters():
+            p.add_(0.1)
+    released = model_from_release(build_release(model))
+    assert any(isinstance(m, torch.nn.Upsample) for m in released.generator.modules())
+    a, _ = model.generate(5, seed=3)
+    b, _ = released.generate(5, seed=3)
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="generator_upsample must be one of"):
+        GPATE(spec, epsilon=10.0, generator_upsample="bilinear")
