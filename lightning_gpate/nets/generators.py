@@ -42,8 +42,7 @@ class ConditionalDCGANGenerator(nn.Module):
             overlaps unevenly, so the transposed layers paint a period-2 lattice that only a
             discriminator's full gradient removes; G-PATE's student sees a few random projections
             of its teachers' gradients per step, and at 28×28 its samples stay lattices
-            (``docs/results.md``). The generator is released, never trained on private data
-            directly: the choice is public and costs no privacy.
+            (``docs/results.md``). The architecture is a public choice: it costs no privacy.
     """
 
     UPSAMPLE = ("transposed", "nearest")
