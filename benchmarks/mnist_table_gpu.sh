@@ -5,7 +5,8 @@
 #   source .gpu/env.sh && END_S=540 bash benchmarks/mnist_table_gpu.sh "gan_nonprivate gpate_noisefree" \
 #       "gpate_eps10_guarantee gpate_eps10_ladder_guarantee" "dpgan_eps10_guarantee dpgan_eps1_guarantee"
 #
-# Each argument is one runner's rows (in the table's order); the call ends by END_S seconds after it
+# Each argument is one runner's rows (in the table's order), optionally led by "xN", that runner's time
+# scale (row budgets × N, e.g. "x3 gpate_eps10_ladder_guarantee"); the call ends by END_S seconds after it
 # starts (rows that do not fit wait for the next call). Carry .gpu/whl, .gpu/env.sh, .gpu/data/mnist and
 # a state to continue (RESUME, default .gpu/mnist_state: e.g. the real baseline and the feature classifier,
 # computed on a CPU by `python benchmarks/mnist_table.py --time-budget 0 --state .gpu/mnist_state`).
@@ -23,11 +24,13 @@ echo "[$(el) s] $# runners, $THREADS threads each, row budget $BUDGET s, hard st
 i=0; states=()
 for rows in "$@"; do
   i=$((i + 1)); states+=("$W/state_$i")
+  scale=${TIME_SCALE:-1}
+  case "$rows" in x[0-9]*) scale=${rows%% *}; scale=${scale#x}; rows=${rows#* } ;; esac
   # shellcheck disable=SC2086  # the rows are words
   ( timeout "$LEFT" "${PYTHON:-python3}" benchmarks/mnist_table.py --device "${DEVICE:-cuda}" --threads "$THREADS" \
       --data-root "${DATA_ROOT:-.gpu/data/mnist}" ${RESUME:+--resume-from "$RESUME"} --state "$W/state_$i" \
-      --results "$W/results_$i" --time-budget "$BUDGET" --time-scale "${TIME_SCALE:-1}" ${EXTRA:-} --rows $rows \
-      > "$W/runner_$i.log" 2>&1; echo "[$(el) s] runner $i ($rows) rc=$?" ) &
+      --results "$W/results_$i" --time-budget "$BUDGET" --time-scale "$scale" ${EXTRA:-} --rows $rows \
+      > "$W/runner_$i.log" 2>&1; echo "[$(el) s] runner $i ($rows, time x$scale) rc=$?" ) &
 done
 wait
 for j in $(seq 1 $i); do echo "--- runner $j"; grep -E "^== |status=|Error" "$W/runner_$j.log" | tail -8; done

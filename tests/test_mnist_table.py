@@ -87,7 +87,7 @@ def test_gpu_call_script_runs_runners_side_by_side_and_packs_one_table(tmp_path)
     env = {**os.environ, "OUT": str(tmp_path), "WORK": str(tmp_path / "work"), "DEVICE": "cpu", "EXTRA": "--smoke",
            "RESUME": "", "DATA_ROOT": str(tmp_path / "no_data"), "END_S": "300", "PYTHONPATH": str(ROOT),
            "PYTHON": sys.executable}
-    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "mnist_table_gpu.sh"), "gan_nonprivate", "dpgan_eps1_guarantee"],
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "mnist_table_gpu.sh"), "gan_nonprivate", "x2 dpgan_eps1_guarantee"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     with tarfile.open(tmp_path / "mnist_table_call.tgz") as tar:
@@ -95,4 +95,5 @@ def test_gpu_call_script_runs_runners_side_by_side_and_packs_one_table(tmp_path)
         merged = json.loads(tar.extractfile("./merged/results.json").read())
     assert {k: v["status"] for k, v in merged["rows"].items()} == {"gan_nonprivate": "done", "dpgan_eps1_guarantee": "done"}
     assert "2 runners side by side on one GPU: s/step includes the sharing" in merged["meta"]["notes"]
+    assert "dpgan_eps1_guarantee, time x2" in out.stdout  # a runner's own time scale
     assert {"./merged/results/mnist_table.md", "./merged/grids/gan_nonprivate.png"} <= names
