@@ -434,8 +434,9 @@ def write_table(data: dict[str, Any], results: Path, state: Path, *, smoke: bool
 
 
 def merge_states(data: dict[str, Any], state: Path, sources: list[Path]) -> None:
-    """Rows and grids of ``sources`` (states of runners run side by side) into ``data``/``state``. A row
-    already finished in ``data`` stays; the meta (machine, real baseline) is filled where missing."""
+    """Rows and grids of ``sources`` (states of runners run side by side, or a later call's) into
+    ``data``/``state``: a source's finished row replaces the row there (a rerun), an unfinished one only
+    an unfinished or missing row; the meta (machine, real baseline) is filled where missing."""
     for source in sources:
         other = load_state(source)
         if not other["rows"] and not other["meta"]:
@@ -443,7 +444,7 @@ def merge_states(data: dict[str, Any], state: Path, sources: list[Path]) -> None
         for key, value in other["meta"].items():
             data.setdefault("meta", {}).setdefault(key, value)
         for name, record in other["rows"].items():
-            if data["rows"].get(name, {}).get("status") != "done":
+            if record.get("status") == "done" or data["rows"].get(name, {}).get("status") != "done":
                 data["rows"][name] = record
                 png = source / "grids" / f"{name}.png"
                 if png.is_file():
@@ -484,8 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="print the rows, their configs and budgets, and exit")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from --state")
     p.add_argument("--merge-from", type=Path, nargs="*", default=None, metavar="STATE",
-                   help="states of runners that ran at the same time (each with its own --state): their rows and grids "
-                        "go into --state (a finished row wins over an unfinished one), then the table is written")
+                   help="states of runners that ran at the same time (each with its own --state) or of later calls: their "
+                        "rows and grids go into --state (a finished row replaces; an unfinished one never replaces a "
+                        "finished one), then the table is written")
     p.add_argument("--note", action="append", default=[], help="a line for the table's notes (kept in the state)")
     a = p.parse_args(argv)
     rows = selected_rows(a.rows)

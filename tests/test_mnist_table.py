@@ -74,6 +74,14 @@ def test_a_failed_evaluation_keeps_the_fit_and_runners_side_by_side_merge(tmp_pa
     assert data["meta"]["real_baseline"] == json.loads((a / "results.json").read_text())["meta"]["real_baseline"]
     table = (merged / "results" / "mnist_table.md").read_text()
     assert "* rows ran side by side" in table
+    # a later merge of the failed record does not replace the finished row; a finished rerun would
+    assert mnist_table.main(["--state", str(merged), "--merge-from", str(a), "--results", str(merged / "results")]) == 0
+    assert json.loads((merged / "results.json").read_text())["rows"]["gpate_eps10_guarantee"]["status"] == "done"
+    rerun = json.loads((b / "results.json").read_text())
+    rerun["rows"]["gan_nonprivate"]["steps"] = 99
+    (b / "results.json").write_text(json.dumps(rerun))
+    assert mnist_table.main(["--state", str(merged), "--merge-from", str(b), "--results", str(merged / "results")]) == 0
+    assert json.loads((merged / "results.json").read_text())["rows"]["gan_nonprivate"]["steps"] == 99
     for name in ("gpate_eps10_guarantee", "gan_nonprivate"):
         assert (merged / "results" / "mnist_table" / f"{name}.png").is_file()
 
