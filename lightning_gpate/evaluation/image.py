@@ -60,6 +60,13 @@ def small_image_threads(images: torch.Tensor, device: str | torch.device = "cpu"
         torch.set_num_threads(before)
 
 
+def _module_device(net: nn.Module) -> torch.device:
+    """The device of ``net``'s parameters (or buffers); CPU for a module without either."""
+    for tensor in (*net.parameters(), *net.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 def default_epochs(n: int, batch_size: int) -> int:
     """Epochs giving at least :data:`MIN_TRAIN_STEPS` optimizer steps, between 3 and 50."""
     return int(min(50, max(3, math.ceil(MIN_TRAIN_STEPS / max(1, math.ceil(n / batch_size))))))
@@ -72,7 +79,7 @@ def accuracy(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: in
         return float("nan")
     was_training = net.training
     net.eval()
-    device = next(net.parameters()).device
+    device = _module_device(net)
     correct = sum(int((net(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in zip(x.split(batch_size), y.split(batch_size)))
     net.train(was_training)
     return correct / len(y)
@@ -196,7 +203,7 @@ class ClassifierFeatures(_Frozen):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net.features(x.to(next(self.net.parameters()).device).float())
+        return self.net.features(x.to(_module_device(self.net)).float())
 
 
 class ClassifierLogits(_Frozen):
@@ -210,7 +217,7 @@ class ClassifierLogits(_Frozen):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.to(next(self.net.parameters()).device).float()).double()
+        return self.net(x.to(_module_device(self.net)).float()).double()
 
 
 class TorchvisionInception(_Frozen):
@@ -312,13 +319,6 @@ def feature_classifier(
 
 
 # ----------------------------------------------------------------------------- IS / FID
-def _module_device(net: nn.Module) -> torch.device:
-    """The device of ``net``'s parameters (or buffers); CPU for a module without either."""
-    for tensor in (*net.parameters(), *net.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def inception_score(
     logits_net: nn.Module, images: torch.Tensor, *, splits: int = 10, min_split_size: int = 250, seed: int = 0, batch_size: int = 500
 ) -> tuple[float, float]:
