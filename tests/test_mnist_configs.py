@@ -42,9 +42,17 @@ def _args(path: Path, data_root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cli(tiny_mnist):
-    """The command line (``lightning-gpate fit``'s parser), built once: building its parser takes seconds."""
-    return run_lightning_cli(_args(CONFIGS[0], tiny_mnist), run=False)
+def cli(tiny_mnist, tmp_path_factory):
+    """The command line (``lightning-gpate fit``'s parser), built once: building its parser takes seconds.
+
+    A module fixture is built before the per-test store of conftest exists: building the CLI builds its
+    MLflow logger, which would otherwise open the working folder's store (the repository's ``mlruns/``,
+    shared with every other pytest worker, which raced to create its tables in CI)."""
+    with pytest.MonkeyPatch.context() as patch:
+        store = tmp_path_factory.mktemp("mnist_configs_store")
+        patch.chdir(store)
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+        return run_lightning_cli(_args(CONFIGS[0], tiny_mnist), run=False)
 
 
 def _build(cli, args: list[str]):
