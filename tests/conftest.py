@@ -13,6 +13,22 @@ import torch
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+REPOSITORY_STORE = Path(__file__).resolve().parents[1] / "mlruns"
+
+
+def _store_listing() -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in REPOSITORY_STORE.iterdir()} if REPOSITORY_STORE.is_dir() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _repository_store_untouched():
+    """No test writes into the repository's own MLflow store: a user's runs live there, and pytest workers
+    that share it race to create its tables (a module fixture that built a logger before ``_isolated`` did)."""
+    before = _store_listing()
+    yield
+    assert _store_listing() == before, f"the tests changed {REPOSITORY_STORE}: {sorted(set(_store_listing()) ^ set(before))}"
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
