@@ -11,12 +11,14 @@ and runs ``--warmup`` + ``--steps`` + ``--profile-steps`` steps. Reported per ca
   a shared machine), split into ``data`` (from the end of one step to the start of the next:
   the batch's fetch and transfer, Lightning's loop), ``training_step`` (the model's step) and
   ``hooks`` (the callbacks' per-step hooks, logging, the progress bar);
-* the phases of the training step (``torch.profiler`` over ``--profile-steps`` steps, the
-  ``gpate/*`` ranges of :class:`~lightning_gpate.models.GPATE`): ``teacher_step`` (fakes of the
-  teachers' labels, forward, backward, Adam), ``fakes`` (the generator's batch to vote on), ``votes``
-  (every teacher's input gradient, projection, histograms), ``budget`` (the votes to the host, the
-  accountant's check and record), ``aggregate`` (noise, release, back-projection) and
-  ``generator_step``: host time per step, and on a GPU the kernels' time per step;
+* the phases of the training step (the ``gpate/*`` ranges of :class:`~lightning_gpate.models.GPATE`):
+  ``teacher_step`` (fakes of the teachers' labels, forward, backward, Adam), ``fakes`` (the
+  generator's batch to vote on), ``votes`` (every teacher's input gradient, projection, histograms),
+  ``budget`` (the votes to the host, the accountant's check and record), ``aggregate`` (noise, release,
+  back-projection) and ``generator_step``: the wall time of each range with the device synchronised at
+  its ends, median over the timed steps (the table's phase columns; under torch 2.11 the profiler's
+  device times of these ranges overlapped and exceeded the step), and ``torch.profiler``'s host (and
+  kernel) times over ``--profile-steps`` more steps (in the JSON written beside ``--out``);
 * the operators with the most (device or host) time, peak memory (``torch.cuda.max_memory_allocated``
   or the process's peak RSS) and the teachers' parameter + gradient + Adam memory (16 bytes per
   parameter and teacher).
@@ -38,6 +40,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -46,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,10 +169,32 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
         return out
 
     model.training_step = timed_step
+
+    import lightning_gpate.models.gpate as gpate_module
+
+    phase_wall: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # step -> phase -> s
+    profiler_range = gpate_module.record_function
+
+    @contextlib.contextmanager
+    def synced_range(name: str):
+        """The model's profiler range, timed on the wall clock with the device synchronised at both ends."""
+        with profiler_range(name):
+            sync()
+            start_ = time.perf_counter()
+            try:
+                yield
+            finally:
+                sync()
+                phase_wall[len(clock.b) - 1][name.split("/", 1)[1]] += time.perf_counter() - start_
+
+    gpate_module.record_function = synced_range
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    trainer.fit(model, cli.datamodule)
+    try:
+        trainer.fit(model, cli.datamodule)
+    finally:
+        gpate_module.record_function = profiler_range
     wall = time.perf_counter() - start
 
     window = range(a.warmup + 1, a.warmup + a.steps)  # steps with a previous step end, before the profiled ones
@@ -178,6 +204,7 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
     data_s = med([clock.a[i] - clock.d[i - 1] for i in window])
     train_s = med([clock.c[i] - clock.b[i] for i in window])
     hooks_s = med([(clock.b[i] - clock.a[i]) + (clock.d[i] - clock.c[i]) for i in window])
+    phase_s = {p: med([phase_wall[i].get(p, 0.0) for i in window]) for p in PHASES}
 
     events = prof.key_averages()
     phases = {}
@@ -194,7 +221,7 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
     per_teacher = model.teachers.params_per_teacher()
     return {
         "teachers": teachers, "steps": len(clock.d), "wall_s": wall, "step_s": step_s, "cpu_s": cpu_s, "data_s": data_s,
-        "training_step_s": train_s, "hooks_s": hooks_s, "phases": phases, "top": top,
+        "training_step_s": train_s, "hooks_s": hooks_s, "phase_s": phase_s, "phases": phases, "top": top,
         "peak_mem_gib": mem, "mem_kind": "cuda_max_allocated" if cuda else "cpu_maxrss",
         "teacher_state_gib": per_teacher * 16 * teachers / 2**30, "params_per_teacher": per_teacher,
         "chunk": model.hparams.teacher_chunk_size, "batch": cli.datamodule.teacher_batch_size,
@@ -213,7 +240,8 @@ def report(results: list[dict], a: argparse.Namespace, command: str) -> str:
     lines = [f"# G-PATE step inside `fit` ({ok[0]['device_name'] if ok else a.device})", "",
              f"`{command}` (config `{a.config}`{', ' + ', '.join(a.set) if a.set else ''}), torch "
              f"{ok[0]['torch'] if ok else '?'}: median over {a.steps - 1} steps after {a.warmup} warm-up steps; "
-             f"phases from torch.profiler over {a.profile_steps} more steps (host time; on a GPU also the kernels' time).", ""]
+             f"phases: wall time of the model's ranges with the device synchronised at their ends, median over the "
+             f"same steps (torch.profiler's times over {a.profile_steps} more steps: the JSON beside this file).", ""]
     head = ["teachers", "batch", "chunk", "s/step", "CPU s/step", "data", "training_step", "hooks"] + [f"{p}" for p in PHASES] + ["peak mem GiB", "teachers+Adam GiB"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -222,9 +250,7 @@ def report(results: list[dict], a: argparse.Namespace, command: str) -> str:
             continue
         cells = [str(r["teachers"]), str(r["batch"]), str(r["chunk"]), _fmt(r["step_s"]), _fmt(r["cpu_s"]), _fmt(r["data_s"]),
                  _fmt(r["training_step_s"]), _fmt(r["hooks_s"])]
-        for p in PHASES:
-            ph = r["phases"].get(p)
-            cells.append("–" if ph is None else (_fmt(ph["host_s"]) + ("" if ph["device_s"] is None else f" / {_fmt(ph['device_s'])} gpu")))
+        cells += [_fmt(r["phase_s"].get(p)) for p in PHASES]
         cells += [f"{r['peak_mem_gib']:.2f} ({r['mem_kind']})", f"{r['teacher_state_gib']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     for r in ok:
@@ -269,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         r = results[-1]
         print(f"teachers={t} " + (f"error={r['error']}" if "error" in r else
               f"s/step={r['step_s']:.4f} cpu_s/step={r['cpu_s']:.4f} data={r['data_s']:.4f} training_step={r['training_step_s']:.4f} hooks={r['hooks_s']:.4f} "
+              + " ".join(f"{k}={v:.4f}" for k, v in r["phase_s"].items()) + " profiler: "
               + " ".join(f"{k}={v['host_s']:.4f}" + (f"/{v['device_s']:.4f}gpu" if v['device_s'] is not None else "") for k, v in r["phases"].items())
               + f" peak_mem_gib={r['peak_mem_gib']:.2f}"), flush=True)
     text = report(results, a, "python benchmarks/gpate_step_profile.py " + " ".join(argv))
@@ -276,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
+        Path(a.out).with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
