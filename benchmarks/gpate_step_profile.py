@@ -86,7 +86,8 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    data_root, notes = Path(a.data_root), []
+    data_root, notes = Path(a.data_root).resolve(), []
+    os.chdir(tempfile.mkdtemp())  # what the fit writes where it runs (its release without a logger) stays out of the project
     if not (data_root / "train-images-idx3-ubyte.gz").is_file() and not (data_root / "train-images-idx3-ubyte").is_file():
         data_root = _random_mnist(Path(tempfile.mkdtemp()) / "mnist", max(60_000, 20 * teachers))
         notes.append("random digits (no MNIST IDX files at --data-root)")

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from clitools import (ROOT, TINY_SCHEMA, assert_fit_ran, assert_one_line_error, assert_same_tensors, run_cli,
-                      store_snapshot, write_tiny_table)
+                      store_snapshot, tiny_gpate_config, write_tiny_table)
 from conftest import query_run
 from ddp_workers import noise_of_one_dpgan_step
 from lightning_gpate.cli import main
@@ -163,3 +163,38 @@ def test_the_gan_under_plain_ddp_is_told_which_strategy_it_needs(capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "lightning-gpate fit: error: GAN has parameters that some of its steps do not use: under DDP, "
         "set --trainer.strategy ddp_find_unused_parameters_true")
+
+
+def test_a_resumed_two_process_fit_continues_epsilon_on_every_rank(tmp_path):
+    """Kill-and-resume under DDP: every rank restores the accountant from the checkpoint. Each rank makes the
+    budget decision from its own accountant (the votes and the noise are the same on all): a rank that
+    restarted from ε = 0 would go on after its peers stopped and wait at a collective (the timeout), and
+    rank 0 restarting from 0 would log a smaller ε and stop ~10 steps late."""
+    write_tiny_table(tmp_path / "table.csv")
+    # large noise and a budget of ~30 steps (tests/test_cli_resume.py): the stop comes from the budget
+    tiny_gpate_config(tmp_path / "tiny.yaml", epsilon=0.9, experiment="ddp_resume", checkpoints="ckpts", every_n_train_steps=10,
+                      sigma_threshold=200.0, sigma_gnmax=200.0)
+    ddp = ["--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    unbroken = run_cli("fit", "--config", "tiny.yaml", *ddp, cwd=tmp_path, timeout=600)
+    assert_fit_ran(unbroken, processes=2)
+    (tmp_path / "ckpts" / "kept.ckpt").write_bytes((tmp_path / "ckpts" / "step=10.ckpt").read_bytes())  # written again below
+    resumed = run_cli("fit", "--config", "tiny.yaml", *ddp, "--ckpt_path", "ckpts/kept.ckpt", cwd=tmp_path, timeout=600)
+    assert_fit_ran(resumed, processes=2)
+    assert "in this run, resumed at step 10)" in resumed.stdout
+
+    client = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    first, second = sorted(_experiment_runs("ddp_resume"), key=lambda r: r.info.start_time)
+    for run in (first, second):
+        assert run.info.status == "FINISHED" and run.data.tags["stop_reason"].startswith("privacy budget reached")
+        assert run.data.metrics["epsilon_final"] <= 0.9
+    # the logged guarantee is a function of the step count (the worst case of the steps taken, capped by the
+    # budget the stop rule keeps): the resumed run's from step 11 on is the unbroken run's
+    unbroken_eps = {m.step: m.value for m in client.get_metric_history(first.info.run_id, "epsilon")}
+    resumed_eps = sorted((m.step, m.value) for m in client.get_metric_history(second.info.run_id, "epsilon"))
+    assert resumed_eps[0][0] == 10  # Lightning logs global step 11 at MLflow step 10: steps 1..10 were not run again
+    common = [(step, eps) for step, eps in resumed_eps if step in unbroken_eps]
+    assert len(common) >= 15 and all(math.isclose(eps, unbroken_eps[step], rel_tol=1e-6) for step, eps in common)
+    # where the stop comes depends on the realised costs (how many noisy threshold checks passed): the same
+    # within a few steps, not ~10 more
+    steps = [int(load_release(run.data.tags["release_artifact"])["global_step"]) for run in (first, second)]
+    assert abs(steps[0] - steps[1]) <= 5, steps
