@@ -310,9 +310,6 @@ SHORT_REASONS: dict[tuple[str, str], str] = {
     ("cervical", "mst_pgm"): "Each fit takes 5-25 minutes of wall time on this machine (2 cores shared by 5 sessions; "
                              "mirror descent over 35 columns); the runs that made this table ran out of time. Rerun the "
                              "command to add the missing seeds.",
-    **{(d, "aim_pgm"): "Each fit takes ~25 minutes of wall time on this machine (2 shared cores; a JAX program compiled per "
-                       "round, ~100-200 rounds); the sessions that made this table ran out of time. Rerun the command to "
-                       "add the missing seeds." for d in ("cervical", "cardio")},
     **{("cardio", s): "The session that made this table ran out of CPU time (2 cores shared by 5 sessions; a cardio cell "
                       "of a GAN takes minutes to tens of minutes on 56,000 rows). Rerun the command to add the missing seeds."
        for s in ("pategan", "gpate", "dpgan", "gswgan", "gan")},
@@ -323,8 +320,10 @@ NOTES: list[str] = [
     "marginals, domain compression, an exponential-mechanism maximum spanning tree, mirror descent: 2,500 iterations for the "
     "selection, 10,000 for the model), with the same declared bounds in 10 bins and the same δ.",
     "- private-pgm AIM: the author's `mechanisms/aim.py` with the workload of all 2-way marginals, mirror descent reduced to "
-    "250 iterations per round and the model-size limit to 5 MB (the paper: 1,000 and 80 MB) for CPU time (~25 minutes "
-    "per fit here even so).",
+    "250 iterations per round and the model-size limit to 5 MB (the paper: 1,000 and 80 MB) for CPU time. The model's "
+    "marginals and sizes for the candidates are computed in numpy (`model_marginals`, `model_size_mb`: the same numbers as "
+    "mbi's `model.project` and `hypothetical_model_size`, checked by `peers_pgm.py --self-check`), which took a cervical "
+    "fit from over 30 minutes (a JAX compilation per candidate per round) to 1-3 minutes (cardio: 5-8 minutes).",
     "- PATE-GAN: relative votes against each teacher's median per class, and half of ε on every column's one-way marginal per "
     "class, which anchors the generator (`marginal_fraction`; class deviations below one noise std thresholded at ε = 10). "
     "Without that anchor its tables stayed at the uniform table's distance, with or without noise (`tabular_ladder.md`).",

@@ -86,7 +86,7 @@ def draw(out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tabular_utility import NAMES
+    from tabular_utility import NAMES, PEERS
 
     cells = tabular_cells(RESULTS / "tabular_utility.jsonl")
     fig, axes = plt.subplots(1, 3, figsize=(16, 6.4))
@@ -102,7 +102,7 @@ def draw(out: Path) -> Path:
             eps = sorted(by_eps)
             means = [float(np.mean(by_eps[e])) for e in eps]
             sds = [float(np.std(by_eps[e])) for e in eps]
-            peer = system in ("mst", "aim", "pategan_sn", "dpctgan_sn")
+            peer = system in PEERS  # smartnoise and private-pgm: dashed
             ax.errorbar([e * (1 + 0.04 * (i - len(systems) / 2)) for e in eps], means, yerr=sds, marker="o", capsize=3,
                         ls="--" if peer else "-", label=NAMES.get(system, system))
         ax.axhline(0.5, color="lightgrey", lw=0.8)
