@@ -26,7 +26,9 @@ def _repository_store_untouched():
     that share it race to create its tables (a module fixture that built a logger before ``_isolated`` did)."""
     before = _store_listing()
     yield
-    assert _store_listing() == before, f"the tests changed {REPOSITORY_STORE}: {sorted(set(_store_listing()) ^ set(before))}"
+    after = _store_listing()
+    changed = sorted(k for k in set(after) | set(before) if after.get(k) != before.get(k))
+    assert after == before, f"{REPOSITORY_STORE} changed while the tests ran (a test, or a fit of yours beside them): {changed}"
 
 
 @pytest.fixture(autouse=True)
