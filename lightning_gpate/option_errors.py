@@ -27,6 +27,10 @@ def closest(name: str, candidates: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(name, sorted(set(candidates)), n=MAX_SUGGESTIONS, cutoff=0.6)
 
 
+def _with_article(what: str) -> str:
+    return f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
+
+
 def _did_you_mean(names: list[str], prefix: str = "") -> str:
     return f"; did you mean {' or '.join(prefix + n for n in names)}?" if names else ""
 
@@ -92,18 +96,18 @@ def option_error_line(message: str, parser, command: str) -> str:
     outer = re.search(r'Parser key "([^"]+)"', message)
     class_path = re.search(r"given class_path '([^']+)'", message)
     base = outer.group(1) if outer else ""
-    if class_path:
+    names = init_arg_names(class_path.group(1)) if class_path else []
+    if names:
         help_hint = f"see {command} --{base}.help {class_path.group(1).rpartition('.')[2]}"
     unknown = re.search(r"Option '([^']+)' is not accepted", message)
     if unknown and class_path:
-        names = init_arg_names(class_path.group(1))
         return (f"unknown option {base}.init_args.{unknown.group(1)}"
                 f"{_did_you_mean(closest(unknown.group(1), names), f'{base}.init_args.')} ({help_hint})")
     wrong_type = re.findall(r'Parser key "([^"]+)":\s*Expected a <class \'([^\']+)\'>\. Got value: (.*)', message)
     if wrong_type:
         key, expected, value = wrong_type[-1]
         full = f"{base}.init_args.{key}" if class_path and key != base else key
-        return f"{full} expects {'an' if expected[0] in 'aeiou' else 'a'} {expected}, got {value.strip()!r} ({help_hint})"
+        return f"{full} expects {_with_article(expected)}, got {value.strip()!r} ({help_hint})"
     missing_file = re.search(r'Parser key "config": File does not exist: \'([^\']+)\'', message)
     if missing_file:
         given = missing_file.group(1)
@@ -116,5 +120,17 @@ def option_error_line(message: str, parser, command: str) -> str:
            or re.search(r"unrecognized arguments: --?([^\s=]+)", message))
     if key:
         return f"unknown option {key.group(1)}{_did_you_mean(_suggest_key(key.group(1), parser_keys(parser)))} ({help_hint})"
-    lines = [line.strip(" -") for line in message.splitlines()]
-    return " ".join(line for line in lines if line and not line.startswith(_NOISE)) + f" ({help_hint})"
+    lines: list[str] = []  # the rest: jsonargparse's lines without the union's restatements, "expected"s joined by "or"
+    for line in dict.fromkeys(line.strip(" -") for line in message.splitlines()):
+        if not line or line.startswith(_NOISE):
+            continue
+        line = re.sub(r"<class '([\w.]+)'>", r"\1", re.sub(r'Parser key "([^"]+)":', r"\1:", line))
+        line = re.sub(r"^Expected (an? )?", "expected ", line)
+        if line.startswith("expected "):
+            what = _with_article(line[len("expected "):])
+            if lines and "expected " in lines[-1]:
+                lines[-1] += f" or {what}"
+                continue
+            line = f"expected {what}"
+        lines.append(line)
+    return " ".join(lines) + f" ({help_hint})"
