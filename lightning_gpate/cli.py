@@ -23,16 +23,24 @@ handling: it takes its arguments (without ``--debug``) and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+# Before torch loads OpenMP, which reads it once: an OpenMP thread that waits for the others sleeps
+# instead of spinning. Spinning threads take the cores the working ones need on a busy machine (2
+# threads beside other jobs: 146 s and 11.6 CPU s per quickstart step spinning, 3.1 s and 1.3 CPU s
+# passive; benchmarks/results/quickstart_threads.md). Only where the user chose threads > 1: see
+# default_cpu_threads. The command's processes (DDP ranks, DataLoader workers) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from datamodules.base import GenerativeDataModule
-from lightning_gpate.errors import ConfigError, OptionError, UserError
-from lightning_gpate.models.base import GenerativeModel
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+
+from datamodules.base import GenerativeDataModule  # noqa: E402
+from lightning_gpate.errors import ConfigError, OptionError, UserError  # noqa: E402
+from lightning_gpate.models.base import GenerativeModel  # noqa: E402
 
 PROG = "lightning-gpate"
 #: Commands beside LightningCLI's: name → function(argv) returning an exit code.
@@ -373,7 +381,36 @@ def _no_such_command(name: str) -> int:
     raise OptionError(f"{said} (commands: {', '.join(commands)}; see {PROG} --help)")
 
 
+#: The environment variables that set torch's CPU threads: a user who sets one chooses them.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def default_cpu_threads() -> None:
+    """Run the command on one CPU thread (torch's intra-op threads) unless the user set ``OMP_NUM_THREADS``
+    or ``MKL_NUM_THREADS``.
+
+    Why one: the models' CPU work is many small kernels (the quickstart's 700 tiny teachers) and each
+    parallel region waits for its slowest thread, which beside other jobs is often off its core: a busy
+    machine must not make a step several times slower (``benchmarks/results/quickstart_threads.md``),
+    and one thread per process computes the same on 1 and W processes. The choice is exported
+    (``OMP_NUM_THREADS=1``) so that DDP's processes, which Lightning would otherwise give
+    cores / processes threads each, and DataLoader workers run with the same; the DataModules load
+    in the main process by default (``num_workers: 0``: the data sits in memory).
+    """
+    if any(name in os.environ for name in THREAD_VARIABLES):
+        return
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``lightning-gpate`` command. Called without ``argv`` (the installed script, ``python -m``) it
+    reads ``sys.argv`` and sets the CPU threads (:func:`default_cpu_threads`); called with ``argv`` from
+    Python it leaves the process's torch threads as they are."""
+    if argv is None:
+        default_cpu_threads()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]
