@@ -15,8 +15,10 @@
 
 Every command ends a user error (:func:`user_error_of`) with one line
 ``lightning-gpate <command>: error: <message>`` and exit code 2; ``--debug`` anywhere on the command
-line prints the traceback first. Errors of the command line's own syntax (unknown options or config
-keys, wrong types) keep the parser's message. A command added to :data:`EXTRA_COMMANDS` gets the same
+line prints the traceback first. Errors of the command line's own syntax (an unknown option, config key
+or command, a wrong type, a missing config file) are one line too, naming the closest valid keys
+(:mod:`lightning_gpate.option_errors`). The command runs on one CPU thread unless the user chose
+(:func:`default_cpu_threads`). A command added to :data:`EXTRA_COMMANDS` gets the same
 handling: it takes its arguments (without ``--debug``) and returns an exit code.
 """
 
@@ -164,7 +166,8 @@ def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) ->
         # the MLflow store; only the release artifact is logged.
         trainer_defaults={"callbacks": [SampleLogger(), ReleaseArtifact(), FitSummary()]},
         parser_class=GPATEArgumentParser,
-        parser_kwargs={"prog": PROG, "description": DESCRIPTION, "epilog": f"Other commands: {', '.join(sorted(EXTRA_COMMANDS))} ({PROG} <command> --help). "
+        parser_kwargs={"prog": PROG, "description": DESCRIPTION,
+                       "epilog": f"Other commands: {', '.join(sorted(EXTRA_COMMANDS))} ({PROG} <command> --help). "
                                  f"Add {DEBUG_FLAG} to any command to see the traceback of an error."},
         args=args,
         auto_configure_optimizers=False,
@@ -377,7 +380,7 @@ def _no_such_command(name: str) -> int:
     from lightning_gpate.option_errors import closest
 
     commands = [*LIGHTNING_COMMANDS, *sorted(EXTRA_COMMANDS)]
-    said = f"unknown command {name}" + "".join(f"; did you mean {c}?" for c in closest(name, commands)[:1]) if name else "no command given"
+    said = (f"unknown command {name}" + "".join(f"; did you mean {c}?" for c in closest(name, commands)[:1])) if name else "no command given"
     raise OptionError(f"{said} (commands: {', '.join(commands)}; see {PROG} --help)")
 
 
