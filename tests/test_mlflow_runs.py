@@ -9,7 +9,7 @@ import pytest
 import small_models
 from clitools import tiny_gpate_config, write_tiny_table
 from conftest import query_run
-from lightning_gpate.privacy.disclosure import BUDGET_SPENT_METRIC
+from lightning_gpate.privacy.disclosure import BUDGET_SPENT_METRIC, privacy_lines
 from lightning_gpate.privacy.rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
@@ -59,6 +59,11 @@ def test_the_budget_spent_by_the_filter_is_logged_beside_epsilon():
     assert all(s <= e + 1e-9 for s, e in zip(spent, epsilon))  # never above the guarantee
     flat = [i for i, e in enumerate(epsilon) if e == 12.0]
     assert flat and spent[flat[0]] < spent[-1]  # epsilon is flat at the budget while the filter spends on
+    assert run.data.metrics[f"epsilon_final_{BUDGET_SPENT_METRIC[len('epsilon_'):]}"] == pytest.approx(realised, rel=1e-9)
+    lines = privacy_lines(model)  # the fit summary's: the guarantee first, then what the filter spent, in words
+    assert lines[0].startswith("ε = 12.0000 of the budget ε = 12")
+    assert lines[1] == (f"the privacy filter has spent ε = {realised:.4f} of the budget (the recorded costs its stop counts; "
+                        f"not itself a guarantee)")
 
 
 def test_no_filter_no_budget_spent_metric():

@@ -257,6 +257,9 @@ def privacy_lines(pl_module) -> list[str]:
         what = name[len("epsilon_"):]
         if what == "rdp":
             lines.append(f"the RDP analysis of the same steps gives ε = {value:.4f} (also a guarantee)")
+        elif name == BUDGET_SPENT_METRIC:
+            lines.append(f"the privacy filter has spent ε = {value:.4f} of the budget (the recorded costs its stop counts; "
+                         f"not itself a guarantee)")
         else:
             lines.append(f"the paper's {what.replace('_', '-')} analysis gives ε = {value:.4f} (not a guarantee)")
     lines.append(PRIVACY_SCOPE)
