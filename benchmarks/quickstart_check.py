@@ -50,9 +50,9 @@ def _children_cpu_s() -> float:
 
 
 SPINNING = "OMP_NUM_THREADS=2, spin-wait"
-#: The thread settings of ``--thread-matrix``: name → environment variables (none: the CLI's default, one
-#: thread). The CLI sets ``OMP_WAIT_POLICY=PASSIVE`` before torch loads; :data:`SPINNING` loads torch
-#: first, so that OpenMP keeps its own default (spin, then sleep), which the CLI had before.
+#: The thread settings of ``--thread-matrix``: name → environment variables (none: the CLI's default,
+#: torch's threads). The CLI sets ``OMP_WAIT_POLICY=PASSIVE`` before torch loads; :data:`SPINNING` loads
+#: torch first, so that OpenMP keeps its own default (spin, then sleep), which the CLI had before.
 THREAD_SETTINGS = {
     "default": {},
     "OMP_NUM_THREADS=1": {"OMP_NUM_THREADS": "1"},
@@ -136,8 +136,8 @@ def write_thread_table() -> Path:
     lines = ["# Quickstart: seconds per step by CPU thread setting", "",
              "`python benchmarks/quickstart_check.py --thread-matrix`: the quickstart's training steps through the real CLI "
              "(`--trainer.logger false`, evaluation off) under each thread setting, the settings interleaved: `default` (no "
-             "thread variable set: what a new user runs; the CLI then runs one thread), `OMP_NUM_THREADS=1`, `OMP_NUM_THREADS=2` "
-             "(with the CLI's passive OpenMP wait) and `OMP_NUM_THREADS=2, spin-wait` (OpenMP's own default wait, spin then "
+             "thread variable set: what a new user runs; torch's threads, one per physical core, with the CLI's passive OpenMP "
+             "wait), `OMP_NUM_THREADS=1`, `OMP_NUM_THREADS=2` (passive wait too) and `OMP_NUM_THREADS=2, spin-wait` (OpenMP's own default wait, spin then "
              "sleep: what the CLI did before). Each alone (`none`: no competitor started) and beside one busy-looping Python "
              "process (`spin`). s/step: over the steps after the warm-up (the interval between ends of steps); CPU s/step: the "
              "fit's process, all threads (spinning threads burn it), median. `load` is the 1-minute load average before → after "

@@ -17,8 +17,8 @@ Every command ends a user error (:func:`user_error_of`) with one line
 ``lightning-gpate <command>: error: <message>`` and exit code 2; ``--debug`` anywhere on the command
 line prints the traceback first. Errors of the command line's own syntax (an unknown option, config key
 or command, a wrong type, a missing config file) are one line too, naming the closest valid keys
-(:mod:`lightning_gpate.option_errors`). The command runs on one CPU thread unless the user chose
-(:func:`default_cpu_threads`). A command added to :data:`EXTRA_COMMANDS` gets the same
+(:mod:`lightning_gpate.option_errors`). OpenMP threads wait passively unless the user chose (see the
+CPU defaults below the imports). A command added to :data:`EXTRA_COMMANDS` gets the same
 handling: it takes its arguments (without ``--debug``) and returns an exit code.
 """
 
@@ -31,11 +31,14 @@ import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
-# Before torch loads OpenMP, which reads it once: an OpenMP thread that waits for the others sleeps
-# instead of spinning. Spinning threads take the cores the working ones need on a busy machine (2
-# threads beside other jobs: 146 s and 11.6 CPU s per quickstart step spinning, 3.1 s and 1.3 CPU s
-# passive; benchmarks/results/quickstart_threads.md). Only where the user chose threads > 1: see
-# default_cpu_threads. The command's processes (DDP ranks, DataLoader workers) inherit it.
+# The CPU defaults. Set before torch loads OpenMP, which reads it once: an OpenMP thread that waits for
+# the others sleeps instead of spinning (unless the user set OMP_WAIT_POLICY). Spinning threads take the
+# cores the working ones need on a busy machine: a quickstart step with torch's 2 threads on 2 shared
+# cores took 146 s (11.6 CPU s) spinning, 4.9 s (1.5 CPU s) passive, 4.1 s (1.3 CPU s) on one thread;
+# beside one more busy process 73 s, 6.3 s and 8.4 s (benchmarks/results/quickstart_threads.md). So the
+# threads stay torch's (the physical cores; OMP_NUM_THREADS or torch.set_num_threads choose others) and
+# DataModules load in the main process (num_workers 0: the data sits in memory). The command's
+# processes (DDP ranks, DataLoader workers) inherit the policy.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa: E402
@@ -384,36 +387,7 @@ def _no_such_command(name: str) -> int:
     raise OptionError(f"{said} (commands: {', '.join(commands)}; see {PROG} --help)")
 
 
-#: The environment variables that set torch's CPU threads: a user who sets one chooses them.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def default_cpu_threads() -> None:
-    """Run the command on one CPU thread (torch's intra-op threads) unless the user set ``OMP_NUM_THREADS``
-    or ``MKL_NUM_THREADS``.
-
-    Why one: the models' CPU work is many small kernels (the quickstart's 700 tiny teachers) and each
-    parallel region waits for its slowest thread, which beside other jobs is often off its core: a busy
-    machine must not make a step several times slower (``benchmarks/results/quickstart_threads.md``),
-    and one thread per process computes the same on 1 and W processes. The choice is exported
-    (``OMP_NUM_THREADS=1``) so that DDP's processes, which Lightning would otherwise give
-    cores / processes threads each, and DataLoader workers run with the same; the DataModules load
-    in the main process by default (``num_workers: 0``: the data sits in memory).
-    """
-    if any(name in os.environ for name in THREAD_VARIABLES):
-        return
-    import torch
-
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``lightning-gpate`` command. Called without ``argv`` (the installed script, ``python -m``) it
-    reads ``sys.argv`` and sets the CPU threads (:func:`default_cpu_threads`); called with ``argv`` from
-    Python it leaves the process's torch threads as they are."""
-    if argv is None:
-        default_cpu_threads()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]
