@@ -16,6 +16,9 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
 #: A mechanism that reads every record once (noisy marginals) asks for ``"full"``: the whole split as one batch.
 TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
+#: DataModule arguments a private model's accounting depends on (the teacher count; the budgets of DP
+#: metadata): a training checkpoint pins them, and a resumed fit that asks for other values is refused.
+PRIVACY_PARAMETERS = ("num_teachers", "metadata_epsilon", "label_ratio_epsilon")
 
 
 class DataError(UserError, ValueError):
