@@ -218,6 +218,13 @@ class PrivateGenerativeModel(GenerativeModel):
         worst = self.accountant.epsilon_worst_case(*self._gnss_reservation())
         return min(self.budget_limit(), worst) if self.stop_rule_filters_rdp() else worst
 
+    def guarantee_order(self) -> float | None:
+        """The Rényi order whose RDP → (ε, δ) conversion gives :meth:`guarantee_epsilon`: the best order of
+        the worst case of the steps taken, or ``None`` where the guarantee is the limit the budget stop
+        kept (a privacy filter guarantees its limit, which no single order's conversion gives)."""
+        worst, order = self.accountant.epsilon_worst_case_and_order(*self._gnss_reservation())
+        return None if self.stop_rule_filters_rdp() and self.budget_limit() < worst else order
+
     def stop_rule_filters_rdp(self) -> bool:
         """Whether the budget stop compares the accountant's RDP guarantee with :meth:`budget_limit` (so
         that the limit is a guarantee, a privacy filter): not under ``budget_accounting: paper``, nor
