@@ -92,6 +92,18 @@ def _metric_lines(metrics: dict[str, float]) -> list[str]:
     return lines
 
 
+#: Where the summary's ``sample`` command writes: a folder the repository ignores (``/outputs/`` in
+#: .gitignore), one per run, so that samples neither land among the project's files nor overwrite
+#: another run's.
+SAMPLES_DIR = "outputs"
+
+
+def samples_output(spec: dict[str, Any], run_name: str | None) -> str:
+    """The ``--output`` of the summary's ``sample`` command: ``outputs/<run name>/samples.npz`` (``.csv`` for tables)."""
+    ext = "csv" if spec["kind"] == "tabular" else "npz"
+    return "/".join([SAMPLES_DIR, *([run_name] if run_name else []), f"samples.{ext}"])
+
+
 def _sqlite_ui_command(tracking_uri: str | None) -> str:
     if tracking_uri and tracking_uri.startswith(("http://", "https://", "databricks")):
         return f"open {tracking_uri}"
@@ -169,12 +181,14 @@ class FitSummary(pl.Callback):
                 use = "resume with --ckpt_path"
             rows.append(("private", f"training checkpoint {training_ckpt} (never logged, keep it private; {use})"))
         logger = mlflow_logger_of(trainer)
+        run_name = None
         if logger is not None and getattr(logger, "_run_id", None) is not None:
             exp = logger.experiment.get_experiment(logger.experiment_id)
+            run_name = logger.experiment.get_run(logger.run_id).info.run_name
             rows.append(("MLflow", f"run {logger.run_id} in experiment {exp.name!r}"))
         if release is not None:
-            ext = "csv" if pl_module.data_spec["kind"] == "tabular" else "npz"
-            rows.append(("sample", f"{command} sample --ckpt_path {release} --num_samples 1000 --output samples.{ext}"))
+            rows.append(("sample", f"{command} sample --ckpt_path {release} --num_samples 1000 --output "
+                                   f"{samples_output(pl_module.data_spec, run_name)}"))
         if logger is not None:
             rows.append(("browse", _sqlite_ui_command(getattr(logger, "_tracking_uri", None))))
             if getattr(logger, "_run_id", None) is not None:

@@ -68,7 +68,8 @@ class Synthesizer:
         epsilon: privacy budget ε of a private model (required for one; refused for ``"gan"``).
         delta: δ of a private model's (ε, δ) guarantee (required for one).
         max_steps: generator steps (a private model stops earlier when its budget is spent).
-        experiment: MLflow experiment; run_name: MLflow run name.
+        experiment: MLflow experiment; run_name: MLflow run name (followed by the start time and a short id,
+            :func:`~lightning_gpate.tracking.unique_run_name`; as given in the tag ``config_run_name``).
         tracking_uri: MLflow store (default: ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
         evaluate: run :class:`callbacks.DownstreamUtility` at the end of fitting (the report is
             :attr:`report` and in MLflow).

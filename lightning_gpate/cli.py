@@ -15,8 +15,10 @@
 
 Every command ends a user error (:func:`user_error_of`) with one line
 ``lightning-gpate <command>: error: <message>`` and exit code 2; ``--debug`` anywhere on the command
-line prints the traceback first. Errors of the command line's own syntax (unknown options or config
-keys, wrong types) keep the parser's message. A command added to :data:`EXTRA_COMMANDS` gets the same
+line prints the traceback first. Errors of the command line's own syntax (an unknown option, config key
+or command, a wrong type, a missing config file) are one line too, naming the closest valid keys
+(:mod:`lightning_gpate.option_errors`). OpenMP threads wait passively unless the user chose (see the
+CPU defaults below the imports). A command added to :data:`EXTRA_COMMANDS` gets the same
 handling: it takes its arguments (without ``--debug``) and returns an exit code.
 """
 
@@ -24,21 +26,34 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pytorch_lightning.cli import LightningCLI
+# The CPU defaults. Set before torch loads OpenMP, which reads it once: an OpenMP thread that waits for
+# the others sleeps instead of spinning (unless the user set OMP_WAIT_POLICY). Spinning threads take the
+# cores the working ones need on a busy machine: a quickstart step with torch's 2 threads on 2 shared
+# cores took 146 s (11.6 CPU s) spinning, 4.9 s (1.5 CPU s) passive, 4.1 s (1.3 CPU s) on one thread;
+# beside one more busy process 73 s, 6.3 s and 8.4 s (benchmarks/results/quickstart_threads.md). So the
+# threads stay torch's (the physical cores; OMP_NUM_THREADS or torch.set_num_threads choose others) and
+# DataModules load in the main process (num_workers 0: the data sits in memory). The command's
+# processes (DDP ranks, DataLoader workers) inherit the policy.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from datamodules.base import GenerativeDataModule
-from lightning_gpate.errors import ConfigError, UserError
-from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+
+from datamodules.base import GenerativeDataModule  # noqa: E402
+from lightning_gpate.errors import ConfigError, OptionError, UserError  # noqa: E402
+from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume  # noqa: E402
 
 PROG = "lightning-gpate"
 #: Commands beside LightningCLI's: name → function(argv) returning an exit code.
 EXTRA_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {}
 DEBUG_FLAG = "--debug"
+#: LightningCLI's commands (the Trainer's methods).
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 #: ``--ckpt_path`` values that Lightning resolves itself (not file names).
 _LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
@@ -46,6 +61,34 @@ _PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("li
 #: Exceptions that are the user's input when this project raises them (a ValueError from torch's
 #: internals is a bug and keeps its traceback); a :class:`UserError` is one wherever it comes from.
 _INPUT_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+#: What ``lightning-gpate --help`` says first.
+DESCRIPTION = ("Train differentially private data generators (G-PATE, PATE-GAN, DP-GAN, GS-WGAN, MarginalTree, a "
+               "non-private GAN) from a config, with a privacy guarantee, MLflow tracking and a release artifact to "
+               "sample synthetic data from. Start: lightning-gpate fit --config configs/quickstart.yaml")
+
+
+class GPATEArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser whose syntax errors (an unknown option or config key, a wrong type, a missing
+    config file) end in one line naming the bad key and the closest valid ones instead of the usage
+    (:mod:`lightning_gpate.option_errors`).
+
+    Attributes:
+        command: what the user ran (``lightning-gpate fit``), for the message's pointer to ``--help``
+            (``None``: the parser's own ``prog``).
+    """
+
+    command: str | None = None
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:  # jsonargparse's inner parsers: it catches this and tries the next type
+            super().error(message, ex)
+        from lightning_gpate.option_errors import option_error_line
+
+        parser = getattr(ex, "subcommand_parser", None) or self
+        command = self.command or self.prog.replace(" [options]", "")
+        raise OptionError(option_error_line(message, parser, command)) from ex
 
 
 class GPATECLI(LightningCLI):
@@ -65,6 +108,9 @@ class GPATECLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         """Parse, then check that a ``--ckpt_path`` file is a lightning-gpate checkpoint: LightningCLI
         reads its hyperparameters next, and would fail with a traceback on anything else."""
+        given = sys.argv[1:] if args is None else args
+        if isinstance(given, (list, tuple)):  # the main parser's errors may be about the command's options
+            parser.command = " ".join([PROG, *[a for a in given if a in self.subcommands()][:1]])
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -146,7 +192,9 @@ def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) ->
         # Training checkpoints (private) go to ./private/<experiment>/<run>/ (ReleaseArtifact), outside
         # the MLflow store; only the release artifact is logged.
         trainer_defaults={"callbacks": [SampleLogger(), ReleaseArtifact(), FitSummary()]},
-        parser_kwargs={"epilog": f"Other commands: {', '.join(sorted(EXTRA_COMMANDS))} ({PROG} <command> --help). "
+        parser_class=GPATEArgumentParser,
+        parser_kwargs={"prog": PROG, "description": DESCRIPTION,
+                       "epilog": f"Other commands: {', '.join(sorted(EXTRA_COMMANDS))} ({PROG} <command> --help). "
                                  f"Add {DEBUG_FLAG} to any command to see the traceback of an error."},
         args=args,
         auto_configure_optimizers=False,
@@ -346,13 +394,21 @@ def run_command(name: str, command: Callable[[], int], *, debug: bool = False) -
         if debug:
             traceback.print_exception(err)
         if _is_global_rank_zero():
-            print(f"{PROG} {name}: error: {one_line(user)}", file=sys.stderr, flush=True)
+            print(f"{' '.join([PROG, name]) if name else PROG}: error: {one_line(user)}", file=sys.stderr, flush=True)
         return 2
 
 
 def _lightning_command(args: Sequence[str] | None) -> int:
     run_lightning_cli(args)
     return 0
+
+
+def _no_such_command(name: str) -> int:
+    from lightning_gpate.option_errors import closest
+
+    commands = [*LIGHTNING_COMMANDS, *sorted(EXTRA_COMMANDS)]
+    said = (f"unknown command {name}" + "".join(f"; did you mean {c}?" for c in closest(name, commands)[:1])) if name else "no command given"
+    raise OptionError(f"{said} (commands: {', '.join(commands)}; see {PROG} --help)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -362,6 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args[0] if args and not args[0].startswith("-") else ""
     if name in EXTRA_COMMANDS:
         return run_command(name, lambda: EXTRA_COMMANDS[name](args[1:]), debug=debug)
+    if (name or not args) and name not in LIGHTNING_COMMANDS:
+        return run_command(name, lambda: _no_such_command(name), debug=debug)
     if argv is None:
         # LightningCLI reads sys.argv itself (and DDP relaunches this command from it): drop --debug there.
         sys.argv[1:] = args

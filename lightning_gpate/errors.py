@@ -14,6 +14,11 @@ class UserError(Exception):
     to the user as it is, on one line."""
 
 
+class OptionError(UserError, ValueError):
+    """An option or config key the command line does not know, a value of the wrong type, a config file
+    that is not there (:mod:`lightning_gpate.option_errors` words the message)."""
+
+
 class ConfigError(UserError, ValueError):
     """A combination of options this program does not run (e.g. a model on several processes
     that trains on one only)."""

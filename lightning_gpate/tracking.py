@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ EXPERIMENT_KIND = "custom_model_development"
 #: GenAI by default) and not from the experiment's kind: this URL parameter opens the training view.
 UI_TRAINING_VIEW = "workflowType=machine_learning"
 MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+#: The tag holding a run's name as configured (the run itself is named :func:`unique_run_name`).
+CONFIG_RUN_NAME_TAG = "config_run_name"
 _MLFLOW_UNSAFE = re.compile(r"[^\w\-. :/]")  # MLflow: alphanumerics, _ - . space : / only
 
 
@@ -64,6 +68,13 @@ def training_experiment_id(client, name: str) -> str:
     return experiment.experiment_id
 
 
+def unique_run_name(name: str) -> str:
+    """``name`` followed by the local start time and 4 random hex digits (``quickstart-20261126-124005-3fa2``):
+    every run of a config carries the config's name, and two of them can be told apart in the runs
+    table and the comparison (MLflow allows equal names)."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
 def run_page_url(tracking_uri: str | None, experiment_id: str, run_id: str) -> str | None:
     """The run's page in the MLflow UI, in its model-training view: on the tracking server itself, or on
     the ``mlflow ui`` a user starts for a local store (its default address). ``None`` for Databricks."""
@@ -75,7 +86,11 @@ def run_page_url(tracking_uri: str | None, experiment_id: str, run_id: str) -> s
 
 
 class GPATEMLFlowLogger(MLFlowLogger):
-    """Lightning's MLFlowLogger with this project's defaults (embedded SQLite store, artifacts beside it)."""
+    """Lightning's MLFlowLogger with this project's defaults (embedded SQLite store, artifacts beside it).
+
+    A new run given ``run_name`` is named :func:`unique_run_name` of it, with the name as given in the
+    tag ``config_run_name`` (a config's name is the same for each of its runs).
+    """
 
     def __init__(
         self,
@@ -87,6 +102,9 @@ class GPATEMLFlowLogger(MLFlowLogger):
         run_id: str | None = None,
     ) -> None:
         tracking_uri = tracking_uri or default_tracking_uri()
+        if run_name is not None and run_id is None:
+            tags = {**(tags or {}), CONFIG_RUN_NAME_TAG: run_name}
+            run_name = unique_run_name(run_name)
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         super().__init__(

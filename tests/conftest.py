@@ -5,10 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import pytest
-import torch
+# One CPU thread per pytest-xdist worker, its fixtures of every scope and every process a test starts
+# (set before torch is imported): N workers on N cores, not N workers × N threads each fighting for
+# them (and for a neighbour's job: each parallel region waits for its slowest thread).
+_THREADS = os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", _THREADS)
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if _THREADS.isdigit():
+    torch.set_num_threads(int(_THREADS))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -38,7 +38,11 @@ def test_fit_then_sample_digits(capsys):
     assert "  training  4 steps in " in summary and "stopped   max_steps=4 reached" in summary
     assert "privacy   none: a non-private model (no privacy guarantee)" in summary
     assert f"release   {ckpt}\n" in summary and f"run {run.info.run_id} in experiment 'digits'" in summary
-    assert f"sample    lightning-gpate sample --ckpt_path {ckpt} --num_samples 1000 --output samples.npz" in summary
+    # samples go to a folder the repository ignores, one per run (not samples.npz in the project's root)
+    assert f"sample    lightning-gpate sample --ckpt_path {ckpt} --num_samples 1000 --output outputs/{run.info.run_name}/samples.npz" in summary
+    assert "/outputs/" in (ROOT / ".gitignore").read_text().splitlines()
+    printed = next(line for line in summary.splitlines() if line.startswith("  sample ")).split()[2:]
+    assert main(printed) == 0 and Path(f"outputs/{run.info.run_name}/samples.png").is_file()
     assert "browse    mlflow ui --backend-store-uri sqlite:///" in summary
     view = f"then http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
     assert f"\n            {view}  (MLflow's model-training view)\n" in summary

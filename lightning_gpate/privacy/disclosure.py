@@ -23,6 +23,11 @@ What each ε figure is, per ``budget_accounting``:
   released with smooth sensitivity (Papernot et al. 2018) as an upper bound that holds with
   probability 1 − δ′: what decides whether the release artifact is written; not a DP guarantee.
 * ``epsilon_rdp`` (DP-GAN with ``accountant: pld``): the RDP bound beside the tighter PLD one in force.
+* ``epsilon_budget_spent_by_filter`` (every step, where the stop rule is a privacy filter): how much of
+  the budget the filter has spent (the guarantee's analysis of the costs recorded,
+  :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.realised_epsilon`). It climbs on after
+  ``epsilon`` has reached the budget when answered queries cost less than their worst case, and the run
+  stops when its next step could take it past the budget; not a guarantee itself (``epsilon`` is).
 
 Scope (:data:`PRIVACY_SCOPE`): ε covers the release artifact and the training logs. Evaluations on the
 held-out rows of the same data (test and validation splits) use those rows without noise.
@@ -34,6 +39,8 @@ from typing import Any, Callable, Mapping
 
 from .accountant import DATA_DEPENDENT, GUARANTEE
 
+#: The per-step metric of how much of the budget the privacy filter has spent (see the module's list).
+BUDGET_SPENT_METRIC = "epsilon_budget_spent_by_filter"
 #: Prefix of evaluation figures of a private model computed from its real training split without noise.
 PRIVATE_PREFIX = "private/"
 #: What a private run's ε covers (the tag ``privacy_scope``, the artifact's ``scope``, the summary).
@@ -100,10 +107,13 @@ def _rdp_beside(pl_module) -> float | None:
 
 def released_epsilons(pl_module) -> dict[str, float]:
     """The ε values that may be logged at every step: ``epsilon`` (the guarantee,
-    ``guarantee_epsilon``), ``epsilon_rdp`` beside a tighter analysis, and, where
-    :func:`paper_analysis_released`, ``epsilon_<analysis>``."""
+    ``guarantee_epsilon``), :data:`BUDGET_SPENT_METRIC` where the stop rule is a privacy filter (its
+    costs are functions of the mechanisms' released outputs: post-processing), ``epsilon_rdp`` beside
+    a tighter analysis, and, where :func:`paper_analysis_released`, ``epsilon_<analysis>``."""
     acc = pl_module.accountant
     out = {"epsilon": pl_module.guarantee_epsilon()}
+    if pl_module.stop_rule_filters_rdp():
+        out[BUDGET_SPENT_METRIC] = pl_module.realised_epsilon()
     rdp = _rdp_beside(pl_module)
     if rdp is not None:
         out["epsilon_rdp"] = rdp
@@ -258,6 +268,9 @@ def privacy_lines(pl_module) -> list[str]:
         what = name[len("epsilon_"):]
         if what == "rdp":
             lines.append(f"the RDP analysis of the same steps gives ε = {value:.4f} (also a guarantee)")
+        elif name == BUDGET_SPENT_METRIC:
+            lines.append(f"the privacy filter has spent ε = {value:.4f} of the budget (the recorded costs its stop counts; "
+                         f"not itself a guarantee)")
         else:
             lines.append(f"the paper's {what.replace('_', '-')} analysis gives ε = {value:.4f} (not a guarantee)")
     lines.append(PRIVACY_SCOPE)
