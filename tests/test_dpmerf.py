@@ -58,6 +58,11 @@ def test_random_features_approximate_the_gaussian_kernel_and_come_from_the_publi
     kernel = torch.exp(-torch.cdist(x.double(), x.double()) ** 2 / (2 * 1.5**2))
     np.testing.assert_allclose((phi @ phi.T).numpy(), kernel.numpy(), atol=0.03)
     np.testing.assert_allclose(phi.norm(dim=1).numpy(), 1.0, atol=1e-6)
+    # several length scales: the mean of their Gaussian kernels, still of unit norm
+    mixed = fourier_features(x, fourier_frequencies(20_000, 10, [0.5, 3.0], seed=3)).double()
+    two = sum(torch.exp(-torch.cdist(x.double(), x.double()) ** 2 / (2 * s**2)) for s in (0.5, 3.0)) / 2
+    np.testing.assert_allclose((mixed @ mixed.T).numpy(), two.numpy(), atol=0.03)
+    np.testing.assert_allclose(mixed.norm(dim=1).numpy(), 1.0, atol=1e-6)
     assert torch.equal(fourier_frequencies(100, 10, 1.5, seed=3), fourier_frequencies(100, 10, 1.5, seed=3))
     assert not torch.equal(fourier_frequencies(100, 10, 1.5, seed=3), fourier_frequencies(100, 10, 1.5, seed=4))
 

@@ -70,8 +70,9 @@ class DPMERF(PrivateGenerativeModel):
         noise_multiplier: σ of the release (noise std on every entry of the summed embedding, whose
             sensitivity is 1). ``None`` (default): the smallest σ whose ε fits the budget.
         num_features: random Fourier features 2M (M cosines and M sines; the paper: 10,000).
-        length_scale: ℓ of the Gaussian kernel in the generator's space ([-1, 1] per pixel or column).
-            ``None``: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
+        length_scale: ℓ of the Gaussian kernel in the generator's space ([-1, 1] per pixel or column), or
+            a list of length scales (the kernel is then the mean of their Gaussian kernels, the features
+            shared among them: :func:`~lightning_gpate.privacy.merf.fourier_frequencies`). ``None``: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
             (public; the paper's MNIST choice, ℓ² = 105 for pixels in [0, 1], is ℓ ≈ 20.5 here, against
             22.9 for d = 784).
         feature_seed: public seed of the frequencies (stored in the release; ``None``: drawn from the
@@ -107,7 +108,7 @@ class DPMERF(PrivateGenerativeModel):
         conversion: str = "improved",
         noise_multiplier: float | None = None,
         num_features: int = 10_000,
-        length_scale: float | None = None,
+        length_scale: float | Sequence[float] | None = None,
         feature_seed: int | None = None,
         count_weight: float = 0.3,
         z_dim: int = 5,
@@ -136,6 +137,8 @@ class DPMERF(PrivateGenerativeModel):
         dim = math.prod(int(s) for s in data_spec["shape"])
         if length_scale is None:
             length_scale = median_distance_of_uniform(dim)
+        elif not isinstance(length_scale, (int, float)):
+            length_scale = [float(s) for s in length_scale]
         if feature_seed is None:  # public: the random state seed_everything governs
             feature_seed = int(torch.randint(2**31 - 1, (1,)))
         fourier_frequencies(num_features, 1, length_scale, 0)  # validates num_features and length_scale

@@ -33,6 +33,7 @@ post-processing of the one noisy release.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 
@@ -47,15 +48,22 @@ def median_distance_of_uniform(dim: int) -> float:
     return math.sqrt(2.0 * dim / 3.0)
 
 
-def fourier_frequencies(num_features: int, dim: int, length_scale: float, seed: int) -> torch.Tensor:
+def fourier_frequencies(num_features: int, dim: int, length_scale: float | Sequence[float], seed: int) -> torch.Tensor:
     """The ``[num_features/2, dim]`` frequencies ω ~ N(0, I/ℓ²) of a Gaussian kernel of length scale ℓ,
-    drawn on the CPU from the public ``seed`` (the same on every machine and device)."""
-    if int(num_features) != num_features or num_features < 2 or num_features % 2:
-        raise ValueError(f"num_features must be an even integer >= 2 (cosines and sines), got {num_features}")
-    if not (length_scale > 0 and math.isfinite(length_scale)):
-        raise ValueError(f"length_scale must be a finite number > 0, got {length_scale}")
+    drawn on the CPU from the public ``seed`` (the same on every machine and device).
+
+    Several length scales ``[ℓ_1, …, ℓ_k]`` share the frequencies equally (ω of the k-th share ~
+    N(0, I/ℓ_k²)): the kernel is then the mean of the k Gaussian kernels (a shift-invariant kernel
+    whose spectral measure is the mixture), coarse and fine at once; ‖φ(x)‖ stays 1."""
+    scales = [float(length_scale)] if isinstance(length_scale, (int, float)) else [float(s) for s in length_scale]
+    if int(num_features) != num_features or num_features < 2 * len(scales) or num_features % 2:
+        raise ValueError(f"num_features must be an even integer >= 2 per length scale (cosines and sines), got {num_features}")
+    if not scales or not all(s > 0 and math.isfinite(s) for s in scales):
+        raise ValueError(f"length_scale must be a finite number > 0 or a list of them, got {length_scale}")
     gen = torch.Generator().manual_seed(int(seed))
-    return torch.randn(int(num_features) // 2, int(dim), generator=gen) / float(length_scale)
+    frequencies = torch.randn(int(num_features) // 2, int(dim), generator=gen)
+    share = torch.arange(len(frequencies)) * len(scales) // len(frequencies)  # the k-th share of rows takes ℓ_k
+    return frequencies / torch.tensor(scales)[share][:, None]
 
 
 def fourier_features(x: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
