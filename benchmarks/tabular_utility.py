@@ -106,8 +106,11 @@ DATASETS = {
 
 
 # ============================================================================ system settings
-#: DP-MERF on tables: the same settings for both tables and both ε (chosen on cervical and cardio, split seed 0).
-DPMERF_TABLES = {"num_features": 2000, "length_scale": None, "count_weight": 0.5, "steps": 2000}
+#: DP-MERF on tables: the same settings for both tables and both ε. The kernel is the mean of three Gaussian kernels
+#: (length scales 0.25, 1, 4 in the generator's [-1, 1] space); on split seed 0 with 4 classifiers the default single
+#: scale √(2d/3) gave cardio (ε = 1) 1-way TVD 0.117 and AUROC 0.713, these three 0.047 and 0.739; cervical (ε = 10,
+#: seeds 0 and 1) 1-way TVD 0.050-0.055 → 0.017-0.020 at AUROC 0.88 → 0.77-0.85 (10 positive test rows: noisy).
+DPMERF_TABLES = {"num_features": 2000, "length_scale": [0.25, 1.0, 4.0], "count_weight": 0.5, "steps": 2000}
 
 
 def system_settings(system: str, dataset: str, epsilon: float) -> dict:
