@@ -10,9 +10,9 @@ import pandas as pd
 import pytorch_lightning as pl
 
 from datamodules import TabularDataModule
-from lightning_gpate.models import DPGAN, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
+from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
 
-PRIVATE = ("gpate", "pategan", "dpgan", "gswgan")
+PRIVATE = ("gpate", "pategan", "dpgan", "gswgan", "dpmerf")
 ALL = ("gan", *PRIVATE)
 #: MarginalTree: private, tables only; one fit reads the data once and spends the whole budget.
 MARGINAL = "marginal"
@@ -64,6 +64,10 @@ def build(kind: str, *, rows: int = 240, test_fraction: float = 0.0, **options):
         kw = dict(epsilon=1e4, delta=1e-5, noise_multiplier=4.0, generator_batch_size=8, z_dim=8,
                   generator_hidden=HIDDEN, discriminator_hidden=(8,), critic_steps=2)
         return GSWGAN(dm.spec, **{**kw, **options}), dm
+    if kind == "dpmerf":
+        dm = public_table(rows=rows, test_fraction=test_fraction)
+        kw = dict(epsilon=5.0, delta=1e-5, num_features=200, z_dim=8, generator_batch_size=32, generator_hidden=HIDDEN)
+        return DPMERF(dm.spec, **{**kw, **options}), dm
     if kind == MARGINAL:
         dm = public_table(rows=rows, test_fraction=test_fraction)
         return MarginalTree(dm.spec, **{**dict(epsilon=5.0, delta=1e-5), **options}), dm

@@ -20,6 +20,7 @@ RELEASED = {
     "pategan": {"g_loss", "s_loss", "noisy_real_fraction"},
     "dpgan": {"g_loss", "epsilon_opacus"},
     "gswgan": set(),
+    "dpmerf": {"mmd_loss"},
     "marginal": set(),
 }
 #: ε a default run may log: the guarantee, and a paper-style analysis only when it is data-independent.
@@ -30,6 +31,7 @@ PRIVATE_DIAGNOSTICS = {
     "pategan": {"private/t_loss", "private/vote_margin"},
     "dpgan": {"private/wasserstein_estimate", "private/real_batch_size"},
     "gswgan": {"private/d_loss", "private/g_loss", "private/discriminator"},
+    "dpmerf": set(),  # nothing private to log: one release, then post-processing
 }
 
 

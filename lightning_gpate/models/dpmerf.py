@@ -1,0 +1,253 @@
+"""DP-MERF (Harder, Adamczewski & Park, AISTATS 2021): a generator trained to match one noisy release of
+the data's random-feature mean embedding.
+
+The fit's first step reads the whole training split once and releases, with the Gaussian mechanism, the
+sum of every record's embedding ``e_y ⊗ [a·φ(x), b]`` (random Fourier features of a Gaussian kernel,
+the label as a one-hot outer product, and the class count beside it; L2 sensitivity exactly 1 under
+add/remove: :mod:`lightning_gpate.privacy.merf`). That is the run's only privacy event
+(:class:`~lightning_gpate.privacy.SubsampledGaussianEvent` with sampling rate 1: the plain Gaussian
+mechanism), charged before the data is read; its noise multiplier is the smallest that fits the
+budget left after any DP metadata, unless given. Every later step is post-processing: the generator
+(a small conditional convolutional net for images, an MLP for tables) takes an Adam step on
+
+    Σ_c p̂_c ‖ mean_j φ(G(z_j, c)) − μ̂_c ‖²,
+
+with μ̂_c the released sum of class c's features over its released count (the paper's Eq. 7 with its
+mean embedding split by class), p̂_c the class shares (released, or declared public), and a batch of
+``generator_batch_size`` fakes in equal numbers per class. The paper weighs class c by p̂_c² (its
+joint embedding); p̂_c keeps a small class in view on an imbalanced table.
+
+What is released: the generator and the released class shares (a buffer of the generator, used to
+draw labels unless the class ratio is declared public), and the hyperparameters, among them the
+random features' public ``feature_seed``. The noisy embedding itself stays in the private training
+checkpoint (it is what a resume trains on, without a second release). Trains on one process.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from lightning_gpate.models.private import ConfigError, PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.privacy import SubsampledGaussianEvent
+from lightning_gpate.privacy.merf import embedding_sum, fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, noisy_release
+from lightning_gpate.privacy.randomness import mechanism_generator
+
+
+class LabelledGenerator(nn.Module):
+    """A conditional generator with the class shares it samples labels from (``label_ratio``: the
+    released noisy ones; zeros before the release), so that they travel with it in the release."""
+
+    def __init__(self, net: nn.Module, num_classes: int) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("label_ratio", torch.zeros(num_classes))
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(z, y)
+
+
+def gaussian_release_event(noise_multiplier: float) -> SubsampledGaussianEvent:
+    """The cost of DP-MERF's one release: the Gaussian mechanism with noise multiplier σ relative to
+    its L2 sensitivity (sampling rate 1: no subsampling)."""
+    return SubsampledGaussianEvent(noise_multiplier=float(noise_multiplier), sampling_rate=1.0, steps=1)
+
+
+class DPMERF(PrivateGenerativeModel):
+    """DP-MERF: a conditional generator matched to one noisy random-feature mean embedding (module doc).
+
+    Args:
+        data_spec: the DataModule's spec (images or tables); the DataModule serves the whole training
+            split once per step (``num_teachers: 0``).
+        epsilon: privacy budget ε; the one release spends it (the noise is calibrated to it).
+        delta: δ.
+        budget_accounting: ``"guarantee"`` (the Gaussian mechanism's RDP; ``"paper"`` gives the same).
+        conversion: RDP → (ε, δ) conversion.
+        noise_multiplier: σ of the release (noise std on every entry of the summed embedding, whose
+            sensitivity is 1). ``None`` (default): the smallest σ whose ε fits the budget.
+        num_features: random Fourier features 2M (M cosines and M sines; the paper: 10,000).
+        length_scale: ℓ of the Gaussian kernel in the generator's space ([-1, 1] per pixel or column), or
+            a list of length scales (the kernel is then the mean of their Gaussian kernels, the features
+            shared among them: :func:`~lightning_gpate.privacy.merf.fourier_frequencies`). ``None``: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
+            (public; the paper's MNIST choice, ℓ² = 105 for pixels in [0, 1], is ℓ ≈ 20.5 here, against
+            22.9 for d = 784).
+        feature_seed: public seed of the frequencies (stored in the release; ``None``: drawn from the
+            public random state of ``seed_everything``).
+        count_weight: b, the share of each record's unit norm given to its class count (the rest,
+            ``a = √(1 − b²)``, to its features): the counts get noise σ/b, the features σ/a.
+        z_dim: latent size (the paper: 5 for MNIST).
+        latent_prior: ``"normal"`` or ``"uniform"``.
+        generator_batch_size: fakes per step, in equal numbers per class.
+        lr: Adam learning rate of the generator (the paper: 0.01).
+        lr_decay: the learning rate is multiplied by it every ``lr_decay_steps`` steps (the paper:
+            0.9 per epoch of 120 steps).
+        lr_decay_steps: see ``lr_decay``.
+        gf_dim: images: channels of the generator's upsampling stage (its 5×5 convolutions after
+            nearest upsampling, :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`
+            with ``upsample: nearest``); the paper's generator has 16 and 8.
+        fc_dim: images: width of the generator's first dense layer (the paper: 200).
+        generator_hidden: tables: hidden widths of the MLP generator.
+        chunk_size: records embedded at a time in the release (memory only).
+        noise_seed: seed of the release's noise (``None``: OS entropy at every start; tests only otherwise).
+        log_private_diagnostics: accepted for a uniform interface; DP-MERF logs nothing private.
+    """
+
+    single_process_only = "it reads the training split once and then trains its generator on the released embedding alone"
+
+    def __init__(
+        self,
+        data_spec: dict[str, Any],
+        *,
+        epsilon: float,
+        delta: float,
+        budget_accounting: str = "guarantee",
+        conversion: str = "improved",
+        noise_multiplier: float | None = None,
+        num_features: int = 10_000,
+        length_scale: float | Sequence[float] | None = None,
+        feature_seed: int | None = None,
+        count_weight: float = 0.3,
+        z_dim: int = 5,
+        latent_prior: str = "normal",
+        generator_batch_size: int = 500,
+        lr: float = 0.01,
+        lr_decay: float = 0.9,
+        lr_decay_steps: int = 120,
+        gf_dim: int = 8,
+        fc_dim: int = 200,
+        generator_hidden: Sequence[int] = (256, 256),
+        chunk_size: int = 2048,
+        noise_seed: int | None = None,
+        log_private_diagnostics: bool = False,
+    ) -> None:
+        if noise_multiplier is not None and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(f"noise_multiplier must be a finite number > 0 or null (calibrated to the budget), got {noise_multiplier}")
+        if not 0 < count_weight < 1:
+            raise ValueError(f"count_weight must lie in (0, 1), got {count_weight}")
+        if int(generator_batch_size) != generator_batch_size or generator_batch_size < 2:
+            raise ValueError(f"generator_batch_size must be an integer >= 2, got {generator_batch_size}")
+        if not (lr > 0 and 0 < lr_decay <= 1 and int(lr_decay_steps) == lr_decay_steps and lr_decay_steps >= 1):
+            raise ValueError(f"need lr > 0, lr_decay in (0, 1] and an integer lr_decay_steps >= 1; got {lr}, {lr_decay}, {lr_decay_steps}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        dim = math.prod(int(s) for s in data_spec["shape"])
+        if length_scale is None:
+            length_scale = median_distance_of_uniform(dim)
+        elif not isinstance(length_scale, (int, float)):
+            length_scale = [float(s) for s in length_scale]
+        if feature_seed is None:  # public: the random state seed_everything governs
+            feature_seed = int(torch.randint(2**31 - 1, (1,)))
+        fourier_frequencies(num_features, 1, length_scale, 0)  # validates num_features and length_scale
+        with warnings.catch_warnings():  # the release measures the class counts with DP: no need to warn about them
+            warnings.filterwarnings("ignore", message="the class ratio was read from the private data")
+            super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting, conversion=conversion,
+                             z_dim=z_dim, latent_prior=latent_prior, log_private_diagnostics=log_private_diagnostics)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.train_sampling = {"kind": "full"}
+        net = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample="nearest") if self.is_image else self.build_generator(hidden=tuple(generator_hidden))
+        self.generator = LabelledGenerator(net, self.num_classes)
+        # Public (redrawn from the stored seed): not saved in checkpoints or the release.
+        self.register_buffer("frequencies", fourier_frequencies(num_features, dim, length_scale, feature_seed), persistent=False)
+        # The noisy release (DP; kept in the training checkpoint for a resume, not in the release artifact).
+        self.register_buffer("released_embedding", torch.zeros(self.num_classes, int(num_features) + 1))
+        self.register_buffer("released", torch.zeros((), dtype=torch.bool))
+        self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else self.calibrated_noise_multiplier()
+
+    # ----------------------------------------------------------------- the release
+    def calibrated_noise_multiplier(self) -> float:
+        """The smallest σ (to 1e-9 relative) whose release keeps ε within the budget left (after any DP
+        metadata already recorded)."""
+        inverse = largest_that_fits(lambda s: self.epsilon_if(gaussian_release_event(1.0 / s)) <= self.budget_limit(),
+                                    f"DP-MERF's release within epsilon={self.epsilon_budget:g}")
+        return 1.0 / inverse
+
+    def release_event(self) -> SubsampledGaussianEvent:
+        return gaussian_release_event(self.noise_multiplier)
+
+    def release_embedding(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Charge the release, then release ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b] + N(0, σ²)`` with the
+        mechanism's secret noise; the class shares follow from the released counts."""
+        if not self.charge(self.release_event()):
+            return  # over budget: NoPrivateStepError was raised (first step) or training stops
+        hp = self.hparams
+        total = embedding_sum(x, y, self.frequencies, self.num_classes, count_weight=hp.count_weight, chunk_size=hp.chunk_size)
+        released = noisy_release(total, noise_multiplier=self.noise_multiplier, generator=mechanism_generator(self.device, hp.noise_seed))
+        del total
+        with torch.no_grad():
+            self.released_embedding.copy_(released.float())
+            self.released.fill_(True)
+            counts = mean_embeddings(self.released_embedding, count_weight=hp.count_weight)[1].clamp_min(0)
+            shares = counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
+            self.generator.label_ratio.copy_(shares)
+
+    # ----------------------------------------------------------------- labels
+    def class_shares(self) -> torch.Tensor:
+        """The class ratio labels are drawn from and classes are weighted by: the declared one when it is
+        public or paid for, else the released shares (uniform before the release)."""
+        if self.data_spec.get("class_ratio_source") in ("public", "dp") or not float(self.generator.label_ratio.sum()) > 0:
+            return self.class_ratio
+        return self.generator.label_ratio
+
+    def sample_labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        if n == 0:
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        return torch.multinomial(self.class_shares(), n, replacement=True, generator=generator).to(self.device)
+
+    # ----------------------------------------------------------------- training
+    def configure_optimizers(self):
+        hp = self.hparams
+        opt = torch.optim.Adam(self.generator.parameters(), lr=hp.lr)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=hp.lr_decay_steps, gamma=hp.lr_decay)]
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if not bool(self.released):
+            cost = self.epsilon_if(self.release_event())
+            if cost > self.budget_limit():
+                raise ConfigError(
+                    f"DP-MERF's release with noise_multiplier={self.noise_multiplier:g} costs epsilon={cost:.4g}, more than the "
+                    f"budget {self.budget_limit():g} (delta={self.delta:g}): raise noise_multiplier to at least "
+                    f"{self.calibrated_noise_multiplier():.4g}, or leave it null to calibrate it to the budget"
+                )
+            if self.logger is not None:
+                self.logger.log_hyperparams({"privacy_split/noise_multiplier": self.noise_multiplier})
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        # Lightning warns that this module's transfer_batch_to_device is used rather than the DataModule's:
+        # that is the intent (below), and the DataModule defines none.
+        warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule`")
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
+        """After the release the batch (the whole training split) is not read: it stays where it is."""
+        return batch if bool(self.released) else super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def embedding_loss(self) -> torch.Tensor:
+        """``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` over a batch with equal numbers of fakes per class."""
+        k = self.num_classes
+        per_class = -(-int(self.hparams.generator_batch_size) // k)
+        means, _ = mean_embeddings(self.released_embedding, count_weight=self.hparams.count_weight)
+        labels = torch.arange(k, device=self.device).repeat_interleave(per_class)
+        features = fourier_features(self.generator(self.latent(len(labels)), labels), self.frequencies)
+        fake_means = torch.zeros_like(means).index_add(0, labels, features) / per_class
+        return (self.class_shares().to(means) * ((fake_means - means) ** 2).sum(1)).sum()
+
+    def training_step(self, batch, batch_idx):
+        if not bool(self.released):
+            x, y = batch
+            self.release_embedding(x, y)
+            if not bool(self.released):
+                return None
+        opt, scheduler = self.optimizers(), self.lr_schedulers()
+        loss = self.embedding_loss()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        scheduler.step()
+        self.log("mmd_loss", loss.detach(), prog_bar=True, batch_size=1)  # towards the released embedding: post-processing
+        return None

@@ -1,0 +1,125 @@
+"""DP-MERF's mechanism: one Gaussian release of the summed random-feature embeddings of (record, label).
+
+Harder, Adamczewski & Park, "DP-MERF: Differentially Private Mean Embeddings with Random Features for
+Practical Privacy-preserving Data Generation", AISTATS 2021 (code ``ParkLabML/DP-MERF``). The data's
+kernel mean embedding under a Gaussian kernel is approximated with random Fourier features (Rahimi &
+Recht 2007; the paper's Eq. 3, its code's ``rff_sphere``)::
+
+    φ(x) = [cos(ω_1ᵀx), …, cos(ω_Mᵀx), sin(ω_1ᵀx), …, sin(ω_Mᵀx)] / √M,   ω_j ~ N(0, I/ℓ²),
+
+so that ``φ(x)ᵀφ(x') ≈ exp(−‖x − x'‖²/(2ℓ²))``, and the label enters as an outer product with its
+one-hot vector (Eq. 6): the embedding of a labelled record is the ``K × 2M`` matrix whose row ``y``
+is ``φ(x)`` and whose other rows are 0. The frequencies ω are drawn from a **public** seed
+(:func:`fourier_frequencies`): they depend on no data, and anyone can redraw them from the release.
+
+**What is released, and its sensitivity.** Each record contributes the ``K × (2M + 1)`` matrix
+
+    ψ(x, y) = e_y ⊗ [a·φ(x), b],   a² + b² = 1,
+
+whose Frobenius norm is exactly ``√(a²‖φ(x)‖² + b²) = 1`` for every record, because
+``‖φ(x)‖² = Σ_j (cos² + sin²)/M = 1``. The mechanism releases the **sum** ``S(D) = Σ_i ψ(x_i, y_i)`` plus
+``N(0, σ²)`` noise on every entry. Adding or removing one record changes ``S`` by that record's ``ψ``,
+so the L2 sensitivity under add/remove neighbours is exactly 1 whatever the record, and the release is
+the Gaussian mechanism with noise multiplier σ (Mironov 2017, Corollary 3: RDP ``λ/(2σ²)``). The last
+column holds ``b`` times the class counts: the normalisation of the mean embedding is released with it
+(:func:`mean_embeddings`), so the private number of records is never read without noise. The paper
+releases the mean ``S/n`` with sensitivity ``2/n`` under replace-one neighbours, which takes ``n`` as
+public; releasing the sum needs no such assumption.
+
+Everything else — the per-class means, the class ratio, the generator trained to match them — is
+post-processing of the one noisy release.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+__all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "embedding_sum", "noisy_release", "mean_embeddings",
+           "median_distance_of_uniform"]
+
+
+def median_distance_of_uniform(dim: int) -> float:
+    """A public length scale for data in the generator's space ``[-1, 1]^d``: the root-mean-square
+    distance of two independent uniform points, ``√(2d/3)`` (a data-independent stand-in for the
+    median heuristic, which reads the private data)."""
+    return math.sqrt(2.0 * dim / 3.0)
+
+
+def fourier_frequencies(num_features: int, dim: int, length_scale: float | Sequence[float], seed: int) -> torch.Tensor:
+    """The ``[num_features/2, dim]`` frequencies ω ~ N(0, I/ℓ²) of a Gaussian kernel of length scale ℓ,
+    drawn on the CPU from the public ``seed`` (the same on every machine and device).
+
+    Several length scales ``[ℓ_1, …, ℓ_k]`` share the frequencies equally (ω of the k-th share ~
+    N(0, I/ℓ_k²)): the kernel is then the mean of the k Gaussian kernels (a shift-invariant kernel
+    whose spectral measure is the mixture), coarse and fine at once; ‖φ(x)‖ stays 1."""
+    scales = [float(length_scale)] if isinstance(length_scale, (int, float)) else [float(s) for s in length_scale]
+    if int(num_features) != num_features or num_features < 2 * len(scales) or num_features % 2:
+        raise ValueError(f"num_features must be an even integer >= 2 per length scale (cosines and sines), got {num_features}")
+    if not scales or not all(s > 0 and math.isfinite(s) for s in scales):
+        raise ValueError(f"length_scale must be a finite number > 0 or a list of them, got {length_scale}")
+    gen = torch.Generator().manual_seed(int(seed))
+    frequencies = torch.randn(int(num_features) // 2, int(dim), generator=gen)
+    share = torch.arange(len(frequencies)) * len(scales) // len(frequencies)  # the k-th share of rows takes ℓ_k
+    return frequencies / torch.tensor(scales)[share][:, None]
+
+
+def fourier_features(x: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+    """φ(x) ``[n, 2M]`` of flattened rows ``x`` ``[n, d]``: cosines then sines over √M; every row has
+    norm 1 (DP-MERF's ``rff_sphere``)."""
+    h = x.reshape(x.shape[0], -1).to(frequencies.dtype) @ frequencies.T
+    return torch.cat([torch.cos(h), torch.sin(h)], dim=1) / math.sqrt(frequencies.shape[0])
+
+
+def _weights(count_weight: float) -> tuple[float, float]:
+    """``(a, b)`` with ``b = count_weight`` and ``a² + b² = 1``."""
+    if not 0.0 < count_weight < 1.0:
+        raise ValueError(f"count_weight must lie in (0, 1), got {count_weight}")
+    return math.sqrt(1.0 - count_weight**2), float(count_weight)
+
+
+def record_embeddings(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tensor, num_classes: int, *, count_weight: float) -> torch.Tensor:
+    """Every record's contribution ψ(x_i, y_i) ``[n, K, 2M + 1]`` to the released sum (row ``y_i`` is
+    ``[a·φ(x_i), b]``, the other rows 0): Frobenius norm 1 each."""
+    a, b = _weights(count_weight)
+    rows = torch.cat([a * fourier_features(x, frequencies), torch.full((len(y), 1), b, dtype=frequencies.dtype, device=frequencies.device)], 1)
+    out = torch.zeros(len(y), num_classes, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    out[torch.arange(len(y), device=rows.device), y.long().to(rows.device)] = rows
+    return out
+
+
+def embedding_sum(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tensor, num_classes: int, *, count_weight: float,
+                  chunk_size: int = 2048) -> torch.Tensor:
+    """``S(D) = Σ_i ψ(x_i, y_i)`` ``[K, 2M + 1]`` (float64), in chunks of records: what
+    :func:`noisy_release` adds noise to. A function of the private data: never released without it."""
+    a, b = _weights(count_weight)
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
+    total = torch.zeros(num_classes, frequencies.shape[0] * 2 + 1, dtype=torch.float64, device=frequencies.device)
+    for start in range(0, len(y), chunk_size):
+        xs, ys = x[start:start + chunk_size].to(frequencies.device), y[start:start + chunk_size].long().to(frequencies.device)
+        total[:, :-1].index_add_(0, ys, (a * fourier_features(xs, frequencies)).double())
+        total[:, -1].index_add_(0, ys, torch.full((len(ys),), b, dtype=torch.float64, device=frequencies.device))
+    return total
+
+
+def noisy_release(total: torch.Tensor, *, noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
+    """The Gaussian mechanism on ``total`` (L2 sensitivity 1 under add/remove): ``total + N(0, σ²)`` on
+    every entry, the noise from ``generator`` (a secret mechanism generator,
+    :func:`~lightning_gpate.privacy.randomness.mechanism_generator`)."""
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
+    noise = torch.randn(total.shape, generator=generator, dtype=torch.float64, device=generator.device)
+    return total + float(noise_multiplier) * noise.to(total.device)
+
+
+def mean_embeddings(released: torch.Tensor, *, count_weight: float, min_count: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-processing of a release ``[K, 2M + 1]``: the per-class mean embeddings ``[K, 2M]`` (the
+    noisy sum of each class's φ over its noisy count, at least ``min_count``) and the noisy class
+    counts ``[K]`` (may be ≤ 0 for a tiny class)."""
+    a, b = _weights(count_weight)
+    counts = released[:, -1] / b
+    means = released[:, :-1] / (a * counts.clamp_min(min_count)[:, None])
+    return means, counts
