@@ -197,6 +197,27 @@ def test_the_generator_has_its_own_adam_settings_and_the_paper_shares_one():
         GSWGAN(dm.spec, epsilon=1.0, generator_lr=0.0, **SMALL)
 
 
+def test_the_sampled_average_of_the_generator_warms_up_as_the_official_code():
+    """exp_mov_avg of the official main.py: alpha = min(1 − 1/(iter + 1), 0.999), so the average is the
+    generator after the first step and weighs the early steps equally, not its random initialisation."""
+    dm = _table()
+    model = GSWGAN(dm.spec, epsilon=1e4, ema_decay=0.999, **SMALL)
+    initial = [p.detach().clone() for p in model.generator.parameters()]
+    snapshots = []
+
+    class Snapshot(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            snapshots.append([p.detach().clone() for p in pl_module.generator.parameters()])
+
+    _trainer(3, callbacks=[Snapshot()]).fit(model, dm)
+    expected = snapshots[0]
+    for t, snapshot in enumerate(snapshots[1:], start=2):  # the mean of the first t generators
+        expected = [e + (s - e) / t for e, s in zip(expected, snapshot)]
+    for avg, e, g0 in zip(model.generator_ema.parameters(), expected, initial):
+        torch.testing.assert_close(avg, e)
+    assert any(not torch.allclose(avg, g0) for avg, g0 in zip(model.generator_ema.parameters(), initial))
+
+
 # ------------------------------------------------------------------------------------- disjoint subsets
 def test_every_discriminator_only_ever_sees_its_own_subset():
     dm = _table()

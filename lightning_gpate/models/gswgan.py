@@ -263,8 +263,9 @@ class GSWGAN(PrivateGenerativeModel):
             coordinate: a larger rate and momentum (e.g. 1e-3, (0.9, 0.999)) average it over steps.
         critic_steps: critic steps per generator step (5).
         gp_weight: λ of the gradient penalty (10); drift_weight: weight of mean D(real)² (0.001).
-        ema_decay: if set, an exponential moving average of the generator (this decay) is kept and
-            used for sampling (post-processing: free).
+        ema_decay: if set, an exponential moving average of the generator (this decay, after the official
+            code's warm-up: ``min(1 − 1/t, ema_decay)`` at generator step t) is kept and used for sampling
+            (post-processing: free).
         generator_hidden: hidden widths of the tabular MLP generator (ReLU, BatchNorm, tanh/softmax
             outputs); gf_dim, fc_dim: widths of the DCGAN generator for images.
         discriminator_hidden: hidden widths of the tabular MLP discriminators (LeakyReLU 0.2, no
@@ -633,6 +634,9 @@ class GSWGAN(PrivateGenerativeModel):
         if getattr(self, "generator_ema", None) is None:
             return
         decay = self.hparams.ema_decay
+        step = int(self.trainer.global_step) if self._trainer is not None else 0
+        if step:  # the official code's warm-up (exp_mov_avg): min(1 − 1/t, decay) at step t, so the average starts at G
+            decay = min(decay, 1.0 - 1.0 / step)
         for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
             avg.lerp_(p, 1.0 - decay)
         for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
