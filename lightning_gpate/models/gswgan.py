@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -658,7 +659,7 @@ class GSWGAN(PrivateGenerativeModel):
             # there, so the private stage's checkpoint holds the generator and its state only (MBs, not GBs).
             for key in [k for k in checkpoint["state_dict"] if k.startswith("discriminators.")]:
                 del checkpoint["state_dict"][key]
-            meta["discriminators_from"] = str(self.hparams.pretrained_checkpoint)
+            meta["discriminators_from"] = os.path.abspath(self.hparams.pretrained_checkpoint)
 
     def _discriminators_reloadable(self) -> bool:
         return (self.stage == "train" and self.hparams.get("discriminator_state", "reset") == "reset"

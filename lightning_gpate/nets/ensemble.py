@@ -213,8 +213,7 @@ class TeacherEnsemble(nn.Module):
 
     def export_teacher(self, i: int) -> nn.Module:
         """Teacher at local index ``i`` as a plain reference ``nn.Module`` (a copy)."""
-        ref = getattr(self, self.param_names[0])
-        m = self._teacher_module().to(device=ref.device, dtype=ref.dtype)
+        m = self.teacher_module()
         self.copy_teacher_to(i, m)
         return m
 
