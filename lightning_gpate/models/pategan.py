@@ -146,6 +146,9 @@ class PATEGAN(PrivateGenerativeModel):
             on a few rows each call every generated sample fake, so paper votes are unanimous and teach
             the student nothing (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a
             signal. Each vote still depends on one teacher's partition only: the analysis is unchanged.
+        relative_reference: fresh generated samples per class on which a teacher's median is taken for
+            ``teacher_vote: relative`` (at least the queries voted on; default 64). Its forward through every
+            teacher is most of a vote's cost on images.
         discrete_samples: tables only: the teachers (training and voting) and the student see generated
             rows as they are released: binary columns at ±1 (the sign), categorical ones one-hot (the
             argmax), with straight-through gradients to the generator. Real rows are exactly ±1 and
@@ -216,6 +219,7 @@ class PATEGAN(PrivateGenerativeModel):
         student_batch_size: int | None = None,
         query_labels: str = "ratio",
         teacher_vote: str = "logit",
+        relative_reference: int = 64,
         discrete_samples: bool = False,
         student_labels: str = "argmax",
         marginal_fraction: float = 0.0,
@@ -248,7 +252,7 @@ class PATEGAN(PrivateGenerativeModel):
         if query_labels not in QUERY_LABELS:
             raise ValueError(f"query_labels must be one of {QUERY_LABELS}, got {query_labels!r}")
         counts = {"teacher_steps": teacher_steps, "student_steps": student_steps, "query_batch_size": query_batch_size,
-                  "planned_queries": planned_queries, "vote_chunk_size": vote_chunk_size}
+                  "planned_queries": planned_queries, "vote_chunk_size": vote_chunk_size, "relative_reference": relative_reference}
         for name, value in counts.items():
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value}")
@@ -498,7 +502,7 @@ class PATEGAN(PrivateGenerativeModel):
             # table with a rare class every teacher's logit is far lower for it (its partition holds few or no
             # such rows), so one median over all classes makes the vote a function of the label, which the
             # generator cannot change, instead of the features, which it can.
-            per_class = max(x.shape[0], 64)
+            per_class = max(x.shape[0], int(self.hparams.get("relative_reference", 64)))
             ref_y = torch.arange(self.num_classes, device=x.device).repeat_interleave(per_class)
             ref = self.teachers.forward_shared(self._fakes(ref_y), ref_y).view(-1, self.num_classes, per_class)
             threshold = ref.median(dim=2).values  # [T, classes]
