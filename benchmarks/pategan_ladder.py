@@ -183,6 +183,8 @@ def run_mnist(args) -> dict:
     model.charge = charge_anchor_only
     if args.votes == "off":  # fair coins instead of the votes: what the measured mean images alone buy
         model.noisy_labels = lambda counts: torch.randint(2, (counts.shape[0],), device=counts.device).float()
+        model.teacher_votes = lambda x, y: torch.zeros(x.shape[0], 2, dtype=torch.float64)  # unused: no teacher work
+        model._teacher_step = lambda *batch: torch.zeros(())
     m = int(model.hparams.query_batch_size) * int(model.hparams.student_steps)
     steps = args.steps or int(model.hparams.planned_queries) // m
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -190,7 +192,7 @@ def run_mnist(args) -> dict:
     start = time.perf_counter()
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
-    votes = vote_statistics(model, n=200)
+    votes = vote_statistics(model, n=200) if args.votes != "off" else {k: float("nan") for k in ("real_votes", "unanimous", "gap", "flip", "student_real")}
     x, y = model.generate(5000, seed=0)
     cnn = cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
     grid_dir = Path(args.out).with_suffix("")

@@ -443,6 +443,21 @@ def test_image_path_charges_the_mean_images_once_and_every_vote_before_use():
     assert eps_alone == pytest.approx(2.5, rel=1e-6)
 
 
+def test_the_released_generator_is_the_average_of_its_weights_when_asked():
+    from lightning_gpate.release import build_release
+
+    dm = _digits()
+    model = PATEGAN(dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=0.9, **IMAGE_SMALL)
+    fit(model, dm, steps=3)
+    assert model.generator_module is model.generator_ema
+    released = build_release(model)["generator"]
+    for name, value in model.generator_ema.state_dict().items():
+        assert torch.equal(released[name], value)
+    assert any(not torch.equal(model.generator.state_dict()[n], v) for n, v in released.items() if v.is_floating_point())
+    with pytest.raises(ValueError, match="ema_decay"):
+        PATEGAN(dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=1.0, **IMAGE_SMALL)
+
+
 def test_image_path_stops_before_the_step_whose_votes_would_exceed_the_budget():
     dm = _digits()
     budget, lam, queries = 3.0, 0.05, 8

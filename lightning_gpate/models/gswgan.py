@@ -407,11 +407,6 @@ class GSWGAN(PrivateGenerativeModel):
     def has_release(self) -> bool:
         return self.stage != "pretrain"  # stage 1's throwaway generators are not a release
 
-    @property
-    def generator_module(self) -> nn.Module:
-        ema = getattr(self, "generator_ema", None)
-        return ema if ema is not None else self.generator
-
     def configure_optimizers(self):
         hp = self.hparams
         adam = lambda params: torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas))  # noqa: E731
@@ -630,18 +625,9 @@ class GSWGAN(PrivateGenerativeModel):
             self._noise_generator = mechanism_generator(self.device, self._noise_seed)
         return self._noise_generator
 
-    @torch.no_grad()
     def _update_ema(self) -> None:
-        if getattr(self, "generator_ema", None) is None:
-            return
-        decay = self.hparams.ema_decay
-        step = int(self.trainer.global_step) if self._trainer is not None else 0
-        if step:  # the official code's warm-up (exp_mov_avg): min(1 − 1/t, decay) at step t, so the average starts at G
-            decay = min(decay, 1.0 - 1.0 / step)
-        for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
-            avg.lerp_(p, 1.0 - decay)
-        for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
-            avg.copy_(b)
+        if getattr(self, "generator_ema", None) is not None:
+            self.update_generator_average(self.hparams.ema_decay)
 
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

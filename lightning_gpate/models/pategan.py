@@ -59,6 +59,7 @@ process, and the same accounting.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from typing import Any, Sequence
@@ -121,6 +122,9 @@ class PATEGAN(PrivateGenerativeModel):
         student_steps: n_S student steps per generator step (paper: 5).
         query_batch_size: generated samples per student step (= vote queries) and per generator step (paper: 64).
         lr: Adam learning rate of generator, student and teachers (paper: 1e-4).
+        ema_decay: if set, an exponential moving average of the generator's weights (this decay, after a
+            warm-up: :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) is kept and
+            released instead of the generator (post-processing: free); ``None`` (default) is the paper.
         teacher_lr: Adam learning rate of the teachers, if different (``None``: ``lr``). Teachers that
             separate real from fake perfectly vote "fake" unanimously and teach the student nothing.
         betas: Adam betas.
@@ -207,6 +211,7 @@ class PATEGAN(PrivateGenerativeModel):
         student_steps: int = 5,
         query_batch_size: int = 64,
         lr: float = 1e-4,
+        ema_decay: float | None = None,
         teacher_lr: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         z_dim: int | None = None,
@@ -274,6 +279,8 @@ class PATEGAN(PrivateGenerativeModel):
             raise ValueError(f"marginal_threshold must be a finite number >= 0, got {marginal_threshold}")
         if not 0 <= marginal_weight < math.inf:
             raise ValueError(f"marginal_weight must be a finite number >= 0, got {marginal_weight}")
+        if ema_decay is not None and not 0 < ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1) or null, got {ema_decay}")
         if lam is not None and not (0 < lam < math.inf):
             raise ValueError(f"lam must be a finite number > 0 (or null to plan it from the budget), got {lam}")
         image = data_spec["kind"] == "image"
@@ -313,6 +320,7 @@ class PATEGAN(PrivateGenerativeModel):
             self.teachers = MLPTeacherEnsemble(
                 num_teachers, in_features=d, num_classes=self.num_classes,
                 hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
+        self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
         self._noise_generator: torch.Generator | None = None
         self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
         self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
@@ -613,6 +621,8 @@ class PATEGAN(PrivateGenerativeModel):
         opt_g.zero_grad()
         replicated_backward(self, g_loss, params=self.generator.parameters())
         opt_g.step()
+        if self.generator_ema is not None:
+            self.update_generator_average(hp.ema_decay)
 
         # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
         self.log_dict({"s_loss": s_loss.detach(), "g_loss": g_loss.detach(),
