@@ -269,6 +269,9 @@ class GSWGAN(PrivateGenerativeModel):
             (post-processing: free).
         generator_hidden: hidden widths of the tabular MLP generator (ReLU, BatchNorm, tanh/softmax
             outputs); gf_dim, fc_dim: widths of the DCGAN generator for images.
+        generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN) or ``"nearest"``
+            (nearest ×2 then a convolution, as the official code's default ResNet generator upsamples:
+            no checkerboard lattice for the sanitiser's per-pixel noise to feed). Public: no privacy cost.
         discriminator_hidden: hidden widths of the tabular MLP discriminators (LeakyReLU 0.2, no
             normalisation: the gradient penalty is per sample); df_dim, fc_dim: widths of the DCGAN
             discriminators for images (no normalisation).
@@ -314,6 +317,7 @@ class GSWGAN(PrivateGenerativeModel):
         generator_hidden: Sequence[int] = (256, 256),
         discriminator_hidden: Sequence[int] = (128,),
         gf_dim: int = 64,
+        generator_upsample: str = "transposed",
         df_dim: int = 32,
         fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
@@ -358,7 +362,7 @@ class GSWGAN(PrivateGenerativeModel):
         self._noise_generator: torch.Generator | None = None  # OS-seeded at each start, never checkpointed
         self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
 
-        self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim)
+        self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
         self.discriminators = self._new_discriminators(num_discriminators)
         if stage == "pretrain":
             self.pretrain_generators = StackedModules([self._new_pretrain_generator() for _ in range(num_discriminators)])
