@@ -11,6 +11,9 @@
 # a state to continue (RESUME, default .gpu/mnist_state: e.g. the real baseline and the feature classifier,
 # computed on a CPU by `python benchmarks/mnist_table.py --time-budget 0 --state .gpu/mnist_state`).
 # Other knobs: TIME_SCALE (row budgets), DEVICE, DATA_ROOT, PYTHON, EXTRA (more runner flags), NOTE, WORK.
+# GS-WGAN's rows share one pretraining of their discriminators (GBs, never in the archive): make it first, alone
+# (`python benchmarks/mnist_table.py --rows gswgan_eps10_paper --pretrain-only --pretrained-cache outputs/gswgan_pretrained ...`),
+# then run the rows with EXTRA="--pretrained-cache outputs/gswgan_pretrained --max-carry-mb 100" and WORK=outputs/mnist_call.
 # Unpack here with `tar xzf mnist_table_call.tgz`, then merge its state into the table:
 #   python benchmarks/mnist_table.py --state <kept state> --merge-from <unpacked>/merged --results benchmarks/results
 set -u
@@ -36,5 +39,7 @@ wait
 for j in $(seq 1 $i); do echo "--- runner $j"; grep -E "^== |status=|Error" "$W/runner_$j.log" | tail -8; done
 "${PYTHON:-python3}" benchmarks/mnist_table.py --state "$W/merged" --merge-from "${states[@]}" --results "$W/merged/results" \
   --note "${NOTE:-$i runners side by side on one GPU: s/step includes the sharing}" > /dev/null
-rm -rf "$W"/state_*/ckpt "$W"/state_*/cache "$W"/state_*/smoke_data "$W/merged/cache"
-tar czf "${OUT:-.}/mnist_table_call.tgz" -C "$W" . && echo "[$(el) s] packed ${OUT:-.}/mnist_table_call.tgz"
+rm -rf "$W"/state_*/cache "$W"/state_*/smoke_data "$W/merged/cache"
+# checkpoints of rows cut short stay in $W (a next call on the still-warm machine continues them: RESUME= and the
+# same WORK, e.g. under the project's ignored outputs/); the archive leaves them out
+tar czf "${OUT:-.}/mnist_table_call.tgz" --exclude=ckpt --exclude=pretrained -C "$W" . && echo "[$(el) s] packed ${OUT:-.}/mnist_table_call.tgz"

@@ -122,7 +122,8 @@ def test_gswgan_pretraining_on_two_processes_checkpoints_every_discriminator_as_
     pre, _ = gswgan_runs
     one, two = assert_one_finished_run_each_with_the_same_epsilon(pre[1], pre[2])
     c1, c2 = _checkpoint(one), _checkpoint(two)
-    assert c2["state_dict"]["discriminators.body__0__weight"].shape[0] == 5  # 3 from rank 0, 2 from rank 1
+    assert c2["state_dict"]["discriminators.w0"].shape[0] == 5  # 3 from rank 0, 2 from rank 1
+    assert c2["state_dict"]["discriminators.teacher_ids"].tolist() == [0, 1, 2, 3, 4]  # in global order
     assert_same_state(c1["state_dict"], c2["state_dict"])
     assert_same_optimizer_states(c1["optimizer_states"], c2["optimizer_states"])
 

@@ -157,7 +157,10 @@ def test_a_generator_step_trains_only_the_drawn_discriminator(state):
     for k in range(N_D):
         changed = any(not torch.equal(before[n][k], after[n][k]) for n in before)
         assert changed == (state == "kept" and k in drawn), (k, drawn)
-        assert int(model.discriminator_adam.steps[k]) == (2 * drawn.count(k) if state == "kept" else 0)
+        if state == "kept":
+            assert int(model.discriminator_adam.steps[k]) == 2 * drawn.count(k)
+    # reset: no per-member optimizer state exists that a draw could leave a trace in
+    assert hasattr(model, "discriminator_adam") == (state == "kept")
 
 
 def test_a_drawn_discriminator_starts_from_its_state_at_the_start_of_training():
@@ -192,6 +195,27 @@ def test_the_generator_has_its_own_adam_settings_and_the_paper_shares_one():
     assert (d_opt.param_groups[0]["lr"], d_opt.param_groups[0]["betas"]) == (1e-4, (0.5, 0.9))
     with pytest.raises(ValueError, match="generator_lr"):
         GSWGAN(dm.spec, epsilon=1.0, generator_lr=0.0, **SMALL)
+
+
+def test_the_sampled_average_of_the_generator_warms_up_as_the_official_code():
+    """exp_mov_avg of the official main.py: alpha = min(1 − 1/(iter + 1), 0.999), so the average is the
+    generator after the first step and weighs the early steps equally, not its random initialisation."""
+    dm = _table()
+    model = GSWGAN(dm.spec, epsilon=1e4, ema_decay=0.999, **SMALL)
+    initial = [p.detach().clone() for p in model.generator.parameters()]
+    snapshots = []
+
+    class Snapshot(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            snapshots.append([p.detach().clone() for p in pl_module.generator.parameters()])
+
+    _trainer(3, callbacks=[Snapshot()]).fit(model, dm)
+    expected = snapshots[0]
+    for t, snapshot in enumerate(snapshots[1:], start=2):  # the mean of the first t generators
+        expected = [e + (s - e) / t for e, s in zip(expected, snapshot)]
+    for avg, e, g0 in zip(model.generator_ema.parameters(), expected, initial):
+        torch.testing.assert_close(avg, e)
+    assert any(not torch.allclose(avg, g0) for avg, g0 in zip(model.generator_ema.parameters(), initial))
 
 
 # ------------------------------------------------------------------------------------- disjoint subsets
@@ -261,6 +285,68 @@ def test_stacked_members_compute_what_each_network_computes_alone():
 
 
 # ------------------------------------------------------------------------------------- stages
+def test_vectorised_pretraining_equals_a_loop_over_discriminators():
+    """Stage pretrain trains the N_D discriminators and their throwaway generators as stacked ensembles
+    (one backward, one Adam over the stacked tensors). Every member must end where it would have
+    ended trained alone, as the official pretrain.py does (one network, one Adam each), from the same
+    initial weights on the same batches, latents and interpolation weights."""
+    from lightning_gpate.models.dpgan import build_mlp_generator
+
+    n, b, critic_steps = 3, 4, 2
+    dm = ImageDataModule("digits", num_teachers=n, teacher_batch_size=b)
+    model = GSWGAN(dm.spec, epsilon=1e4, delta=1e-5, stage="pretrain", z_dim=4, df_dim=4, fc_dim=8, pretrain_generator_hidden=(8,),
+                   critic_steps=critic_steps, pretrain_iterations=3)
+    discriminators = [model.discriminators.export_teacher(k) for k in range(n)]
+    generators = [build_mlp_generator(model, hidden=(8,)) for _ in range(n)]
+    for k, g in enumerate(generators):
+        model.pretrain_generators.load_member(k, g)
+    calls = []
+    vectorised_step = model._pretrain_step
+
+    def recording(real_x, real_y):
+        calls.append((torch.get_rng_state(), real_x.clone(), real_y.clone()))
+        return vectorised_step(real_x, real_y)
+
+    model._pretrain_step = recording
+    _trainer(10, precision="64-true").fit(model, dm)  # float64: Adam's first steps would amplify float32 rounding
+    assert len(calls) == 3 * critic_steps  # stopped by itself after pretrain_iterations
+    discriminators, generators = [d.double() for d in discriminators], [g.double() for g in generators]
+    torch.set_default_dtype(torch.float64)  # as under the trainer's 64-true precision: the same draws
+    try:
+        loop_over_members(model, calls, discriminators, generators, n, b, critic_steps)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for k in range(n):
+        stacked_d, stacked_g = model.discriminators.export_teacher(k), build_mlp_generator(model, hidden=(8,)).double()
+        model.pretrain_generators.load_member(k, stacked_g)
+        for own, alone in ((stacked_d, discriminators[k]), (stacked_g, generators[k])):
+            for name, value in alone.state_dict().items():
+                torch.testing.assert_close(own.state_dict()[name], value, rtol=1e-9, atol=1e-12)
+    first = discriminators[0].state_dict()["conv0.weight"]
+    assert not torch.allclose(first, model.discriminators.export_teacher(1).state_dict()["conv0.weight"])
+
+
+def loop_over_members(model, calls, discriminators, generators, n, b, critic_steps):
+    """The official pretraining, member by member, replaying the draws of the recorded stacked steps."""
+    adam = lambda params: torch.optim.Adam(params, lr=1e-4, betas=(0.5, 0.9))  # noqa: E731
+    d_opts, g_opts = [adam(d.parameters()) for d in discriminators], [adam(g.parameters()) for g in generators]
+    for i, (rng, real_x, real_y) in enumerate(calls):  # the same draws, in the same order, member by member
+        torch.set_rng_state(rng)
+        z, eps = model.latent(n * b).view(n, b, -1), torch.rand(n, b, 1, 1, 1)
+        for k in range(n):
+            with torch.no_grad():
+                fake = generators[k](z[k], real_y[k])
+            d_opts[k].zero_grad()
+            wgan_gp_critic_loss(discriminators[k], real_x[k], real_y[k], fake, eps=eps[k]).backward()
+            d_opts[k].step()
+        if (i + 1) % critic_steps == 0:
+            labels, z = model.sample_labels(n * b).view(n, b), model.latent(n * b).view(n, b, -1)
+            for k in range(n):
+                g_opts[k].zero_grad()
+                (-discriminators[k](generators[k](z[k], labels[k]), labels[k]).mean()).backward()
+                g_opts[k].step()
+
+
 def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_loads(tmp_path):
     dm = _table()
     pre = GSWGAN(dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
@@ -284,6 +370,15 @@ def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_l
     t3 = _trainer(2)
     t3.fit(model, dm)  # a fitted train run keeps its own discriminators; sampling uses the EMA
     t3.save_checkpoint(tmp_path / "train.ckpt")
+    # the private stage's checkpoint holds no discriminators (reset: they are the pretrained ones, unchanged):
+    # a resume reloads them from the pretrained checkpoint and goes on
+    saved = torch.load(tmp_path / "train.ckpt", weights_only=False)
+    assert not [k for k in saved["state_dict"] if k.startswith("discriminators.")]
+    resumed_train = GSWGAN(dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), ema_decay=0.5, **SMALL)
+    t4 = _trainer(4)
+    t4.fit(resumed_train, dm, ckpt_path=tmp_path / "train.ckpt")
+    assert t4.global_step == 4 and resumed_train.accountant.counts["gswgan_steps"] == 4
+    assert all(torch.equal(pretrained[n], v) for n, v in _members(resumed_train).items())
     loaded = load_generator(str(tmp_path / "train.ckpt"))
     assert loaded.generator_module is loaded.generator_ema
     rows, labels = loaded.generate(7, seed=0)

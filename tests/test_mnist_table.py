@@ -22,10 +22,13 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
 
     # the next call gets the first's state and runs only what is missing
     assert main(["--smoke", "--data-root", str(absent), "--state", str(second), "--resume-from", str(first),
-                 "--rows", "gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper"]) == 0
+                 "--rows", "gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper", "gswgan_eps1_guarantee"]) == 0
     rows = json.loads((second / "results.json").read_text())["rows"]
     assert rows["gpate_eps10_guarantee"]["row_s"] == done_first["gpate_eps10_guarantee"]["row_s"]  # not run again
     assert rows["gswgan_eps10_paper"]["status"] == "done" and rows["gswgan_eps10_paper"]["pretrain_iterations"] == 2
+    # GS-WGAN's rows share one pretraining of their discriminators: made by the first, found by the second
+    assert (rows["gswgan_eps10_paper"]["pretrain_cached"], rows["gswgan_eps1_guarantee"]["pretrain_cached"]) == (False, True)
+    assert len(list((second / "pretrained").glob("*.ckpt"))) == 1
 
     table = (second / "results" / "mnist_table.md").read_text()
     assert table.startswith("# SMOKE RUN (not results)")
@@ -42,7 +45,7 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
     assert "– (non-private)" in lines["gan_nonprivate"] and "0.9653" in lines["gan_nonprivate"]
     assert "the paper's accounting, not a guarantee" in lines["gswgan_eps10_paper"]  # labelled, never as the guarantee
     assert "not run yet" in lines["dpgan_eps10_guarantee"]
-    for name in ("gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper"):
+    for name in ("gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper", "gswgan_eps1_guarantee"):
         assert f"[grid](mnist_table/{name}.png)" in lines[name]
         assert (second / "results" / "mnist_table" / f"{name}.png").stat().st_size > 0
     assert "Real digits, the same evaluation" in table

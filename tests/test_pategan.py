@@ -419,6 +419,92 @@ def test_images_with_conv_teachers():
     assert x.shape == (10, 1, 8, 8) and model.accountant.counts["laplace_vote_queries"] == 16
 
 
+# ----------------------------------------------------------------------------- images: the measured mean image per class
+IMAGE_SMALL = dict(gf_dim=8, df_dim=8, fc_dim=16, teacher_channels=[4, 8], teacher_fc=16, z_dim=8, teacher_steps=1,
+                   student_steps=1, query_batch_size=8, noise_seed=0, marginal_batch_size=20)
+
+
+def _digits(teachers: int = 5) -> ImageDataModule:
+    return ImageDataModule("digits", num_teachers=teachers, teacher_batch_size=4, val_fraction=0.0)
+
+
+def test_image_path_charges_the_mean_images_once_and_every_vote_before_use():
+    dm = _digits()
+    model = PATEGAN(dm.spec, epsilon=5.0, delta=1e-5, lam=0.05, marginal_fraction=0.5, **IMAGE_SMALL)
+    fit(model, dm, steps=3)
+    counts = model.accountant.counts
+    assert counts["subsampled_gaussian_events"] == 1 and bool(model.marginals_measured)  # once, not per step
+    assert counts["laplace_vote_queries"] == 3 * 1 * 8  # steps x student steps x queries per student step
+    # the measurement alone costs half of the budget (by the Gaussian mechanism's formula, as for tables)
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    orders = orders[orders > 1.01]
+    z = model.marginal_noise
+    eps_alone = (orders / (2 * z ** 2) + np.log((orders - 1) / orders) - (np.log(1e-5) + np.log(orders)) / (orders - 1)).min()
+    assert eps_alone == pytest.approx(2.5, rel=1e-6)
+
+
+def test_the_released_generator_is_the_average_of_its_weights_when_asked():
+    from lightning_gpate.release import build_release
+
+    dm = _digits()
+    model = PATEGAN(dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=0.9, **IMAGE_SMALL)
+    fit(model, dm, steps=3)
+    assert model.generator_module is model.generator_ema
+    released = build_release(model)["generator"]
+    for name, value in model.generator_ema.state_dict().items():
+        assert torch.equal(released[name], value)
+    assert any(not torch.equal(model.generator.state_dict()[n], v) for n, v in released.items() if v.is_floating_point())
+    with pytest.raises(ValueError, match="ema_decay"):
+        PATEGAN(dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=1.0, **IMAGE_SMALL)
+
+
+def test_image_path_stops_before_the_step_whose_votes_would_exceed_the_budget():
+    dm = _digits()
+    budget, lam, queries = 3.0, 0.05, 8
+    model = PATEGAN(dm.spec, epsilon=budget, delta=1e-5, lam=lam, marginal_fraction=0.5, **IMAGE_SMALL)
+    anchor = SubsampledGaussianEvent(noise_multiplier=model.marginal_noise, sampling_rate=1.0)
+    affordable = max(k for k in range(1, 200) if model.accountant.epsilon_if(anchor, LaplaceVoteEvent(np.zeros(k * queries), lam)) <= budget)
+    assert 1 < affordable < 100
+    trainer = fit(model, dm, steps=200)
+    assert model.budget_exhausted and trainer.global_step == affordable
+    assert model.accountant.counts["laplace_vote_queries"] == affordable * queries
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1
+    assert model.spent_epsilon() <= budget
+
+
+def test_image_mean_anchor_is_the_class_mean_with_noise_of_its_sensitivity_and_pulls_the_generator():
+    """Per class: the sum of its images (pixels in [0, 1]) and its count plus N(0, (z·√(d + 1))²) each, so
+    the measured mean deviates from the true one by about z·√(d + 1)/n_c·√(1 + mean²) where the clip to
+    [0, 1] does not bind."""
+    dm = _digits()
+    dm.setup("fit")
+    x, y = dm.model_space("train")
+    unit = (x.flatten(1).double() + 1) / 2
+    true = torch.stack([unit[y == c].mean(0) for c in range(10)])
+    sizes = torch.bincount(y, minlength=10).double()
+    deviations = []
+    for seed in range(4):
+        model = PATEGAN(dm.spec, epsilon=2.0, delta=1e-5, lam=0.05, marginal_fraction=0.5, **{**IMAGE_SMALL, "noise_seed": seed})
+        fit(model, dm, steps=1)
+        measured = (model.marginal_targets.flatten(1).double() + 1) / 2
+        inside = (true > 0.35) & (true < 0.65)  # where the clip to [0, 1] does not bind
+        # the noisy sum over the noisy count: std σ/n_c · √(1 + mean²) to first order
+        expected = model.marginal_noise * math.sqrt(x[0].numel() + 1) / sizes.unsqueeze(1) * (1 + true ** 2).sqrt()
+        deviations.append(((measured - true) / expected)[inside])
+    ratio = float(torch.cat(deviations).std())
+    assert 0.8 < ratio < 1.25, ratio  # the noise of the sensitivity sqrt(d + 1), not of 1 or 2 sqrt(d)
+    # little noise: the measured means are the class means, and the generator's term pulls its class means to them
+    model = PATEGAN(dm.spec, epsilon=1e4, delta=1e-5, lam=0.05, marginal_fraction=0.5, marginal_weight=10.0, lr=1e-3, **IMAGE_SMALL)
+    fit(model, dm, steps=1)
+    assert torch.allclose((model.marginal_targets.flatten(1).double() + 1) / 2, true, atol=0.02)
+    with torch.no_grad():
+        before = float(model.marginal_loss())
+    fit(model, dm, steps=60)
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1
+    with torch.no_grad():
+        assert float(model.marginal_loss()) < before / 3
+
+
 # ----------------------------------------------------------------------------- end to end
 
 
@@ -553,7 +639,7 @@ def test_measured_marginals_are_the_noisy_conditional_marginals_and_pull_the_gen
     assert float(((rows[:, 1] > 0).long() == labels).float().mean()) > 0.75
 
 
-def test_measured_marginals_need_a_table_the_guarantee_and_a_datamodule():
+def test_measured_marginals_need_the_guarantee_and_a_datamodule():
     dm = marker_datamodule()
     with pytest.raises(ValueError, match="marginal_fraction"):
         PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, budget_accounting="paper", **SMALL)

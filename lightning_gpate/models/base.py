@@ -134,8 +134,24 @@ class GenerativeModel(pl.LightningModule):
 
     @property
     def generator_module(self) -> nn.Module:
-        """The network that produces samples (subclasses may return an EMA copy)."""
-        return self.generator
+        """The network that produces samples: the average of the generator's weights where the model keeps
+        one (``generator_ema``), else the generator."""
+        ema = getattr(self, "generator_ema", None)
+        return ema if ema is not None else self.generator
+
+    @torch.no_grad()
+    def update_generator_average(self, decay: float) -> None:
+        """Move ``generator_ema`` towards the generator's weights (an exponential moving average of decay
+        ``decay``, buffers copied) after the official GS-WGAN code's warm-up (``exp_mov_avg``): at generator
+        step t the decay is ``min(decay, 1 − 1/t)``, so the average starts at the generator and weighs a short
+        run's steps equally instead of keeping most of its random initialisation. Post-processing: free."""
+        step = int(self.trainer.global_step) if self._trainer is not None else 0
+        if step:
+            decay = min(decay, 1.0 - 1.0 / step)
+        for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
+            avg.lerp_(p, 1.0 - decay)
+        for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
+            avg.copy_(b)
 
     @torch.no_grad()
     def generate(

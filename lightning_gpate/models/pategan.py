@@ -28,7 +28,12 @@ columns in ``marginal_bins`` equal-width bins of their declared range: a record 
 each, L2 sensitivity √d), and the generator's loss adds ``marginal_weight`` times the KL divergence of
 each measured conditional marginal from the generator's (soft) marginal on a batch of its rows: the
 marginals anchor the generator, the teachers' votes shape the rest. The measured tables are noisy
-releases (kept in the checkpoint as public state); the votes get the budget that is left.
+releases (kept in the checkpoint as public state); the votes get the budget that is left. For images
+the same share buys the image analogue, the **per-class mean image** (the first moment of every
+pixel's marginal per class): per class the sum of its images (pixels in [0, 1]) and its count, one
+Gaussian on the vector (sums, counts) of L2 sensitivity √(d + 1) (a record adds its image and one to
+its class's), and the generator's loss adds ``marginal_weight`` times the squared distance of each
+class's mean generated image (a batch of ``marginal_batch_size``) from the measured one.
 
 What the public implementations got wrong, and what this one does instead (see REFERENCE.md and the
 replication study): teacher partitions are fixed and disjoint; the student never sees real rows;
@@ -54,6 +59,7 @@ process, and the same accounting.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from typing import Any, Sequence
@@ -116,6 +122,9 @@ class PATEGAN(PrivateGenerativeModel):
         student_steps: n_S student steps per generator step (paper: 5).
         query_batch_size: generated samples per student step (= vote queries) and per generator step (paper: 64).
         lr: Adam learning rate of generator, student and teachers (paper: 1e-4).
+        ema_decay: if set, an exponential moving average of the generator's weights (this decay, after a
+            warm-up: :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) is kept and
+            released instead of the generator (post-processing: free); ``None`` (default) is the paper.
         teacher_lr: Adam learning rate of the teachers, if different (``None``: ``lr``). Teachers that
             separate real from fake perfectly vote "fake" unanimously and teach the student nothing.
         betas: Adam betas.
@@ -141,6 +150,9 @@ class PATEGAN(PrivateGenerativeModel):
             on a few rows each call every generated sample fake, so paper votes are unanimous and teach
             the student nothing (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a
             signal. Each vote still depends on one teacher's partition only: the analysis is unchanged.
+        relative_reference: fresh generated samples per class on which a teacher's median is taken for
+            ``teacher_vote: relative`` (at least the queries voted on; default 64). Its forward through every
+            teacher is most of a vote's cost on images.
         discrete_samples: tables only: the teachers (training and voting) and the student see generated
             rows as they are released: binary columns at ±1 (the sign), categorical ones one-hot (the
             argmax), with straight-through gradients to the generator. Real rows are exactly ±1 and
@@ -154,18 +166,23 @@ class PATEGAN(PrivateGenerativeModel):
             student how far a sample is from the teachers' verdict, not a coin flip near the middle.
             Under the data-dependent analyses (``paper``, ``smooth_sensitivity``), which bound the
             argmax only, it is refused.
-        marginal_fraction: tables: the share of ε (the ε of that measurement alone) spent before training
-            on every column's one-way marginal per class (see the module doc); 0 (default) is the paper.
-            Needs ``budget_accounting: guarantee`` and a DataModule (the whole training split is read once).
-        marginal_weight: weight of the generator's KL term to the measured marginals.
+        marginal_fraction: the share of ε (the ε of that measurement alone) spent before training on
+            every column's one-way marginal per class (tables) or on the mean image per class (images; see
+            the module doc); 0 (default) is the paper. Needs ``budget_accounting: guarantee`` and a
+            DataModule (the whole training split is read once).
+        marginal_weight: weight of the generator's term to the measured marginals (tables: KL divergence;
+            images: mean over classes of the mean squared pixel difference, in [-1, 1]).
         marginal_bins: equal-width bins of a numeric column's declared range for those marginals.
-        marginal_batch_size: generated rows (every class equally often) per generator step for the term.
-        marginal_threshold: a class's measured deviation from the pooled marginal is kept beyond this
+        marginal_batch_size: generated rows or images (every class equally often) per generator step for the term.
+        marginal_threshold: tables: a class's measured deviation from the pooled marginal is kept beyond this
             many noise stds of a share (soft thresholding; 0 keeps it all). On cervical (35 positive
             rows) 1 gave the better tables and AUROC at ε = 10; at ε = 1, where that threshold erases the
             positive class's deviations entirely, 0 scored better (its noisy marginals make its rows
             unlike the negatives'; ``benchmarks/results/tabular_ladder.md``).
         gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
+        generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
+            ``"nearest"`` (no checkerboard lattice; see
+            :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`). Public: no privacy cost.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
         noise_seed: seed of the vote noise. ``None`` (default) draws it from OS entropy: anyone who
@@ -194,6 +211,7 @@ class PATEGAN(PrivateGenerativeModel):
         student_steps: int = 5,
         query_batch_size: int = 64,
         lr: float = 1e-4,
+        ema_decay: float | None = None,
         teacher_lr: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         z_dim: int | None = None,
@@ -206,6 +224,7 @@ class PATEGAN(PrivateGenerativeModel):
         student_batch_size: int | None = None,
         query_labels: str = "ratio",
         teacher_vote: str = "logit",
+        relative_reference: int = 64,
         discrete_samples: bool = False,
         student_labels: str = "argmax",
         marginal_fraction: float = 0.0,
@@ -214,6 +233,7 @@ class PATEGAN(PrivateGenerativeModel):
         marginal_batch_size: int = 256,
         marginal_threshold: float = 1.0,
         gf_dim: int = 64,
+        generator_upsample: str = "transposed",
         df_dim: int = 64,
         fc_dim: int = 1024,
         teacher_channels: list[int] | None = None,
@@ -237,7 +257,7 @@ class PATEGAN(PrivateGenerativeModel):
         if query_labels not in QUERY_LABELS:
             raise ValueError(f"query_labels must be one of {QUERY_LABELS}, got {query_labels!r}")
         counts = {"teacher_steps": teacher_steps, "student_steps": student_steps, "query_batch_size": query_batch_size,
-                  "planned_queries": planned_queries, "vote_chunk_size": vote_chunk_size}
+                  "planned_queries": planned_queries, "vote_chunk_size": vote_chunk_size, "relative_reference": relative_reference}
         for name, value in counts.items():
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value}")
@@ -249,9 +269,9 @@ class PATEGAN(PrivateGenerativeModel):
             raise ValueError(f"teacher_fake_batch_size must be an integer >= 1 (or null), got {teacher_fake_batch_size}")
         if not 0.0 <= marginal_fraction < 1.0:
             raise ValueError(f"marginal_fraction must be in [0, 1), got {marginal_fraction}")
-        if marginal_fraction > 0 and (data_spec["kind"] != "tabular" or budget_accounting != "guarantee"):
-            raise ValueError("marginal_fraction measures a table's marginals under budget_accounting: guarantee; "
-                             f"got a {data_spec['kind']} data set with budget_accounting: {budget_accounting}")
+        if marginal_fraction > 0 and budget_accounting != "guarantee":
+            raise ValueError("marginal_fraction measures the marginals (tables) or mean images (images) under budget_accounting: "
+                             f"guarantee; got budget_accounting: {budget_accounting}")
         for name, value in {"marginal_bins": marginal_bins, "marginal_batch_size": marginal_batch_size}.items():
             if int(value) != value or value < 2:
                 raise ValueError(f"{name} must be an integer >= 2, got {value}")
@@ -259,6 +279,8 @@ class PATEGAN(PrivateGenerativeModel):
             raise ValueError(f"marginal_threshold must be a finite number >= 0, got {marginal_threshold}")
         if not 0 <= marginal_weight < math.inf:
             raise ValueError(f"marginal_weight must be a finite number >= 0, got {marginal_weight}")
+        if ema_decay is not None and not 0 < ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1) or null, got {ema_decay}")
         if lam is not None and not (0 < lam < math.inf):
             raise ValueError(f"lam must be a finite number > 0 (or null to plan it from the budget), got {lam}")
         image = data_spec["kind"] == "image"
@@ -274,14 +296,17 @@ class PATEGAN(PrivateGenerativeModel):
         self.automatic_optimization = False
         self.num_teachers = num_teachers
         self.marginal_noise = self.plan_marginal_noise(marginal_fraction) if marginal_fraction > 0 else None
-        if self.marginal_noise is not None:
+        if self.marginal_noise is not None and image:  # the mean image of each class in [-1, 1], measured once
+            self.register_buffer("marginal_targets", torch.zeros(self.num_classes, *data_spec["shape"]))
+            self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
+        elif self.marginal_noise is not None:
             cards = column_cards(data_spec, int(marginal_bins))
             # P̂(column j = v | class c), measured once (a DP release: public state from then on)
             self.register_buffer("marginal_targets", torch.zeros(len(cards), self.num_classes, max(cards)))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
         self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
         if image:
-            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim)
+            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
             self.student = ConditionalDCGANDiscriminator(
                 in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim)
             self.teachers = ConvTeacherEnsemble(
@@ -295,6 +320,7 @@ class PATEGAN(PrivateGenerativeModel):
             self.teachers = MLPTeacherEnsemble(
                 num_teachers, in_features=d, num_classes=self.num_classes,
                 hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
+        self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
         self._noise_generator: torch.Generator | None = None
         self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
         self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
@@ -360,6 +386,8 @@ class PATEGAN(PrivateGenerativeModel):
         if not self.charge(self.marginal_event()):
             return False
         x, y = datamodule.model_space("train")
+        if self.is_image:
+            return self._measure_mean_images(x, y)
         bins = int(self.hparams.marginal_bins)
         codes, labels = column_codes(x, self.data_spec, bins), y.long().cpu().numpy()
         cards = column_cards(self.data_spec, bins)
@@ -384,18 +412,39 @@ class PATEGAN(PrivateGenerativeModel):
             self.marginals_measured.fill_(True)
         return True
 
+    def _measure_mean_images(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """The noisy mean image per class: per class the sum of its images (pixels mapped to [0, 1]) and its
+        count, each entry plus N(0, (z·√(d + 1))²) (one record moves one class's sum by its image, L2 at most
+        √d, and its count by one), then the ratio with the noisy count (at least 1), clipped to [0, 1]."""
+        unit = ((x.flatten(1).double() + 1.0) / 2.0).clamp(0.0, 1.0)
+        labels = y.long()
+        d = unit.shape[1]
+        sums = torch.zeros(self.num_classes, d, dtype=torch.float64).index_add_(0, labels, unit)
+        counts = torch.bincount(labels, minlength=self.num_classes).double()
+        sigma = self.marginal_noise * math.sqrt(d + 1)
+        gen = self.noise_generator()  # secret, and the same on every rank under DDP
+        noise = sigma * torch.randn(self.num_classes, d + 1, generator=gen, device=gen.device, dtype=torch.float64).cpu()
+        means = ((sums + noise[:, :d]) / (counts + noise[:, d]).clamp_min(1.0).unsqueeze(1)).clamp(0.0, 1.0)
+        with torch.no_grad():
+            self.marginal_targets.copy_((2.0 * means - 1.0).view_as(self.marginal_targets))
+            self.marginals_measured.fill_(True)
+        return True
+
     def marginal_loss(self) -> torch.Tensor:
-        """Mean over columns and classes of KL(measured ‖ generated) for one batch of generated rows
-        (every class equally often): a numeric value's soft bin is a Gaussian kernel of its distance to
-        the bins' centres (σ half a bin), a binary value's probability of 1 is (x + 1)/2, a categorical
-        column's is its softmax."""
+        """For one batch of generated rows or images (every class equally often): tables, the mean over
+        columns and classes of KL(measured ‖ generated), where a numeric value's soft bin is a Gaussian
+        kernel of its distance to the bins' centres (σ half a bin), a binary value's probability of 1 is
+        (x + 1)/2, a categorical column's is its softmax; images, the mean over classes and pixels of the
+        squared difference between the class's mean generated image and the measured one."""
         hp = self.hparams
         bins, k = int(hp.marginal_bins), self.num_classes
         y = torch.arange(k, device=self.device).repeat_interleave(-(-int(hp.marginal_batch_size) // k))
         x = self.generator(self.latent(y.shape[0]), y)
-        centres = -1.0 + (2.0 * torch.arange(bins, device=self.device, dtype=x.dtype) + 1.0) / bins
         onehot = F.one_hot(y, k).to(x.dtype)
         per_class = onehot / onehot.sum(0).clamp_min(1.0)  # rows → their class's mean
+        if self.is_image:
+            return (per_class.t() @ x.flatten(1) - self.marginal_targets.flatten(1).to(x.dtype)).pow(2).mean()
+        centres = -1.0 + (2.0 * torch.arange(bins, device=self.device, dtype=x.dtype) + 1.0) / bins
         total = x.new_zeros(())
         for j, (column, (start, end, _)) in enumerate(zip(self.data_spec["columns"], self.data_spec["spans"])):
             if column["type"] == "numeric":
@@ -461,7 +510,7 @@ class PATEGAN(PrivateGenerativeModel):
             # table with a rare class every teacher's logit is far lower for it (its partition holds few or no
             # such rows), so one median over all classes makes the vote a function of the label, which the
             # generator cannot change, instead of the features, which it can.
-            per_class = max(x.shape[0], 64)
+            per_class = max(x.shape[0], int(self.hparams.get("relative_reference", 64)))
             ref_y = torch.arange(self.num_classes, device=x.device).repeat_interleave(per_class)
             ref = self.teachers.forward_shared(self._fakes(ref_y), ref_y).view(-1, self.num_classes, per_class)
             threshold = ref.median(dim=2).values  # [T, classes]
@@ -567,11 +616,13 @@ class PATEGAN(PrivateGenerativeModel):
         g_loss = F.binary_cross_entropy_with_logits(self.student(self._fakes(y, grad=True), y), torch.ones(m, device=self.device))
         if self.measured():
             m_loss = self.marginal_loss()
-            self.log("marginal_kl", m_loss.detach())  # generator vs the noisy release: public
+            self.log("mean_image_mse" if self.is_image else "marginal_kl", m_loss.detach())  # generator vs the noisy release: public
             g_loss = g_loss + hp.marginal_weight * m_loss
         opt_g.zero_grad()
         replicated_backward(self, g_loss, params=self.generator.parameters())
         opt_g.step()
+        if self.generator_ema is not None:
+            self.update_generator_average(hp.ema_decay)
 
         # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
         self.log_dict({"s_loss": s_loss.detach(), "g_loss": g_loss.detach(),

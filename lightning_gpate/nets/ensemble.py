@@ -27,7 +27,8 @@ Memory: parameters + gradient + 2 Adam moments = 16 bytes per parameter and teac
 activations of one chunk of teachers (``chunk_size`` bounds them).
 
 Reference (loop) implementations :class:`MLPTeacher`, :class:`ConvTeacher` and
-:class:`LoopTeacherEnsemble` are included for tests and benchmarks only.
+:class:`LoopTeacherEnsemble` are included for tests and benchmarks; the single-teacher modules are
+also where GS-WGAN trains its one drawn discriminator at a time (:meth:`TeacherEnsemble.copy_teacher_to`).
 """
 
 from __future__ import annotations
@@ -212,11 +213,21 @@ class TeacherEnsemble(nn.Module):
 
     def export_teacher(self, i: int) -> nn.Module:
         """Teacher at local index ``i`` as a plain reference ``nn.Module`` (a copy)."""
-        ref = getattr(self, self.param_names[0])
-        m = self._teacher_module().to(device=ref.device, dtype=ref.dtype)
-        p = {n: getattr(self, n)[i].detach() for n in self.param_names}
-        m.load_state_dict(self._to_module_state(p))
+        m = self.teacher_module()
+        self.copy_teacher_to(i, m)
         return m
+
+    def teacher_module(self) -> nn.Module:
+        """A fresh plain ``nn.Module`` of one teacher's architecture (on the ensemble's device), to load
+        teachers into with :meth:`copy_teacher_to` (e.g. GS-WGAN's one discriminator trained at a time)."""
+        ref = getattr(self, self.param_names[0])
+        return self._teacher_module().to(device=ref.device, dtype=ref.dtype)
+
+    @torch.no_grad()
+    def copy_teacher_to(self, i: int, module: nn.Module) -> None:
+        """Copy local teacher ``i`` into ``module`` (a :meth:`teacher_module`) in place: its parameter
+        objects stay, so an optimizer over them stays valid."""
+        module.load_state_dict(self._to_module_state({n: getattr(self, n)[i].detach() for n in self.param_names}))
 
     @torch.no_grad()
     def load_teacher(self, i: int, module: nn.Module) -> None:
