@@ -134,8 +134,21 @@ class GenerativeModel(pl.LightningModule):
 
     @property
     def generator_module(self) -> nn.Module:
-        """The network that produces samples (subclasses may return an EMA copy)."""
-        return self.generator
+        """The network that produces samples: the generator's weight average ``generator_ema`` where the
+        model keeps one (:meth:`update_generator_ema`), else the generator."""
+        ema = getattr(self, "generator_ema", None)
+        return ema if ema is not None else self.generator
+
+    @torch.no_grad()
+    def update_generator_ema(self, decay: float) -> None:
+        """``generator_ema ← decay · generator_ema + (1 − decay) · generator`` for the weights, the
+        generator's buffers (BatchNorm statistics) copied: an exponential moving average of the
+        generator's iterates for sampling (Yazıcı et al., ICLR 2019). It reads only the generator, so a
+        private model's average is post-processing of its released generator."""
+        for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
+            avg.lerp_(p, 1.0 - decay)
+        for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
+            avg.copy_(b)
 
     @torch.no_grad()
     def generate(

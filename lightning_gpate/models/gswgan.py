@@ -390,11 +390,6 @@ class GSWGAN(PrivateGenerativeModel):
     def has_release(self) -> bool:
         return self.stage != "pretrain"  # stage 1's throwaway generators are not a release
 
-    @property
-    def generator_module(self) -> nn.Module:
-        ema = getattr(self, "generator_ema", None)
-        return ema if ema is not None else self.generator
-
     def configure_optimizers(self):
         hp = self.hparams
         adam = lambda params: torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas))  # noqa: E731
@@ -580,7 +575,8 @@ class GSWGAN(PrivateGenerativeModel):
         only release)."""
         g_loss = self.sanitized_generator_gradient(critic, owner=owner)
         self.optimizers()[0].step()
-        self._update_ema()
+        if self.generator_ema is not None:
+            self.update_generator_ema(self.hparams.ema_decay)
         return g_loss
 
     def sanitized_generator_gradient(self, critic: nn.Module, *, owner: int = 0) -> torch.Tensor | None:
@@ -612,16 +608,6 @@ class GSWGAN(PrivateGenerativeModel):
         if self._noise_generator is None or self._noise_generator.device != self.device:
             self._noise_generator = mechanism_generator(self.device, self._noise_seed)
         return self._noise_generator
-
-    @torch.no_grad()
-    def _update_ema(self) -> None:
-        if getattr(self, "generator_ema", None) is None:
-            return
-        decay = self.hparams.ema_decay
-        for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
-            avg.lerp_(p, 1.0 - decay)
-        for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
-            avg.copy_(b)
 
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
