@@ -195,6 +195,37 @@ def test_a_generator_step_consumes_its_n_d_critic_steps_as_subsampled_gaussian_e
     assert not torch.equal(_flat(model.generator_ema.parameters()), _flat(model.generator.parameters()))
 
 
+def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_path):
+    """Bie et al.'s adaptive n_D: with threshold 1 (always reached) and a grace of 2 generator steps, n_D goes
+    1 → 2 → 5 → 10 every two generator steps; the DataModule serves the new count from its next item, and
+    each generator step pays for exactly the batches it received. A resumed run continues at its n_D."""
+    dm = ImageDataModule("digits", batch_size=32)
+    adaptive = {"threshold": 1.0, "grace": 2, "decay": 0.5}
+    model = DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
+    served = []
+    step = model.training_step
+    model.training_step = lambda batch, batch_idx: (served.append(len(batch)), step(batch, batch_idx))[1]
+    trainer = pl.Trainer(max_steps=7, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(model, dm)
+    assert int(model.d_steps_now) == 10 and sorted(served) == served  # n_D changed after generator steps 2, 4, 6
+    assert served[:6] == [1, 1, 2, 2, 5, 5] or served[:6] == [1, 1, 1, 2, 2, 5]  # served from the next item (or the one after)
+    assert int(model.critic_steps_taken) == sum(served) == model.accountant.counts["subsampled_gaussian_steps"]
+    assert model.opacus_accountant.history == [(1.0, Q, sum(served))]
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    resumed = DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
+    served.clear()
+    step = resumed.training_step
+    resumed.training_step = lambda batch, batch_idx: (served.append(len(batch)), step(batch, batch_idx))[1]
+    pl.Trainer(max_steps=8, logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path).fit(resumed, dm, ckpt_path=tmp_path / "m.ckpt")
+    assert served == [10] and int(resumed.critic_steps_taken) == int(model.critic_steps_taken) + 10
+    with pytest.raises(ValueError, match="first n_D"):
+        DPGAN(dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, **SMALL)
+    with pytest.raises(ValueError, match="threshold, grace and decay"):
+        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, **SMALL)
+
+
 def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
     dm = ImageDataModule("digits", batch_size=32)
     model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, architecture="dcgan", gf_dim=4, df_dim=4, fc_dim=8,

@@ -7,8 +7,11 @@ sees the critic, so it is post-processing of a DP critic. Two recipes on one mec
 * **Private GANs, Revisited** (Bie, Kamath & Zhang, TMLR 2023, code ``alexbie98/dpgan-revisit``): the
   non-saturating GAN loss (a logistic discriminator), Adam 2e-4 β (0.5, 0.999), the all-convolutional
   conditional DCGAN without normalisation (``architecture: conv``), and many discriminator steps per
-  generator step (n_D = ``d_steps``: 50 at ε = 10 on MNIST, 200 at ε = 1); the generator's weight
-  average (``ema_decay``) is what is sampled (post-processing: free).
+  generator step (n_D = ``d_steps``: 50 at ε = 10 on MNIST, 200 at ε = 1), or their adaptive n_D
+  (``adaptive_d_steps``: n_D moves up a ladder 1, 2, 5, 10, 20, 50, … whenever the discriminator's
+  accuracy on fresh fakes, averaged over generator steps, falls to a threshold: a function of the DP
+  discriminator and public fakes, post-processing); the generator's weight average (``ema_decay``) is
+  what is sampled (post-processing: free).
 
 What makes the accounting a guarantee:
 
@@ -51,8 +54,9 @@ What makes the accounting a guarantee:
   critic [784, 64, 64, 1] of the G-PATE baseline, the DCGAN critic with GroupNorm/LayerNorm, or the
   all-convolutional critic without normalisation.
 
-One training step receives ``d_steps`` Poisson batches, takes one critic step on each, then one
-generator step, which is what Lightning counts (``max_steps`` = generator steps).
+One training step receives n_D Poisson batches (``d_steps``, or the adaptive schedule's current n_D: the
+DataModule serves what the model asks for), takes one critic step on each, then one generator step,
+which is what Lightning counts (``max_steps`` = generator steps).
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 ARCHITECTURES = ("mlp", "dcgan", "conv")
 LOSSES = ("wasserstein", "nonsaturating")
 OPTIMIZERS = ("rmsprop", "adam")
+#: The values the adaptive n_D moves through (Bie et al.'s ``D_STEPS_RATE_OPTIONS``).
+D_STEPS_LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 ACCOUNTANTS = ("rdp", "pld")
 #: PLD ε is reported for step counts rounded up to a multiple of this (an upper bound: ε grows with steps).
 PLD_STEP_GRID = 10
@@ -129,6 +135,20 @@ def buffers_restored(module: nn.Module):
                 b.copy_(value)
 
 
+def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str, float]:
+    """``adaptive_d_steps`` with its keys checked (``threshold`` in [0, 1], ``grace`` >= 1 generator steps,
+    ``decay`` in [0, 1)); ``d_steps`` must be on :data:`D_STEPS_LADDER`."""
+    options = dict(options)
+    if set(options) != {"threshold", "grace", "decay"}:
+        raise ValueError(f"adaptive_d_steps takes threshold, grace and decay (e.g. {{threshold: 0.6, grace: 200, decay: 0.99}}), "
+                         f"got {sorted(options)}")
+    if not (0 <= options["threshold"] <= 1 and options["grace"] >= 1 and 0 <= options["decay"] < 1):
+        raise ValueError(f"adaptive_d_steps needs threshold in [0, 1], grace >= 1 and decay in [0, 1), got {options}")
+    if d_steps not in D_STEPS_LADDER:
+        raise ValueError(f"with adaptive_d_steps, d_steps (the first n_D) must be one of {D_STEPS_LADDER}, got {d_steps}")
+    return options
+
+
 class DPGAN(PrivateGenerativeModel):
     """Conditional GAN with a DP-SGD critic: the 2018 recipe by default (Xie et al. 2018, Algorithm 1;
     G-PATE's DP-GAN baseline), *Private GANs, Revisited* (Bie et al. 2023) with ``loss: nonsaturating``,
@@ -152,7 +172,12 @@ class DPGAN(PrivateGenerativeModel):
         latent_prior: ``"normal"`` or ``"uniform"``.
         lr: learning rate of both networks (WGAN with RMSprop: 5e-5; Bie et al. with Adam: 2e-4).
         d_steps: n_D, critic steps per generator step (Xie et al.: 5; Bie et al.: 50 at ε = 10, 200
-            at ε = 1 on MNIST).
+            at ε = 1 on MNIST); with ``adaptive_d_steps``, the first n_D, one of :data:`D_STEPS_LADDER`.
+        adaptive_d_steps: Bie et al.'s adaptive n_D (their ``DStepScheduler``), e.g. ``{threshold: 0.6,
+            grace: 200, decay: 0.99}``: after every generator step, an average (decay ``decay``) of the
+            fraction of that step's fresh fakes the critic scores as fake (``D < 0``); once ``grace``
+            generator steps have passed at the current n_D and the average is at most ``threshold``, n_D
+            moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``.
         weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step
             (WGAN: 0.1); ``None``: no weight clipping (the non-saturating loss needs none).
         loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or
@@ -204,6 +229,7 @@ class DPGAN(PrivateGenerativeModel):
         optimizer: str = "rmsprop",
         betas: Sequence[float] = (0.5, 0.999),
         ema_decay: float = 0.0,
+        adaptive_d_steps: dict[str, float] | None = None,
         architecture: str = "mlp",
         generator_hidden: Sequence[int] = (256, 512),
         discriminator_hidden: Sequence[int] = (64, 64),
@@ -239,6 +265,8 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
         if not 0 <= ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        if adaptive_d_steps is not None:
+            adaptive_d_steps = check_adaptive_d_steps(adaptive_d_steps, d_steps)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
         if architecture not in ARCHITECTURES:
@@ -269,6 +297,10 @@ class DPGAN(PrivateGenerativeModel):
         self._public_gen: torch.Generator | None = None
         self.opacus_accountant = RDPAccountant()
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
+        # the adaptive n_D's state (public: computed from the DP critic and public fakes), kept in checkpoints
+        self.register_buffer("d_steps_now", torch.tensor(d_steps, dtype=torch.long))
+        self.register_buffer("fake_accuracy_average", torch.tensor(float("nan")))
+        self.register_buffer("generator_steps_at_d_steps", torch.zeros((), dtype=torch.long))
 
     # ----------------------------------------------------------------- sampling rate
     @property
@@ -287,7 +319,7 @@ class DPGAN(PrivateGenerativeModel):
     def train_sampling(self) -> dict[str, Any]:
         """What the DataModule serves: one Poisson batch at the declared rate per critic step, drawn from
         its own OS-seeded generator."""
-        return {"kind": "poisson", "batches": self.hparams.d_steps, "sample_rate": self.sampling_rate,
+        return {"kind": "poisson", "batches": int(self.d_steps_now), "sample_rate": self.sampling_rate,
                 "mechanism_seed": derived_seed(self.hparams.noise_seed, "poisson")}
 
     @property
@@ -344,9 +376,9 @@ class DPGAN(PrivateGenerativeModel):
         return opt_g, opt_d
 
     def generator_step_event(self) -> SubsampledGaussianEvent:
-        """The cost of one generator step: its ``d_steps`` critic steps."""
+        """The cost of one generator step: its n_D critic steps (``d_steps``, or the adaptive schedule's now)."""
         return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate,
-                                       steps=self.hparams.d_steps)
+                                       steps=int(self.d_steps_now))
 
     def check_affords_a_step(self) -> None:
         """Refuse a run whose budget cannot pay for a single generator step (it would end with an
@@ -358,7 +390,7 @@ class DPGAN(PrivateGenerativeModel):
         sigma = self.noise_multiplier_for_one_step()
         raise NoPrivateStepError(
             f"DP-GAN can take no private step within epsilon={self.epsilon_budget:g} (delta={self.delta:g}): one generator "
-            f"step ({hp.d_steps} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}) "
+            f"step ({int(self.d_steps_now)} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}) "
             f"already costs epsilon={cost:.3g}. Lower sampling_rate, raise noise_multiplier (>= {sigma:.3g} affords one "
             f"step; more noise affords more), lower d_steps, or raise the budget"
         )
@@ -366,7 +398,7 @@ class DPGAN(PrivateGenerativeModel):
     def noise_multiplier_for_one_step(self) -> float:
         """Smallest σ (to 1%) at which one generator step fits the budget left (for error messages)."""
         def fits(sigma: float) -> bool:
-            event = SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate, steps=self.hparams.d_steps)
+            event = SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate, steps=int(self.d_steps_now))
             return self.epsilon_if(event) <= self.epsilon_budget
 
         lo, hi = float(self.hparams.noise_multiplier), float(self.hparams.noise_multiplier) * 2
@@ -384,6 +416,7 @@ class DPGAN(PrivateGenerativeModel):
 
         # DDP ignores the critic (see __init__): every process starts from rank 0's critic
         broadcast_from_rank_zero([*self.discriminator.parameters(), *self.discriminator.buffers()])
+        self._serve_d_steps()  # a resumed adaptive run continues at its n_D
         dataset = getattr(self.trainer.train_dataloader, "dataset", None)
         rate = getattr(dataset, "sample_rate", None)
         if rate is None or not math.isclose(rate, self.sampling_rate, rel_tol=1e-12):
@@ -545,11 +578,13 @@ class DPGAN(PrivateGenerativeModel):
         return g_loss.detach(), (scores.detach() < 0).float().mean()
 
     def training_step(self, batch, batch_idx):
-        """``batch``: ``d_steps`` Poisson batches ``(x, y)``, one per critic step, all paid for before the
-        first is applied; then one generator step."""
-        if len(batch) != self.hparams.d_steps:
-            raise RuntimeError(f"DP-GAN expects {self.hparams.d_steps} Poisson batches per step (d_steps), got {len(batch)}")
-        if not self.charge(self.generator_step_event()):
+        """``batch``: n_D Poisson batches ``(x, y)``, one per critic step, all paid for before the first is
+        applied; then one generator step. (n_D is the number of batches the DataModule served, a public
+        count: after an adaptive change, the count of the next item it serves, or of the one after where
+        the loader fetched ahead.)"""
+        event = SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate,
+                                        steps=len(batch))
+        if not self.charge(event):
             return None  # budget reached: none of these critic steps, nor the generator step, is applied
         # the fakes of every critic step at once (the generator does not change in between): one forward
         m = self.fake_batch_size
@@ -561,12 +596,38 @@ class DPGAN(PrivateGenerativeModel):
         metrics = {"g_loss": g_loss}  # through the DP critic: post-processing
         if self.hparams.loss == "nonsaturating":
             metrics["critic_fake_accuracy"] = fake_detected
+        if self.hparams.adaptive_d_steps is not None:
+            self.adapt_d_steps(float(fake_detected))
+            metrics["d_steps"] = float(self.d_steps_now)
         self.log_dict(metrics)
         if private_diagnostics_allowed(self):  # under DDP: the estimate on rank 0's rows, the size of the whole batch
             size = torch.tensor(float(sum(len(y) for _, y in batch)) / len(batch), device=self.device)
             if self.trainer.world_size > 1:
                 size = self.all_gather(size).sum()
             self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(), "real_batch_size": size})
+
+    def adapt_d_steps(self, fake_accuracy: float) -> None:
+        """Bie et al.'s adaptive n_D after a generator step whose fresh fakes the critic scored as fake with
+        ``fake_accuracy``: average it; once ``grace`` generator steps have passed at this n_D and the
+        average is at most ``threshold``, move n_D up the ladder and ask the DataModule for that many
+        batches per step. Reads only the DP critic's scores of public fakes (the same on every process)."""
+        options = self.hparams.adaptive_d_steps
+        average = float(self.fake_accuracy_average)
+        decay = float(options["decay"])
+        self.fake_accuracy_average.fill_(fake_accuracy if math.isnan(average) else decay * average + (1 - decay) * fake_accuracy)
+        self.generator_steps_at_d_steps += 1
+        now = int(self.d_steps_now)
+        if (int(self.generator_steps_at_d_steps) >= options["grace"] and float(self.fake_accuracy_average) <= options["threshold"]
+                and now < D_STEPS_LADDER[-1]):
+            self.d_steps_now.fill_(D_STEPS_LADDER[D_STEPS_LADDER.index(now) + 1])
+            self.generator_steps_at_d_steps.zero_()
+            self._serve_d_steps()
+
+    def _serve_d_steps(self) -> None:
+        """Have the training data serve the current n_D Poisson batches per step (from its next item)."""
+        dataset = getattr(self.trainer.train_dataloader, "dataset", None) if self._trainer is not None else None
+        if dataset is not None and hasattr(dataset, "batches"):
+            dataset.batches = int(self.d_steps_now)
 
     def on_train_epoch_end(self) -> None:
         self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)
