@@ -5,8 +5,9 @@ The MNIST table's DP-GAN rows (``benchmarks/mnist_table.py``) run on a GPU; this
 settings are chosen without one. Three commands:
 
 * ``speed``: discriminator (critic) steps per second of a config (with ``--set`` overrides) on this
-  machine: a few generator steps of ``d_steps`` critic steps each, timed after a warm-up step, with
-  the load average at the time (the machine may be shared: say so beside any figure).
+  machine: a few generator steps of ``d_steps`` critic steps each, timed after a warm-up step, in wall
+  time and in this process's CPU time (which other processes' load does not inflate), with the load
+  average at the time (the machine may be shared: say so beside any figure).
 * ``fit``: a guaranteed-ε run at reduced scale: ``--critic-steps`` T critic steps at the config's
   batch, the noise multiplier σ chosen by the project's accountant so that T steps spend ``--epsilon``
   (the budget then stops the run), smaller nets through ``--set``; then a CNN trained on 5,000 generated
@@ -101,18 +102,21 @@ def speed(a) -> int:
 
     class Stamps(pl.Callback):
         def on_train_batch_end(self, trainer, *args) -> None:
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.process_time()))
 
     load_before = _load_average()
     trainer = pl.Trainer(max_steps=a.steps + 1, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Stamps()])
     trainer.fit(model, dm)
-    gaps = [b - c for c, b in zip(stamps[:-1], stamps[1:])]
+    gaps = [b[0] - c[0] for c, b in zip(stamps[:-1], stamps[1:])]
+    cpu = [b[1] - c[1] for c, b in zip(stamps[:-1], stamps[1:])]  # this process's CPU time: what a shared machine's load does not inflate
     n_d = model.hparams.d_steps
     per_step = statistics.median(gaps)
     record = {"command": "speed", "config": a.config, "set": a.set, "data_set": a.data_set, "threads": a.threads,
               "d_steps": n_d, "batch_size": dm.batch_size, "generator_steps_timed": len(gaps),
               "s_per_generator_step": round(per_step, 4), "critic_steps_per_s": round(n_d / per_step, 3),
+              "cpu_s_per_generator_step": round(statistics.median(cpu), 4),
+              "critic_steps_per_cpu_s": round(n_d / statistics.median(cpu), 3),
               "critic_params": sum(p.numel() for p in model.discriminator.parameters()),
               "generator_params": sum(p.numel() for p in model.generator.parameters()),
               "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}

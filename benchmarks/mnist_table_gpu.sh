@@ -13,6 +13,9 @@
 # Other knobs: TIME_SCALE (row budgets), DEVICE, DATA_ROOT, PYTHON, EXTRA (more runner flags), NOTE, WORK.
 # Unpack here with `tar xzf mnist_table_call.tgz`, then merge its state into the table:
 #   python benchmarks/mnist_table.py --state <kept state> --merge-from <unpacked>/merged --results benchmarks/results
+# A row split over calls (DP-GAN's) leaves its training checkpoint beside the archive, one file per row
+# ($OUT/<row>.ckpt: a call returns files of at most 16 MiB): put them into <unpacked>/merged/ckpt/ and carry
+# that folder as the next call's RESUME state, which continues those rows.
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 W=${WORK:-/tmp/mnist_table_call}; mkdir -p "$W"
@@ -37,4 +40,5 @@ for j in $(seq 1 $i); do echo "--- runner $j"; grep -E "^== |status=|Error" "$W/
 "${PYTHON:-python3}" benchmarks/mnist_table.py --state "$W/merged" --merge-from "${states[@]}" --results "$W/merged/results" \
   --note "${NOTE:-$i runners side by side on one GPU: s/step includes the sharing}" > /dev/null
 rm -rf "$W"/state_*/ckpt "$W"/state_*/cache "$W"/state_*/smoke_data "$W/merged/cache"
+if [ -d "$W/merged/ckpt" ]; then mv "$W"/merged/ckpt/*.ckpt "${OUT:-.}/" && rmdir "$W/merged/ckpt"; fi
 tar czf "${OUT:-.}/mnist_table_call.tgz" -C "$W" . && echo "[$(el) s] packed ${OUT:-.}/mnist_table_call.tgz"

@@ -464,6 +464,13 @@ class DPGAN(PrivateGenerativeModel):
         plain RDP ε of the steps taken (every DP-GAN cost is fixed in advance), not capped by the budget."""
         return self.hparams.get("accountant", "rdp") == "rdp" and super().stop_rule_filters_rdp()
 
+    def _charged_epsilon(self) -> float:
+        """What the budget stop says it compares: with ``accountant: pld`` the PLD ε of the steps taken
+        (the stop message said the RDP ε, e.g. "from 11.84 to 10.0004")."""
+        if self.hparams.get("accountant", "rdp") == "rdp" or self.budget_accounting == "paper":
+            return super()._charged_epsilon()
+        return self.guarantee_epsilon()
+
     def epsilon_if(self, event) -> float:
         """ε after ``event`` under the budget's accountant. With PLD, a step count within the budget's
         maximum reports the ε of that maximum (an upper bound, computed once), so that each step does
