@@ -221,9 +221,11 @@ def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_
                default_root_dir=tmp_path).fit(resumed, dm, ckpt_path=tmp_path / "m.ckpt")
     assert served == [10] and int(resumed.critic_steps_taken) == int(model.critic_steps_taken) + 10
     with pytest.raises(ValueError, match="first n_D"):
-        DPGAN(dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, **SMALL)
+        DPGAN(dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, loss="nonsaturating", **SMALL)
     with pytest.raises(ValueError, match="threshold, grace and decay"):
-        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, **SMALL)
+        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, loss="nonsaturating", **SMALL)
+    with pytest.raises(ValueError, match="needs loss: nonsaturating"):
+        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **SMALL)
 
 
 def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):

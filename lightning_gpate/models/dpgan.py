@@ -266,6 +266,8 @@ class DPGAN(PrivateGenerativeModel):
         if not 0 <= ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
         if adaptive_d_steps is not None:
+            if loss != "nonsaturating":
+                raise ValueError("adaptive_d_steps reads the discriminator's accuracy on fakes (D < 0): it needs loss: nonsaturating")
             adaptive_d_steps = check_adaptive_d_steps(adaptive_d_steps, d_steps)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
@@ -375,10 +377,13 @@ class DPGAN(PrivateGenerativeModel):
         opt_d.attach_step_hook(self.opacus_accountant.get_optimizer_hook_fn(sample_rate=self.sampling_rate))
         return opt_g, opt_d
 
-    def generator_step_event(self) -> SubsampledGaussianEvent:
-        """The cost of one generator step: its n_D critic steps (``d_steps``, or the adaptive schedule's now)."""
-        return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate,
-                                       steps=int(self.d_steps_now))
+    def generator_step_event(self, steps: int | None = None, *, noise_multiplier: float | None = None) -> SubsampledGaussianEvent:
+        """The cost of one generator step: its ``steps`` critic steps (default n_D: ``d_steps``, or the adaptive
+        schedule's now), each a Poisson-subsampled Gaussian (add/remove neighbours), at ``noise_multiplier``
+        (default the model's σ)."""
+        sigma = self.hparams.noise_multiplier if noise_multiplier is None else noise_multiplier
+        return SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate,
+                                       steps=int(self.d_steps_now) if steps is None else steps)
 
     def check_affords_a_step(self) -> None:
         """Refuse a run whose budget cannot pay for a single generator step (it would end with an
@@ -398,8 +403,7 @@ class DPGAN(PrivateGenerativeModel):
     def noise_multiplier_for_one_step(self) -> float:
         """Smallest σ (to 1%) at which one generator step fits the budget left (for error messages)."""
         def fits(sigma: float) -> bool:
-            event = SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate, steps=int(self.d_steps_now))
-            return self.epsilon_if(event) <= self.epsilon_budget
+            return self.epsilon_if(self.generator_step_event(noise_multiplier=sigma)) <= self.epsilon_budget
 
         lo, hi = float(self.hparams.noise_multiplier), float(self.hparams.noise_multiplier) * 2
         while not fits(hi) and hi < 1e6:
@@ -482,10 +486,6 @@ class DPGAN(PrivateGenerativeModel):
         return self._pld_epsilon(cap if after <= cap else after)
 
     # ----------------------------------------------------------------- steps
-    def privacy_event(self) -> SubsampledGaussianEvent:
-        """The cost of one critic step: a Poisson-subsampled Gaussian (add/remove neighbours)."""
-        return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate, steps=1)
-
     def critic_losses(self, real_scores: torch.Tensor, fake_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample critic losses ``(ℓ_real(D(x_i)), ℓ_fake(D(G(z_j))))`` of the configured ``loss``."""
         if self.hparams.loss == "nonsaturating":  # −log σ(s), −log(1 − σ(s)), stably
@@ -589,9 +589,7 @@ class DPGAN(PrivateGenerativeModel):
         applied; then one generator step. (n_D is the number of batches the DataModule served, a public
         count: after an adaptive change, the count of the next item it serves, or of the one after where
         the loader fetched ahead.)"""
-        event = SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate,
-                                        steps=len(batch))
-        if not self.charge(event):
+        if not self.charge(self.generator_step_event(len(batch))):
             return None  # budget reached: none of these critic steps, nor the generator step, is applied
         # the fakes of every critic step at once (the generator does not change in between): one forward
         m = self.fake_batch_size
