@@ -78,8 +78,8 @@ class ConditionalConvDiscriminator(nn.Module):
         self.num_classes = num_classes
         self.image_in = nn.Conv2d(c, df_dim // 2, 4, stride=2, padding=1)
         self.label_in = nn.Conv2d(num_classes, df_dim // 2, 4, stride=2, padding=1)
-        self.body = nn.Sequential(
-            nn.LeakyReLU(0.2), nn.Conv2d(df_dim, 2 * df_dim, 4, stride=2, padding=1), _norm2d(norm, 2 * df_dim),
+        self.body = nn.Sequential(  # on the two branches' activations, concatenated
+            nn.Conv2d(df_dim, 2 * df_dim, 4, stride=2, padding=1), _norm2d(norm, 2 * df_dim),
             nn.LeakyReLU(0.2), nn.Conv2d(2 * df_dim, 4 * df_dim, 3, stride=2, padding=1), _norm2d(norm, 4 * df_dim),
             nn.LeakyReLU(0.2),
         )
