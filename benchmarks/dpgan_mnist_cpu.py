@@ -129,6 +129,7 @@ def fit(a) -> int:
     import pytorch_lightning as pl
     import torch
 
+    from image_utility import grids_every
     from lightning_gpate.evaluation.image import cnn_utility
     from lightning_gpate.sampling import image_grid, save_png
 
@@ -144,21 +145,13 @@ def fit(a) -> int:
     out = Path(a.out_dir) / a.name
     out.mkdir(parents=True, exist_ok=True)
     labels = torch.arange(10).repeat_interleave(10)
-
-    class Grids(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            step = trainer.global_step
-            if step and step % a.every == 0 and getattr(self, "last", None) != step:
-                self.last = step
-                x, y = pl_module.generate(100, labels=labels, seed=1)
-                save_png(image_grid(x, y, 10, per_class=10), out / f"step{step:06d}.png")
-                print(f"generator step {step} (critic steps {int(pl_module.critic_steps_taken)}, epsilon "
-                      f"{pl_module.spent_epsilon():.3f}, {time.perf_counter() - start:.0f} s): grid written", flush=True)
-
+    describe = lambda trainer, m: (f" (critic steps {int(m.critic_steps_taken)}, epsilon {m.spent_epsilon():.3f}, "  # noqa: E731
+                                   f"{time.perf_counter() - start:.0f} s)")
     start = time.perf_counter()
     load_before = _load_average()
     trainer = pl.Trainer(max_steps=10**9, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Grids()])
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[grids_every(out, a.every, describe)])
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
     x, y = model.generate(100, labels=labels, seed=1)
