@@ -16,10 +16,33 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 #: with ``"kind"``): the privacy analysis of DP-GAN needs Poisson sampling, GS-WGAN one teacher per step.
 #: A mechanism that reads every record once (noisy marginals) asks for ``"full"``: the whole split as one batch.
 TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
+#: DataModule arguments a private model's accounting depends on (the teacher count; the budgets of DP
+#: metadata): a training checkpoint pins them, and a resumed fit that asks for other values is refused.
+PRIVACY_PARAMETERS = ("num_teachers", "metadata_epsilon", "label_ratio_epsilon")
 
 
 class DataError(UserError, ValueError):
     """Bad input data or options; the message names the problem and what to do."""
+
+
+def read_data_csv(path: Path, **options):
+    """``pandas.read_csv(path, **options)`` of a data file. A failure is a :class:`DataError` that says
+    what to check without pandas' own text, which names the line of a malformed row and quotes it: a
+    position in, or a piece of, the private data. The parser's error is not chained either."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, **options)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path} is empty: no header and no rows") from None
+    except pd.errors.ParserError:
+        raise DataError(
+            f"could not read {path} as CSV (sep={options.get('sep', ',')!r}): a line has another number of fields "
+            f"than the header, or a quote is not closed (which line is not shown: it is part of the data); "
+            f"check the separator and the quoting"
+        ) from None
+    except UnicodeDecodeError:
+        raise DataError(f"could not read {path} as CSV: it is not UTF-8 text (save it as UTF-8)") from None
 
 
 class _TransformedTensors(torch.utils.data.Dataset):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from datamodules.base import DataError, GenerativeDataModule
+from datamodules.base import DataError, GenerativeDataModule, read_data_csv
 
 IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist", "celeba", "csv")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
@@ -194,8 +194,6 @@ class ImageDataModule(GenerativeDataModule):
         return splits, [f"not {self.celeba_attribute}", self.celeba_attribute], 255.0, []
 
     def _load_csv(self):
-        import pandas as pd
-
         if self.path is None:
             raise DataError("dataset 'csv' needs data.path (a CSV of flattened square images, label last)")
         path = Path(self.path)
@@ -208,10 +206,7 @@ class ImageDataModule(GenerativeDataModule):
 
             rank_zero_info(f"{path.name}: the first line is {'a header' if header else 'an image (no header)'} "
                            f"(set data.csv_header to override)")
-        try:
-            frame = pd.read_csv(path, header=0 if header else None)
-        except pd.errors.EmptyDataError as err:
-            raise DataError(f"{path} is empty") from err
+        frame = read_data_csv(path, header=0 if header else None)
         if len(frame) == 0:
             raise DataError(f"{path} has a header and no images")
         pixels = frame.iloc[:, :-1].to_numpy()
@@ -255,8 +250,8 @@ def csv_has_header(path: str | Path) -> bool:
 
     try:
         lines = pd.read_csv(path, header=None, nrows=2, dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        return False
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError):
+        return False  # the full read says what is wrong (read_data_csv)
     if len(lines) == 0:
         return False
     first = [str(v).strip() for v in lines.iloc[0]]

@@ -31,7 +31,6 @@ another teacher's data, the order of the file nor the DDP sharding changes them.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -197,17 +196,9 @@ class TeacherPartition:
                 f"(each needs at least one); use fewer teachers"
             )
         teacher = (keyed_hash(keys, seed, "teacher") % np.uint64(num_teachers)).astype(np.int64)
-        part = cls(teacher, num_teachers, keys=keys)
-        empty = part.num_empty
-        if empty:
-            warnings.warn(
-                f"some of the {num_teachers} teachers received no record (how many, and the records per teacher, "
-                f"are not printed: they are counts of private records): records are assigned by a hash of their "
-                f"content so that adding or removing one changes one teacher only. Empty teachers train on a "
-                f"constant batch (no data, no information); use fewer teachers to avoid them.",
-                stacklevel=2,
-            )
-        return part
+        # Some teachers may receive no record (they then train on a constant batch: no data, no
+        # information). Whether any does is a bit of the private data: not announced (docs/data.md).
+        return cls(teacher, num_teachers, keys=keys)
 
     @property
     def sizes(self) -> np.ndarray:

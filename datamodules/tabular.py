@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from datamodules.base import DataError, GenerativeDataModule
+from datamodules.base import DataError, GenerativeDataModule, read_data_csv
 from lightning_gpate.privacy.dp_stats import dp_bounds, dp_histogram_ratio
 from lightning_gpate.privacy.randomness import secret_seed
 
@@ -432,12 +432,7 @@ class TabularDataModule(GenerativeDataModule):
             path = Path(self.path)
             if not path.is_file():
                 raise DataError(f"data file not found: {path.resolve()}")
-            try:
-                frame = pd.read_csv(path, sep=self.sep, na_values=self.na_values)
-            except pd.errors.EmptyDataError as err:
-                raise DataError(f"{path} is empty: no header and no rows") from err
-            except (pd.errors.ParserError, UnicodeDecodeError) as err:
-                raise DataError(f"could not read {path} as CSV (sep={self.sep!r}): {err}") from err
+            frame = read_data_csv(path, sep=self.sep, na_values=self.na_values)
             if frame.shape[1] == 1 and self.sep == "," and ";" in frame.columns[0]:
                 raise DataError(f"{path} has one column {frame.columns[0][:60]!r}...: is it ';'-separated? set sep: ';'")
         if self.label is None:

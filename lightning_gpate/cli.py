@@ -23,6 +23,7 @@ handling: it takes its arguments (without ``--debug``) and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import traceback
 from pathlib import Path
@@ -32,7 +33,7 @@ from pytorch_lightning.cli import LightningCLI
 
 from datamodules.base import GenerativeDataModule
 from lightning_gpate.errors import ConfigError, UserError
-from lightning_gpate.models.base import GenerativeModel
+from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume
 
 PROG = "lightning-gpate"
 #: Commands beside LightningCLI's: name → function(argv) returning an exit code.
@@ -67,11 +68,34 @@ class GPATECLI(LightningCLI):
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        self._resume_from = None
+        self._resume_from = self._requested = None
         if ckpt_path and str(ckpt_path) not in _LIGHTNING_CKPT_ALIASES:
             from lightning_gpate.release import read_file
 
             self._resume_from = (str(ckpt_path), read_file(str(ckpt_path)))  # tensors stay on disk
+            # what the user asked for, before LightningCLI replaces the model's arguments by the checkpoint's
+            self._requested = copy.deepcopy(self.config[subcommand])
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse, before anything is built or run, a resume that asks for other values than its
+        training checkpoint pins: the model's class and arguments (LightningCLI has just replaced them by
+        the checkpoint's) and the data's teacher count and DP-metadata budgets."""
+        if self._resume_from is None or self._requested is None:
+            return
+        path, checkpoint = self._resume_from
+        if CHECKPOINT_KEY not in checkpoint or not checkpoint.get("hyper_parameters"):
+            return  # not a training checkpoint: before_fit's check_resume says so
+        from datamodules.base import PRIVACY_PARAMETERS
+        from lightning_gpate.release import _import as import_class
+
+        pinned, requested = self.config[self.config.subcommand], self._requested
+        ours, theirs = requested.model.class_path, pinned.model.class_path
+        if import_class(ours) is not import_class(theirs):
+            raise CheckpointError(f"{path} holds a {theirs}, but the config trains a {ours}: resume with the config it was trained with")
+        model_args = lambda model: {k: v for k, v in vars(model.init_args).items() if k != "data_spec"}  # noqa: E731 (linked from the data)
+        refuse_changed_on_resume(path, model_args(pinned.model), model_args(requested.model))
+        refuse_changed_on_resume(path, checkpoint.get("datamodule_hyper_parameters") or {}, vars(requested.data.init_args),
+                                 PRIVACY_PARAMETERS)
 
     def before_fit(self) -> None:
         """Refuse, before any process or MLflow run starts, what cannot run: a single-process model on

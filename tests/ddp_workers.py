@@ -30,3 +30,73 @@ def noise_of_one_dpgan_step(rank: int, world: int, port: int, out: str, sigma: f
     assert opt.pre_step()
     torch.save(torch.cat([p.grad.reshape(-1) for p in critic.parameters()]) * batch, f"{out}/{rank}.pt")
     torch.distributed.destroy_process_group()
+
+
+class _RecordingSanitizer:
+    """A GS-WGAN sanitiser that also keeps the noise it adds: the sanitised gradient less the clipped one."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.noise = inner, []
+
+    def sample_gradient(self, loss_fn, samples, *, reduction="mean", generator=None):
+        leaf = samples.detach().requires_grad_(True)
+        (raw,) = torch.autograd.grad(loss_fn(leaf), leaf)
+        out, loss = self.inner.sample_gradient(loss_fn, samples, reduction=reduction, generator=generator)
+        b = raw.shape[0]  # a mean loss: row j is g_j / B, and the result (clip(g_j) + noise) / B
+        self.noise.append((out * b - self.inner.clip(raw * b)).detach())
+        return out, loss
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _next_draws(generator: torch.Generator) -> torch.Tensor:
+    """What ``generator`` draws next, from a copy (the generator itself does not move)."""
+    return torch.randn(16, generator=torch.Generator(generator.device).set_state(generator.get_state()))
+
+
+def mechanism_noise_of_ranks(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """Private models on ``world`` gloo processes (Lightning's DDP, launched here as a cluster would),
+    without ``noise_seed``; writes to ``out/<rank>.pt``:
+
+    * ``gswgan``: ``steps`` private GS-WGAN steps. Before each one every rank draws, from a copy of its
+      own noise generator, the noise it would add (its best replay of the owner's): ``"drawn"``, a list of
+      ``(k, noise)``; the owner also keeps the noise it added (``"added"``).
+    * ``gpate``, ``pategan``: after one step, the next draws of the vote noise's generator.
+    """
+    import warnings
+
+    import pytorch_lightning as pl
+
+    import small_models
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank), NODE_RANK="0")
+    torch.set_num_threads(1)
+
+    def fit(model, dm, steps, callbacks=()):
+        trainer = pl.Trainer(accelerator="cpu", devices=world, num_nodes=1, strategy="ddp", max_steps=steps, logger=False,
+                             callbacks=list(callbacks), enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="GS-WGAN trains without pretrained discriminators")
+            trainer.fit(model, dm)
+
+    model, dm = small_models.build("gswgan", stage="train")
+    model.sanitizer = recording = _RecordingSanitizer(model.sanitizer)
+    drawn = []
+
+    class Replay(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            like = torch.zeros(pl_module.hparams.generator_batch_size, *pl_module.data_spec["shape"])  # the fakes' shape
+            copy = torch.Generator().set_state(pl_module.noise_generator().get_state())
+            drawn.append((int(batch[0]), recording.inner(like, reduction="sum", generator=copy)))  # clip(0) + noise
+
+    fit(model, dm, steps, [Replay()])
+    result = {"gswgan": {"drawn": drawn, "added": recording.noise}}
+    gpate, dm = small_models.build("gpate")
+    fit(gpate, dm, 1)
+    pategan, dm = small_models.build("pategan")
+    fit(pategan, dm, 1)
+    result.update(gpate=_next_draws(gpate._shared_gen), pategan=_next_draws(pategan.noise_generator()))
+    torch.save(result, f"{out}/{rank}.pt")

@@ -6,6 +6,7 @@ import math
 import time
 
 import mlflow
+import pytest
 
 from clitools import assert_one_line_error, run_cli, start_cli, store_snapshot, tiny_gpate_config, write_tiny_table
 from lightning_gpate.models.base import load_generator
@@ -64,15 +65,18 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
     assert load_generator(final).budget_exhausted
     assert f"private   training checkpoint {final} (never logged, keep it private; the budget is spent" in resumed.stdout
 
-    # 3. resuming the spent budget refuses in one line, before any run starts
+    # 3. resuming the spent budget refuses in one line, before any run starts; so does a resume that asks
+    #    for another budget than the checkpoint's (it used to run on, silently keeping the checkpoint's)
     before = store_snapshot(tmp_path / "mlruns")
     again = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", final, cwd=tmp_path)
     assert_one_line_error(again, "fit", "privacy budget is spent", f"of {EPSILON:g}", "start a new run with a new budget")
+    more = run_cli("fit", "--config", "tiny.yaml", "--model.init_args.epsilon", "20", "--ckpt_path", str(checkpoint), cwd=tmp_path)
+    assert_one_line_error(more, "fit", f"pins epsilon={EPSILON}", "asks for epsilon=20.0")
     assert store_snapshot(tmp_path / "mlruns") == before
 
     # 4. a failure after the run started (a checkpoint whose teacher partition does not fit this data):
     #    one line, and the run is FAILED with the error's type, not a finished run with a final ε
-    broken = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), "--data.init_args.num_teachers", "5", cwd=tmp_path)
+    broken = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), "--data.init_args.partition_seed", "5", cwd=tmp_path)
     assert_one_line_error(broken, "fit", "teacher partition", "does not fit this data", "resume with the same data")
     client, runs = _runs(tmp_path, "resume")
     failed = runs[-1]
@@ -82,3 +86,44 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
     assert "epsilon_final" not in failed.data.metrics
     after = store_snapshot(tmp_path / "mlruns")
     assert {k: v for k, v in after["runs"].items() if k in before["runs"]} == before["runs"]  # earlier runs untouched
+
+
+# Each asks for another value of something the accountant depends on than the checkpoint of a 2-step fit pins.
+CHANGED = {
+    "delta": (["--model.init_args.delta", "1e-3"], ["pins delta=1e-05", "asks for delta=0.001"]),
+    "noise scale": (["--model.init_args.sigma_gnmax", "5"], ["pins sigma_gnmax=8.0", "asks for sigma_gnmax=5.0"]),
+    "teacher count": (["--data.init_args.num_teachers", "5"], ["pins num_teachers=6", "asks for num_teachers=5"]),
+    "accounting mode": (["--model.init_args.budget_accounting", "paper"],
+                        ["pins budget_accounting='guarantee'", "asks for budget_accounting='paper'"]),
+    "two at once": (["--model.init_args.epsilon", "3", "--model.init_args.sigma_threshold", "4"],
+                    ["pins epsilon=1000000.0, sigma_threshold=16.0", "asks for epsilon=3.0, sigma_threshold=4.0"]),
+}
+
+
+def test_a_resume_that_asks_for_other_privacy_parameters_refuses_in_one_line_before_anything_runs(tmp_path, capsys):
+    import small_models
+    from lightning_gpate.cli import main
+    from lightning_gpate.models.base import CheckpointError
+
+    write_tiny_table(tmp_path / "table.csv")
+    tiny_gpate_config(tmp_path / "tiny.yaml", experiment="pinned", max_steps=2, checkpoints="ckpts", every_n_train_steps=2)
+    assert main(["fit", "--config", "tiny.yaml"]) == 0
+    checkpoint = str(tmp_path / "ckpts" / "step=2.ckpt")
+    before = store_snapshot(tmp_path / "mlruns")
+    capsys.readouterr()
+    for name, (options, fragments) in CHANGED.items():
+        assert main(["fit", "--config", "tiny.yaml", *options, "--ckpt_path", checkpoint]) == 2, name
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert lines[-1].startswith("lightning-gpate fit: error: ") and [ln for ln in lines if "error:" in ln] == lines[-1:], (name, lines)
+        assert all(f in lines[-1] for f in fragments), (name, lines[-1])
+    assert store_snapshot(tmp_path / "mlruns") == before  # no run created, none changed
+
+    # the same promise holds for a resume from Python, whose model the caller builds
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    model, dm = small_models.build("gpate")
+    small_models.fit(model, dm, steps=1, callbacks=[ModelCheckpoint(dirpath=tmp_path, filename="g", every_n_train_steps=1)],
+                     enable_checkpointing=True)
+    richer, dm2 = small_models.build("gpate", epsilon=500.0)
+    with pytest.raises(CheckpointError, match=r"pins epsilon=50\.0, but this run asks for epsilon=500\.0"):
+        small_models.fit(richer, dm2, steps=2, ckpt_path=str(tmp_path / "g.ckpt"))

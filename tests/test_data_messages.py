@@ -68,17 +68,40 @@ def test_tabular_errors_are_the_same_for_neighbouring_tables(mixed_frame, tmp_pa
     assert "batch_size 64 exceeds the number of training rows" in text
 
 
-def test_empty_teachers_are_announced_without_counts():
-    texts = []
-    for n in (30, 31):
-        x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+def test_whether_a_teacher_is_empty_is_not_announced():
+    """7 records among 4 teachers fill every teacher; without the last one, a teacher is empty. A warning
+    about empty teachers would tell the two apart: one bit of the private data."""
+    x = torch.arange(7, dtype=torch.float32).unsqueeze(1)
+    keys = record_keys(x, torch.zeros(7, dtype=torch.long))
+    texts, empty = [], []
+    for n in (6, 7):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            TeacherPartition.create(record_keys(x, torch.zeros(n, dtype=torch.long)), 25, seed=0)
+            empty.append(TeacherPartition.create(keys[:n], 4, seed=0).num_empty)
         texts.append([str(w.message) for w in caught])
-    assert texts[0] == texts[1] and len(texts[0]) == 1 and "teachers received no record" in texts[0][0]
+    assert empty == [1, 0]
+    assert texts[0] == texts[1] == []
     text = same_message(lambda n: TeacherPartition.create(record_keys(torch.zeros(n, 1), torch.arange(n)), 8, seed=0), (5, 6))
     assert "too few rows per teacher" in text
+
+
+def test_a_malformed_csv_line_is_not_named(tmp_path):
+    """pandas' parser error names the line of a malformed row (and a decoding error the byte's
+    position and value): the data modules say what to check instead, the same for neighbouring files."""
+    header, rows = "a,b,y", [f"{i / 10},{i % 7},{i % 2}" for i in range(20)]
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder, bad in zip(folders, (5, 6)):  # the malformed row: at line 7, or at line 8 of a file one row longer
+        folder.mkdir()
+        lines = [header, *rows[:bad], "0.5,1,0,9", *rows[bad:]]
+        (folder / "t.csv").write_text("\n".join(lines) + "\n")
+        (folder / "latin.csv").write_bytes(("\n".join([header, *rows[:bad], "0.5,\xe9,1"]) + "\n").encode("latin-1"))
+        (folder / "img.csv").write_text("\n".join([",".join(["1"] * 5)] * (bad + 2) + [",".join(["1"] * 6)]) + "\n")
+    text = same_message(lambda f: TabularDataModule(str(f / "t.csv"), label="y").spec, folders, folders)
+    assert "a line has another number of fields than the header" in text and "line 7" not in text and "line 8" not in text
+    text = same_message(lambda f: TabularDataModule(str(f / "latin.csv"), label="y").spec, folders, folders)
+    assert "not UTF-8 text" in text and "position" not in text
+    text = same_message(lambda f: ImageDataModule("csv", path=str(f / "img.csv"), classes=[0, 1]).spec, folders, folders)
+    assert "a line has another number of fields" in text
 
 
 def _image_csv(path, labels):

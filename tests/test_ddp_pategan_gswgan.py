@@ -13,7 +13,9 @@ import pytest
 import torch
 import yaml
 
-from clitools import TINY_SCHEMA, assert_fit_ran, assert_same_tensors, run_cli, write_tiny_table
+from clitools import ROOT, TINY_SCHEMA, assert_fit_ran, assert_same_tensors, run_cli, write_tiny_table
+
+ROOT_DOCS = ROOT / "docs"
 
 FIXED = ["--seed_everything", "11", "--model.init_args.noise_seed", "0", "--trainer.strategy", "ddp"]
 INIT = {
@@ -140,8 +142,8 @@ def test_gswgan_private_stage_on_two_processes_is_one_run_with_the_epsilon_and_t
 
 # ------------------------------------------------------------------------------------------ the pieces
 def test_a_rank_that_skips_the_sanitiser_noise_draws_the_next_step_s_noise_as_the_owner_does():
-    # under DDP the rank without the step's discriminator only advances its (identically seeded) noise
-    # generator: the next step's noise is then the owner's, and never a repeat of this step's
+    # under DDP with a fixed test seed the rank without the step's discriminator only advances its
+    # (identically seeded) noise generator: the next step's noise is then the owner's, never a repeat
     from lightning_gpate.privacy.sanitizer import GradientSanitizer
 
     for secure in (False, True):
@@ -187,3 +189,44 @@ def test_gswgan_that_keeps_discriminator_state_is_refused_on_two_processes_in_on
     assert main(["fit", "--config", "c.yaml"]) == 2  # refused before any process is launched
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "lightning-gpate fit: error: GSWGAN trains on one process only (discriminator_state: kept")
+
+
+def _documented_noise(model: str) -> str:
+    """The 'mechanism's noise' cell of ``model``'s row in docs/multi-gpu.md's trust table."""
+    rows = [line.split("|") for line in (ROOT_DOCS / "multi-gpu.md").read_text().splitlines() if line.startswith(f"| {model} |")]
+    assert len(rows) == 2, model  # the table of what is split, and the table of who must be trusted
+    return rows[1][2]
+
+
+def test_under_ddp_who_can_replay_the_noise_is_what_the_docs_say(tmp_path):
+    """2 gloo processes, no noise_seed. GS-WGAN: the rank that holds the drawn discriminator adds noise
+    from its own OS-seeded generator, so the other rank (whose generator was a copy of the owner's, one
+    broadcast seed, before issue 33) cannot draw that noise and subtract it from the sanitised gradient it
+    receives. G-PATE and PATE-GAN: every rank draws the same vote noise. docs/multi-gpu.md says which."""
+    import socket
+
+    from ddp_workers import mechanism_noise_of_ranks
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    steps = 4
+    torch.multiprocessing.spawn(mechanism_noise_of_ranks, args=(2, port, str(tmp_path), steps), nprocs=2)
+    ranks = [torch.load(tmp_path / f"{r}.pt")["gswgan"] for r in (0, 1)]
+    choices = [[k for k, _ in r["drawn"]] for r in ranks]
+    assert choices[0] == choices[1] and len(choices[0]) == steps  # every rank drew the same discriminators
+    added = [iter(r["added"]) for r in ranks]
+    for step, k in enumerate(choices[0]):
+        owner = k % 2
+        noise = next(added[owner])
+        assert noise.abs().max() > 1.0  # noise of std 2Cσ = 8 was added
+        # the replay is the right attempt: on the owner it is exactly the noise added ...
+        assert torch.allclose(ranks[owner]["drawn"][step][1], noise, atol=1e-4)
+        # ... and the other rank's own generator gives something else
+        assert not torch.allclose(ranks[1 - owner]["drawn"][step][1], noise, atol=1.0), step
+    assert "from its own OS-seeded generator" in _documented_noise("GS-WGAN")
+    for model, key in (("G-PATE", "gpate"), ("PATE-GAN", "pategan")):
+        draws = [torch.load(tmp_path / f"{r}.pt")[key] for r in (0, 1)]
+        assert torch.equal(draws[0], draws[1]), model  # one noise for every rank ...
+        assert "drawn alike on every rank" in _documented_noise(model)  # ... as documented
+    assert "one trusted curator" in (ROOT_DOCS / "privacy.md").read_text()

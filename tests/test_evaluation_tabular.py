@@ -171,3 +171,22 @@ def test_cervical_cancer_real_to_real_matches_the_replication_study():
     assert 0.5 <= mean["ranking_agreement_AC"] <= 1.0
     # rankings by |correlation| with a label that has 7-11 positive test rows: 0.35-0.73 (Spearman) per split
     assert mean["feature_ranking_spearman"] > 0.45 and mean["feature_ranking_top5_overlap"] >= 0.4
+
+
+def test_without_setting_a_the_classes_come_from_the_schema_not_the_training_split():
+    """A class held by one training record must not decide whether Setting B runs or fails: with A off
+    (and the test split as reference) two training splits that differ in that record give the same report."""
+    train, test = _split(_signal_frame(n=300))
+    neighbour = pd.concat([train, train.iloc[[0]].assign(y=2)], ignore_index=True)  # the one record of class 2
+    synthetic = train.copy()
+    synthetic.loc[:9, "y"] = 2  # the generator samples every class of the schema
+    spec = {"columns": [*({"name": c, "type": "numeric", "min": -5.0, "max": 5.0} for c in ("x1", "x2", "noise", "count")),
+                        {"name": "colour", "type": "categorical", "categories": ["blue", "green", "red"]}],
+            "label": {"name": "y", "type": "categorical", "categories": [0, 1, 2]},
+            "column_order": ["x1", "x2", "noise", "colour", "count", "y"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # class 2 is absent from the test split: its scores are constant
+        reports = [evaluate_tabular(t, test, synthetic, label="y", classifiers=FAST, settings=("B", "C"), spec=spec)
+                   for t in (train, neighbour)]
+    assert pd.Series(reports[0]).equals(pd.Series(reports[1]))
+    assert 0.5 < reports[0]["B/auroc_mean"] <= 1.0

@@ -33,12 +33,11 @@ def test_partition_is_disjoint_and_covers_every_row(num_rows, num_teachers):
     assert part.num_empty == int((part.sizes == 0).sum())
 
 
-def test_shares_are_binomial_and_empty_teachers_are_announced():
+def test_shares_are_binomial_and_few_records_leave_teachers_empty():
     part = TeacherPartition.create(_keys(30_000), 100, seed=0)
     assert part.num_empty == 0 and abs(part.sizes.mean() - 300) < 1e-9 and part.sizes.std() < 2 * np.sqrt(300)
-    with pytest.warns(UserWarning, match="teachers received no record"):
-        few = TeacherPartition.create(_keys(200), 100, seed=0)
-    assert few.num_empty > 0
+    few = TeacherPartition.create(_keys(200), 100, seed=0)
+    assert few.num_empty > 0  # (not announced: whether one is empty is a bit of the private data)
 
 
 def test_partition_is_a_pure_function_of_the_records_and_the_seed():
@@ -163,9 +162,9 @@ def test_resumed_batches_continue_the_stream():
 def test_empty_teachers_get_a_constant_batch():
     x = torch.arange(1, 13, dtype=torch.float32).unsqueeze(1)
     y = torch.ones(12, dtype=torch.long)
-    with pytest.warns(UserWarning, match="no record"):
-        part = TeacherPartition.create(record_keys(x, y), 10, seed=0)
+    part = TeacherPartition.create(record_keys(x, y), 10, seed=0)
     empty = np.flatnonzero(part.sizes == 0)
+    assert len(empty) > 0
     xb, yb = next(iter(TeacherBatches(x, y, part, range(10), batch_size=3, seed=0)))
     assert (xb[empty] == 0).all() and (yb[empty] == 0).all() and (xb[part.sizes > 0] > 0).all()
 

@@ -13,6 +13,7 @@ import pytest
 
 import small_models
 from conftest import query_run
+from lightning_gpate.privacy.disclosure import released_summary
 from lightning_gpate.privacy.rdp import DEFAULT_ORDERS, pure_dp_rdp, rdp_to_epsilon
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
@@ -36,6 +37,39 @@ def test_a_run_ended_by_max_steps_is_guaranteed_the_worst_case_of_its_steps():
     run, _ = query_run("max-steps")
     assert run.data.metrics["epsilon_final"] == pytest.approx(worst, rel=1e-9)
     assert model.guarantee_epsilon() == pytest.approx(worst, rel=1e-9)
+    # the order logged and released is the reported figure's (the worst case's), not the realised curve's
+    worst_order = rdp_to_epsilon(96 * (DEFAULT_ORDERS / (2 * SIGMA1**2) + DEFAULT_ORDERS / SIGMA2**2), DEFAULT_ORDERS, 1e-5)[1]
+    realised_order = rdp_to_epsilon(96 * DEFAULT_ORDERS / (2 * SIGMA1**2) + counts["confident_gnmax_answered"] * DEFAULT_ORDERS / SIGMA2**2,
+                                    DEFAULT_ORDERS, 1e-5)[1]
+    assert run.data.params["privacy/best_order"] == str(worst_order)
+    summary = released_summary(model)
+    assert summary["epsilon_realised_not_a_bound"] == pytest.approx(realised, rel=1e-9) and "epsilon_realised" not in summary
+    if worst_order != realised_order:  # (the answered count is random: they are equal at 3 steps for most draws)
+        assert summary["best_order"] == worst_order
+
+
+def test_the_order_released_and_logged_is_the_guarantees_not_the_realised_curves():
+    """40 Confident-GNMax queries of which 4 were answered: the guarantee is the worst case (all 40
+    answered), whose best order (Papernot et al. 2018, Prop. 8 over the default orders) is below the
+    realised curve's; what the run reports as ``best_order`` is the guarantee's."""
+    from types import SimpleNamespace
+
+    from lightning_gpate.privacy import ConfidentGNMaxEvent
+    from lightning_gpate.privacy.disclosure import final_record
+
+    model, _ = small_models.build("gpate", epsilon=50.0)
+    votes = np.tile([[6, 4] + [0] * 8], (40, 1))
+    answered = np.arange(40) < 4
+    model.record(ConfidentGNMaxEvent(votes, answered, 5.0, SIGMA1, SIGMA2),
+                 worst_case=ConfidentGNMaxEvent(votes, np.ones(40, dtype=bool), 5.0, SIGMA1, SIGMA2))
+    worst, worst_order = rdp_to_epsilon(40 * (DEFAULT_ORDERS / (2 * SIGMA1**2) + DEFAULT_ORDERS / SIGMA2**2), DEFAULT_ORDERS, 1e-5)
+    realised, realised_order = rdp_to_epsilon(40 * DEFAULT_ORDERS / (2 * SIGMA1**2) + 4 * DEFAULT_ORDERS / SIGMA2**2, DEFAULT_ORDERS, 1e-5)
+    assert worst_order < realised_order and worst < 50.0
+    summary = released_summary(model)
+    assert summary["epsilon"] == pytest.approx(worst, rel=1e-9) and summary["best_order"] == worst_order
+    assert summary["epsilon_realised_not_a_bound"] == pytest.approx(realised, rel=1e-9)
+    trainer = SimpleNamespace(global_step=1, max_steps=1, max_epochs=None, current_epoch=0, should_stop=False)
+    assert final_record(trainer, model)["params"]["privacy/best_order"] == str(worst_order)
 
 
 def test_a_run_ended_by_its_budget_is_guaranteed_the_budget():
@@ -52,6 +86,9 @@ def test_a_run_ended_by_its_budget_is_guaranteed_the_budget():
     run, _ = query_run("budget")
     assert run.data.metrics["epsilon_final"] == 12.0
     assert run.data.params["privacy/epsilon_budget"] == "12.0"
+    # the filter's limit is no one order's conversion: no order is claimed for it
+    assert run.data.params["privacy/best_order"].startswith("none (the guarantee is the budget")
+    assert released_summary(model)["best_order"] is None
 
 
 def test_topagg_by_label_counts_every_class_in_the_worst_case():

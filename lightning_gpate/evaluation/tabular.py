@@ -126,16 +126,17 @@ class FeatureEncoder:
 
 
 class LabelEncoder:
-    """Label values → class indices over the classes of the real data (synthetic values must be among them)."""
+    """Label values → class indices over the label's classes: the schema's, or those of the real labels
+    given (synthetic values must be among them)."""
 
     def __init__(self, real_labels: Sequence[pd.Series], positive: Any = None) -> None:
         values = pd.concat([pd.Series(s).dropna() for s in real_labels], ignore_index=True)
         self.classes = sorted(pd.unique(values), key=lambda v: (str(type(v)), v))
         if len(self.classes) < 2:
-            raise ValueError("the real data's label has fewer than two classes: AUROC is undefined")  # no values: real
+            raise ValueError("the label has fewer than two classes: AUROC is undefined")  # no values: real
         self._index = {self._key(v): i for i, v in enumerate(self.classes)}
         if positive is not None and self._key(positive) not in self._index:
-            raise ValueError(f"positive class {positive!r} is not among the real label's classes")  # read from real rows
+            raise ValueError(f"positive class {positive!r} is not among the label's classes")  # read from real rows
         self.positive = self._index[self._key(positive)] if positive is not None else len(self.classes) - 1
 
     @staticmethod
@@ -154,7 +155,7 @@ class LabelEncoder:
         if bad:
             # Generated labels may be named; real ones not (issue 20, finding 9).
             which = f"the {what} labels {bad[:5]} are" if what == "synthetic" else f"some {what} labels are"
-            raise ValueError(f"{which} not among the real data's classes")
+            raise ValueError(f"{which} not among the label's classes")
         return np.array([self._index[k] for k in keys], dtype=np.int64)
 
 
@@ -370,7 +371,9 @@ def evaluate_tabular(
         top_k: size of the top-k feature overlap.
         reuse: the result of an earlier call on the same real splits and seed: Setting A (which does
             not depend on the synthetic data) is taken from it instead of trained again.
-        spec: the tabular data spec (public bounds and categories): adds the fidelity measures.
+        spec: the tabular data spec (public bounds and categories): adds the fidelity measures, and its
+            label categories are the classes (without it, the classes of the real labels that the
+            settings read: the training split's only with Setting A or ``reference="train"``).
         fidelity_bins: equal-width bins of a numeric column's bounds for the fidelity measures.
 
     Returns:
@@ -383,7 +386,7 @@ def evaluate_tabular(
         floor ``"A/fidelity/{m}"``. NaN marks an undefined value.
 
     Raises:
-        ValueError: on missing columns, unknown classifiers or settings, or labels outside the real classes.
+        ValueError: on missing columns, unknown classifiers or settings, or labels outside the classes.
     """
     classifiers = list(CLASSIFIERS if classifiers is None else classifiers)
     unknown = sorted(set(classifiers) - set(CLASSIFIERS))
@@ -406,10 +409,16 @@ def evaluate_tabular(
 
     features = [c for c in train.columns if c != label]
     numeric, categorical = FeatureEncoder.column_kinds(train[features])
-    labels = LabelEncoder([train[label], test[label]], positive=positive)
+    # The classes: the schema's (declared or paid for) where there is one. Read from the rows, a class
+    # that one training record holds would decide whether the synthetic labels fit (an error or a
+    # report): a bit of the training split, read even where no setting may read it.
+    declared = (spec or {}).get("label", {}).get("categories")
+    reads_train = "A" in settings or reference == "train"
+    real_labels = [pd.Series(declared)] if declared else [*([train[label]] if reads_train else []), test[label]]
+    labels = LabelEncoder(real_labels, positive=positive)
     k, pos = len(labels.classes), labels.positive
-    y_train, y_test = labels.encode(train[label], "real train"), labels.encode(test[label], "real test")
-    y_syn = labels.encode(synthetic[label], "synthetic")
+    y_train = labels.encode(train[label], "real train") if reads_train else None
+    y_test, y_syn = labels.encode(test[label], "real test"), labels.encode(synthetic[label], "synthetic")
 
     def fit_encode(fit_on: pd.DataFrame, *others: pd.DataFrame) -> list[np.ndarray]:
         enc = FeatureEncoder(numeric, categorical).fit(fit_on[features])

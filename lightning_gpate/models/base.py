@@ -8,7 +8,7 @@ sampling alike: a prior that differs between the two is one of the known PATE-GA
 from __future__ import annotations
 
 import atexit
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import pytorch_lightning as pl
 import torch
@@ -20,7 +20,7 @@ from lightning_gpate.release import CHECKPOINT_KEY, CheckpointError, load_releas
 
 CHECKPOINT_FORMAT = 1
 LATENT_PRIORS = ("normal", "uniform")
-__all__ = ["CHECKPOINT_KEY", "CheckpointError", "GenerativeModel", "load_generator"]
+__all__ = ["CHECKPOINT_KEY", "CheckpointError", "GenerativeModel", "load_generator", "refuse_changed_on_resume"]
 
 
 def _gloo_group_alive() -> bool:
@@ -204,6 +204,31 @@ class GenerativeModel(pl.LightningModule):
             raise CheckpointError(f"{path} holds a {meta.get('model_class')}, but the config trains a {mine}: resume with the config it was trained with")
         if "state_dict" not in checkpoint or "optimizer_states" not in checkpoint or "loops" not in checkpoint:
             raise CheckpointError(f"{path} holds no training state (optimizers, loops): it cannot be resumed; give the training checkpoint")
+
+
+def refuse_changed_on_resume(path: str, pinned: Mapping[str, Any], requested: Mapping[str, Any],
+                             names: Iterable[str] | None = None) -> None:
+    """Raise :class:`CheckpointError` when a resume from ``path`` asks for other values than the
+    checkpoint pins: ``requested[name] != pinned[name]`` for a name in both (of ``names``, default all).
+
+    A resumed run continues the checkpoint's run: its accountant was filled under the checkpoint's
+    budget, δ, noise, teachers and accounting mode, and LightningCLI takes the model's hyperparameters
+    from the checkpoint whatever the command line says. A value asked for and then not used would be a
+    silent change of what the run promises; the one-line error names both values.
+    """
+    keys = [k for k in (pinned if names is None else names) if k in pinned and k in requested]
+    changed = [k for k in keys if requested[k] != pinned[k]]
+    if not changed:
+        return
+
+    def values(of: Mapping[str, Any]) -> str:
+        return ", ".join(f"{k}={of[k]!r}" if isinstance(of[k], str) else f"{k}={of[k]}" for k in changed)
+
+    raise CheckpointError(
+        f"{path} pins {values(pinned)}, but this run asks for {values(requested)}: a resumed fit keeps the "
+        f"checkpoint's privacy budget, noise, teachers and other settings. Drop the change, or start a new run "
+        f"(no ckpt_path) to use it"
+    )
 
 
 def load_generator(ckpt_path: str, map_location: str = "cpu") -> GenerativeModel:

@@ -457,11 +457,19 @@ class DPGAN(PrivateGenerativeModel):
     def guarantee_epsilon(self) -> float:
         """RDP ε, or (``accountant: pld``) the PLD ε of the critic steps taken and the metadata's pure
         ε; for speed at a step count rounded up to a multiple of ``PLD_STEP_GRID`` (an upper bound)."""
-        if self.hparams.get("accountant", "rdp") == "rdp" or self._trainer is None:
+        if not self._pld_in_force():
             return super().guarantee_epsilon()
         steps = int(self.critic_steps_taken)
         rounded = -(-steps // PLD_STEP_GRID) * PLD_STEP_GRID
         return self._pld_epsilon(steps if rounded > self._pld_max_steps() else rounded)
+
+    def _pld_in_force(self) -> bool:
+        """Whether :meth:`guarantee_epsilon` is the PLD bound (``accountant: pld``, during a fit)."""
+        return self.hparams.get("accountant", "rdp") != "rdp" and self._trainer is not None
+
+    def guarantee_order(self) -> float | None:
+        """``None`` while the PLD bound is the guarantee (no Rényi order gives it)."""
+        return None if self._pld_in_force() else super().guarantee_order()
 
     def stop_rule_filters_rdp(self) -> bool:
         """With ``accountant: pld`` the budget stop compares the PLD ε: the RDP bound beside it is the

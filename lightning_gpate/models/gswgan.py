@@ -45,11 +45,12 @@ draws are made for all N_D members on every rank and each rank keeps its members
 trains exactly as on one process, and the checkpoint gathers every member in order. In the private
 stage every rank draws the same discriminator k (the choice comes from one secret seed drawn on rank 0
 and broadcast; it is never logged), the rank holding k (k mod W) trains it and computes the sanitised
-gradient into the generated samples, which it broadcasts: the raw gradient never leaves that rank.
-Every rank draws the same latents, applies the same sanitised gradient to its replica of the
-generator, and keeps its noise generator in step with the owner's. Every rank holds the pretrained
-stack (read, never changed, under ``discriminator_state: reset``; ``kept`` is one process only). Only
-pretraining is faster: a private step uses one discriminator, on one process.
+gradient into the generated samples, with noise from its own OS-seeded generator, and broadcasts it:
+neither the raw gradient nor the noise leaves that rank. Every rank draws the same latents and applies
+the same sanitised gradient to its replica of the generator. Every rank holds the pretrained stack
+(read, never changed, under ``discriminator_state: reset``; ``kept`` is one process only) and the whole
+training split, so the ranks are one trusted curator (docs/multi-gpu.md). Only pretraining is faster: a
+private step uses one discriminator, on one process.
 """
 
 from __future__ import annotations
@@ -348,7 +349,7 @@ class GSWGAN(PrivateGenerativeModel):
         self.stage = stage
         self.sanitizer = GradientSanitizer(clip_bound=clip_bound, noise_multiplier=noise_multiplier, secure_mode=secure_mode)
         self._noise_generator: torch.Generator | None = None  # OS-seeded at each start, never checkpointed
-        self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
+        self._noise_seed: int | None = noise_seed  # None: each process seeds its own from the OS (never shared)
 
         self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim)
         self.discriminators = StackedModules([self._new_discriminator() for _ in range(num_discriminators)])
@@ -423,10 +424,12 @@ class GSWGAN(PrivateGenerativeModel):
             return
         if world > 1 and self.single_process_only:  # for a Trainer built without the command line
             raise ValueError(f"GSWGAN trains on one process only ({self.single_process_only}): use one device")
-        # every rank draws the same discriminator and the same noise: one secret seed, broadcast by rank 0
-        self._noise_seed = shared_seed(self, self.hparams.noise_seed)
+        # every rank draws the same discriminator: one secret seed, broadcast by rank 0. The sanitiser's
+        # noise is not shared: the owner of the drawn discriminator draws it from its own OS-seeded
+        # generator and the other ranks receive only the sanitised gradient (no seed to replay it from).
         self._noise_generator = None
-        self.train_sampling = {**self.train_sampling, "mechanism_seed": derived_seed(self._noise_seed, "discriminator choice")}
+        choice_seed = shared_seed(self, self.hparams.noise_seed)
+        self.train_sampling = {**self.train_sampling, "mechanism_seed": derived_seed(choice_seed, "discriminator choice")}
 
     def on_fit_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
@@ -583,8 +586,8 @@ class GSWGAN(PrivateGenerativeModel):
         """Set the generator's ``.grad`` to ``Σ_j J_j^T ĝ_j`` for B fresh samples, where ĝ_j is the
         sanitised gradient of the WGAN loss ``−mean_j D(x_j)`` w.r.t. sample x_j. The critic gets no
         gradient: only the detached samples are differentiated. Under DDP the samples are the same on
-        every rank; rank ``owner`` (the critic's) sanitises and broadcasts ĝ. Returns the (detached)
-        loss on the owner, ``None`` elsewhere."""
+        every rank; rank ``owner`` (the critic's) sanitises with noise from its own generator and
+        broadcasts ĝ. Returns the (detached) loss on the owner, ``None`` elsewhere."""
         opt_g = self.optimizers()[0]
         b = self.hparams.generator_batch_size
         labels = self.sample_labels(b)
@@ -593,7 +596,7 @@ class GSWGAN(PrivateGenerativeModel):
         if rank_and_world(self)[0] == owner:
             with frozen(critic):
                 grad, loss = self.sanitizer.sample_gradient(lambda x: -critic(x, labels).mean(), fake, generator=self.noise_generator())
-        else:
+        else:  # advances this rank's own generator: with a fixed test seed, its stream stays the owner's
             grad = torch.empty_like(fake)
             self.sanitizer.skip_noise(grad, generator=self.noise_generator())
         if is_distributed():
@@ -604,7 +607,9 @@ class GSWGAN(PrivateGenerativeModel):
 
     def noise_generator(self) -> torch.Generator:
         """The sanitiser's noise generator: seeded from the OS (unless ``noise_seed``) when first
-        used in a process, on the module's device; never saved, so a resumed run draws fresh noise."""
+        used in a process, on the module's device, by each process on its own (under DDP no other rank
+        can replay the noise of the owner's sanitised gradient); never saved, so a resumed run draws
+        fresh noise. A fixed ``noise_seed`` (tests) seeds every rank alike: 2 processes then train as 1."""
         if self._noise_generator is None or self._noise_generator.device != self.device:
             self._noise_generator = mechanism_generator(self.device, self._noise_seed)
         return self._noise_generator

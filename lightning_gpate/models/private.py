@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
-from lightning_gpate.models.base import CheckpointError, GenerativeModel
+from lightning_gpate.models.base import CheckpointError, GenerativeModel, refuse_changed_on_resume
 from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
 from lightning_gpate.privacy.disclosure import PRIVATE_PREFIX, private_diagnostics_allowed
@@ -31,6 +31,10 @@ from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
 SMOOTH_SENSITIVITY = "smooth_sensitivity"
+#: The hyperparameters that say what a run promises (its budget, δ, accounting): a training checkpoint
+#: pins them, for a resume from Python too (``trainer.fit(model, ckpt_path=...)``, where the model's other
+#: hyperparameters are the caller's: each step's cost is recorded at the noise it actually used).
+PROMISE_HPARAMS = ("epsilon", "delta", "budget_accounting", "conversion", "epsilon_hard_cap", "smooth_sensitivity")
 
 
 class PrivateMetadataError(UserError, ValueError):
@@ -214,6 +218,13 @@ class PrivateGenerativeModel(GenerativeModel):
         worst = self.accountant.epsilon_worst_case(*self._gnss_reservation())
         return min(self.budget_limit(), worst) if self.stop_rule_filters_rdp() else worst
 
+    def guarantee_order(self) -> float | None:
+        """The Rényi order whose RDP → (ε, δ) conversion gives :meth:`guarantee_epsilon`: the best order of
+        the worst case of the steps taken, or ``None`` where the guarantee is the limit the budget stop
+        kept (a privacy filter guarantees its limit, which no single order's conversion gives)."""
+        worst, order = self.accountant.epsilon_worst_case_and_order(*self._gnss_reservation())
+        return None if self.stop_rule_filters_rdp() and self.budget_limit() < worst else order
+
     def stop_rule_filters_rdp(self) -> bool:
         """Whether the budget stop compares the accountant's RDP guarantee with :meth:`budget_limit` (so
         that the limit is a guarantee, a privacy filter): not under ``budget_accounting: paper``, nor
@@ -391,8 +402,10 @@ class PrivateGenerativeModel(GenerativeModel):
         """Resume with the data spec the checkpoint's run released: metadata estimated with DP (bounds,
         class ratio) is paid once, and the accountant restored from the checkpoint holds that payment
         only. This model was built from the DataModule's fresh estimate, which is dropped here, and the
-        DataModule reloads its data with the released metadata, before any batch is drawn."""
+        DataModule reloads its data with the released metadata, before any batch is drawn. A model
+        built with another budget, δ or accounting (:data:`PROMISE_HPARAMS`) than the checkpoint's is refused."""
         super().on_load_checkpoint(checkpoint)
+        refuse_changed_on_resume("the checkpoint", checkpoint.get("hyper_parameters") or {}, self.hparams, PROMISE_HPARAMS)
         saved = (checkpoint.get("hyper_parameters") or {}).get("data_spec")
         if saved is None or not (saved.get("metadata_cost") or self.data_spec.get("metadata_cost")):
             return

@@ -659,9 +659,13 @@ class PrivacyAccountant:
     def epsilon_worst_case(self, *events) -> float:
         """ε of ``rdp_worst_case`` (with the worst cases of ``events`` added, nothing recorded): what
         the steps recorded could have cost whatever their mechanisms output."""
+        return self.epsilon_worst_case_and_order(*events)[0]
+
+    def epsilon_worst_case_and_order(self, *events) -> tuple[float, float]:
+        """(ε, best order) of :meth:`epsilon_worst_case`."""
         g = sum((_event_cost(worst_case_of(event), self._orders, self.neighbouring, paper=False).guarantee
                  for event in events), np.zeros_like(self._rdp))
-        return rdp_to_epsilon(self._rdp_worst + g, self._orders, self.delta, conversion=self.conversion)[0]
+        return rdp_to_epsilon(self._rdp_worst + g, self._orders, self.delta, conversion=self.conversion)
 
     def epsilon_paper(self) -> float:
         """ε of the paper-style analysis (see ``paper_label``); NOT a guarantee."""

@@ -125,15 +125,24 @@ def released_accountant_state(pl_module) -> dict[str, Any]:
     return state
 
 
+#: The key of the release summary's ε of the costs recorded: the name says it is no guarantee.
+#: Artifacts written before issue 33 call it ``epsilon_realised``.
+REALISED_KEY = "epsilon_realised_not_a_bound"
+
+
 def released_summary(pl_module) -> dict[str, Any]:
-    """The accountant's summary as it may be released: ``epsilon`` the guarantee; ``epsilon_realised``
-    the guarantee's analysis of the costs recorded (not a bound for a run that ended before its
-    budget), ``epsilon_worst_case`` that of the worst case of the steps taken; the paper-style ε only
-    where it may be released (else equal to ``epsilon``); δ, best order, counts."""
+    """The accountant's summary as it may be released: ``epsilon`` the guarantee and ``best_order`` its
+    Rényi order (``None`` where the guarantee is the budget stop's limit or a PLD bound:
+    :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.guarantee_order`);
+    ``epsilon_realised_not_a_bound`` (:data:`REALISED_KEY`) the guarantee's analysis of the costs
+    recorded, which is not a bound for a run that ended before its budget; ``epsilon_worst_case`` that
+    of the worst case of the steps taken; the paper-style ε only where it may be released (else equal to
+    ``epsilon``); δ, counts."""
     acc = pl_module.accountant
     summary = acc.summary()
-    summary["epsilon_realised"] = summary["epsilon"]
+    summary[REALISED_KEY] = summary["epsilon"]
     summary["epsilon"] = pl_module.guarantee_epsilon()
+    summary["best_order"] = pl_module.guarantee_order()
     rdp = _rdp_beside(pl_module)
     if rdp is not None:
         summary["epsilon_rdp"] = rdp
@@ -198,6 +207,8 @@ def final_record(trainer, pl_module) -> dict[str, dict[str, Any]]:
     metrics = {name.replace("epsilon", "epsilon_final", 1): value for name, value in released_epsilons(pl_module).items()}
     params: dict[str, Any] = {f"privacy/{key}": str(summary[key])[:500]
                               for key in ("delta", "analysis", "neighbouring_relation", "conversion", "best_order", "orders")}
+    if summary["best_order"] is None:
+        params["privacy/best_order"] = "none (the guarantee is the budget the stop rule kept, or a PLD bound)"
     params.update({"privacy/epsilon_budget": pl_module.epsilon_budget, "privacy/budget_accounting": pl_module.budget_accounting})
     tags = {"stop_reason": stop_reason(trainer, pl_module), "privacy_guarantee": guarantee_tag(pl_module),
             "privacy_scope": PRIVACY_SCOPE}

@@ -113,9 +113,10 @@ class GradientSanitizer:
 
     def skip_noise(self, like: torch.Tensor, *, generator: torch.Generator) -> None:
         """Draw, and discard, the noise that sanitising a gradient shaped like ``like`` draws from
-        ``generator``: under DDP the processes that do not hold the step's discriminator keep their
-        copy of the (identically seeded) mechanism generator in step with the one that does, so that
-        no two steps ever get the same noise."""
+        ``generator``. Under DDP with a fixed test seed (every rank's generator seeded alike) the
+        processes that do not hold the step's discriminator keep their generator in step with the one
+        that does, so that no two steps get the same noise and 2 processes train as 1; OS-seeded, each
+        rank's generator is its own and this only advances it."""
         if self.noise_multiplier > 0:
             self._standard_normal(like, generator)
 
