@@ -479,9 +479,7 @@ class DPGAN(PrivateGenerativeModel):
     def _charged_epsilon(self) -> float:
         """What the budget stop says it compares: with ``accountant: pld`` the PLD ε of the steps taken
         (the stop message said the RDP ε, e.g. "from 11.84 to 10.0004")."""
-        if self.hparams.get("accountant", "rdp") == "rdp" or self.budget_accounting == "paper":
-            return super()._charged_epsilon()
-        return self.guarantee_epsilon()
+        return self.guarantee_epsilon() if self._pld_in_force() and self.budget_accounting != "paper" else super()._charged_epsilon()
 
     def epsilon_if(self, event) -> float:
         """ε after ``event`` under the budget's accountant. With PLD, a step count within the budget's
