@@ -134,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import yaml
 
-    from image_utility import build, load_config
+    from image_utility import build, grids_every, load_config
     from lightning_gpate.evaluation.image import cnn_utility
-    from lightning_gpate.sampling import image_grid, save_png
 
     config = load_config(a.config)
     init = config["model"]["init_args"]
@@ -164,22 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     dm, model = build(config, model_overrides=model_over, data_overrides=data_over)
     out = Path(a.out_dir) / a.name
     out.mkdir(parents=True, exist_ok=True)
-    labels = torch.arange(10).repeat_interleave(10)
-
-    class Grids(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            step = trainer.global_step
-            if step and step % a.every == 0 and getattr(self, "last", None) != step:
-                self.last = step
-                pl_module.eval()
-                x, y = pl_module.generate(100, labels=labels, seed=1)
-                pl_module.train()
-                save_png(image_grid(x, y, 10, per_class=10), out / f"step{step:05d}.png")
-                print(f"aggregation {step}: grid written", flush=True)
-
     start = time.perf_counter()
     trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Grids()])
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[grids_every(out, a.every)])
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
     x, y = model.generate(5000, seed=0)

@@ -91,6 +91,30 @@ def build(config: dict[str, Any], *, model_overrides: dict | None = None, data_o
     return dm, model
 
 
+def grids_every(out: Path, every: int, describe=lambda trainer, module: ""):
+    """A Lightning callback that writes a 10×10 grid of the model's samples (a row per class, fixed
+    latents) to ``out/stepNNNNNN.png`` every ``every`` generator steps, printing ``describe(trainer, module)``."""
+    import pytorch_lightning as pl
+    import torch
+
+    from lightning_gpate.sampling import image_grid, save_png
+
+    labels = torch.arange(10).repeat_interleave(10)
+
+    class Grids(pl.Callback):
+        last = None
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            step = trainer.global_step
+            if step and step % every == 0 and self.last != step:
+                self.last = step
+                x, y = pl_module.generate(100, labels=labels, seed=1)
+                save_png(image_grid(x, y, 10, per_class=10), Path(out) / f"step{step:06d}.png")
+                print(f"step {step}{describe(trainer, pl_module)}: grid written", flush=True)
+
+    return Grids()
+
+
 def logistic_regression_accuracy(model, dm, *, num_samples: int = 2000, seed: int = 0) -> float:
     """Accuracy on the real test split of a logistic regression trained on ``num_samples`` generated
     images (flattened pixels in [-1, 1]): does a plain classifier recognise the generated digits?"""

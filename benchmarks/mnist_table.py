@@ -112,8 +112,10 @@ ROWS: tuple[Row, ...] = (
     Row("gpate_eps10_ladder_guarantee", "—", "≥ 0.80 (guarantee)", 120),
     Row("gpate_eps1_ladder_guarantee", "—", "≥ 0.60 (guarantee)", 90),
     Row("gpate_noisefree", "—", "≥ 0.95 (no privacy)", 180, kind="paper"),
-    Row("dpgan_eps10_guarantee", "0.8011", "≥ 0.80", 75, kind="paper", splittable=True),
-    Row("dpgan_eps1_guarantee", "0.4036", "≥ 0.40", 45, kind="paper", splittable=True),
+    # Bie et al.'s recipe (Private GANs, Revisited), ~100,000 discriminator steps: two calls of ~470 s training
+    # each (END_S=570; benchmarks/results/dpgan_mnist_cpu.md), both rows side by side
+    Row("dpgan_eps10_guarantee", "0.8011 (G-PATE's table); 0.930-0.950 (Bie et al. 2023)", "≥ 0.85", 850, kind="paper", splittable=True),
+    Row("dpgan_eps1_guarantee", "0.4036 (G-PATE's table)", "≥ 0.60", 850, kind="paper", splittable=True),
     # GS-WGAN: one pretraining of the 1,000 discriminators (≤ pretrain_seconds, cached: the rows share it), then each
     # row's private stage, whose small checkpoint lets it continue over calls on the machine that holds the cache.
     Row("gswgan_eps10_paper", "0.8066 (its unsound ε)", "≥ 0.78 at its paper ε (labelled)", 300, kind="extra",
@@ -518,7 +520,8 @@ def write_table(data: dict[str, Any], results: Path, state: Path, *, smoke: bool
 def merge_states(data: dict[str, Any], state: Path, sources: list[Path]) -> None:
     """Rows and grids of ``sources`` (states of runners run side by side, or a later call's) into
     ``data``/``state``: a source's finished row replaces the row there (a rerun), an unfinished one only
-    an unfinished or missing row; the meta (machine, real baseline) is filled where missing."""
+    an unfinished or missing row (with the training checkpoint a split row continues from); the meta
+    (machine, real baseline) is filled where missing."""
     for source in sources:
         other = load_state(source)
         if not other["rows"] and not other["meta"]:
@@ -528,6 +531,10 @@ def merge_states(data: dict[str, Any], state: Path, sources: list[Path]) -> None
         for name, record in other["rows"].items():
             if record.get("status") == "done" or data["rows"].get(name, {}).get("status") != "done":
                 data["rows"][name] = record
+                ckpt = source / record["checkpoint"] if record.get("checkpoint") else None
+                if ckpt is not None and ckpt.is_file() and ckpt.resolve() != (state / record["checkpoint"]).resolve():
+                    (state / record["checkpoint"]).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(ckpt, state / record["checkpoint"])
                 png = source / "grids" / f"{name}.png"
                 if png.is_file():
                     (state / "grids").mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,9 @@
 # then run the rows with EXTRA="--pretrained-cache outputs/gswgan_pretrained --max-carry-mb 100" and WORK=outputs/mnist_call.
 # Unpack here with `tar xzf mnist_table_call.tgz`, then merge its state into the table:
 #   python benchmarks/mnist_table.py --state <kept state> --merge-from <unpacked>/merged --results benchmarks/results
+# A row split over calls (DP-GAN's) leaves its training checkpoint beside the archive, one file per row
+# ($OUT/<row>.ckpt: a call returns files of at most 16 MiB): put them into <unpacked>/merged/ckpt/ and carry
+# that folder as the next call's RESUME state, which continues those rows.
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 W=${WORK:-/tmp/mnist_table_call}; mkdir -p "$W"
@@ -41,5 +44,7 @@ for j in $(seq 1 $i); do echo "--- runner $j"; grep -E "^== |status=|Error" "$W/
   --note "${NOTE:-$i runners side by side on one GPU: s/step includes the sharing}" > /dev/null
 rm -rf "$W"/state_*/cache "$W"/state_*/smoke_data "$W/merged/cache"
 # checkpoints of rows cut short stay in $W (a next call on the still-warm machine continues them: RESUME= and the
-# same WORK, e.g. under the project's ignored outputs/); the archive leaves them out
+# same WORK, e.g. under the project's ignored outputs/); the archive leaves them out, and the merged ones also go
+# beside it ($OUT/<row>.ckpt, returned when under a call's 16 MiB per file: DP-GAN's) for a call on a fresh machine
+if [ -d "$W/merged/ckpt" ]; then cp "$W"/merged/ckpt/*.ckpt "${OUT:-.}/" 2>/dev/null; fi
 tar czf "${OUT:-.}/mnist_table_call.tgz" --exclude=ckpt --exclude=pretrained -C "$W" . && echo "[$(el) s] packed ${OUT:-.}/mnist_table_call.tgz"

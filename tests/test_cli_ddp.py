@@ -127,6 +127,30 @@ def test_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_pa
     _assert_same_release(run_one.data.tags["release_artifact"], run_two.data.tags["release_artifact"], atol=1e-4)
 
 
+# Bie et al.'s recipe, small; the adaptive n_D moves every generator step (threshold 1, grace 1): 1, 2, 5
+DPGAN_REVISITED = [*DPGAN_QUICK, "--model.init_args.loss", "nonsaturating", "--model.init_args.optimizer", "adam",
+                   "--model.init_args.lr", "0.0002", "--model.init_args.weight_clip", "null",
+                   "--model.init_args.architecture", "conv", "--model.init_args.gf_dim", "8", "--model.init_args.df_dim", "8",
+                   "--model.init_args.ema_decay", "0.9", "--model.init_args.d_steps", "1",
+                   "--model.init_args.adaptive_d_steps", "{threshold: 1.0, grace: 1, decay: 0.5}", "--trainer.log_every_n_steps", "1"]
+
+
+def test_dpgan_revisited_recipe_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
+    """Under DDP each process decides the adaptive n_D from the same critic and the same public fakes: the
+    processes stay in step (a process serving another number of batches would change the ε, or hang the
+    all-reduce), and the release (the EMA generator) and ε are one process's."""
+    two, run_two = _two_processes(DPGAN_REVISITED, "two", tmp_path)
+    with _one_process_under_ddp() as ddp_one:
+        assert main([*DPGAN_REVISITED, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
+    run_one, client = query_run("one")
+    for run in (run_one, run_two):
+        assert run.info.status == "FINISHED" and run.data.tags["stop_reason"] == "max_steps=3 reached"
+        assert [m.value for m in client.get_metric_history(run.info.run_id, "d_steps")] == [2.0, 5.0, 10.0]
+    assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
+    one, two_ = (_artifact_tensors(run.data.tags["release_artifact"]) for run in (run_one, run_two))
+    assert_same_tensors(one, two_, atol=1e-3)  # Adam's normalised steps: float-level sums, float-level releases
+
+
 def test_dpgan_noise_is_added_once_per_step_on_two_processes(tmp_path):
     import socket
 

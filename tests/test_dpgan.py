@@ -29,12 +29,36 @@ def _ready(model, dm, **trainer_kw):
 
 
 def _flat(tensors):
-    return torch.cat([t.reshape(-1) for t in tensors])
+    return torch.cat([torch.zeros(0), *(t.reshape(-1) for t in tensors)])
 
 
-def test_each_real_record_gives_one_clipped_gradient():
+#: The two recipes: Xie et al.'s WGAN critic (MLP, weight clipping) and Bie et al.'s non-saturating loss
+#: with the all-convolutional DCGAN critic (no weight clipping, Adam).
+RECIPES = {
+    "wgan_mlp": dict(noise_multiplier=1.0, max_grad_norm=0.05, **SMALL),
+    "nonsaturating_conv": dict(noise_multiplier=1.0, max_grad_norm=0.05, loss="nonsaturating", optimizer="adam",
+                               weight_clip=None, architecture="conv", gf_dim=8, df_dim=8, **SMALL),
+}
+
+
+def _loop_gradients(model, x, y, loss):
+    """Independent reference: per sample, the plain autograd gradient of ``loss(D(x_i, y_i))``, flat."""
+    critic = model.discriminator._module
+    params = list(critic.parameters())
+    model.discriminator.disable_hooks()
+    try:
+        return [_flat(torch.autograd.grad(loss(critic(x[i:i + 1], y[i:i + 1])).sum(), params)) for i in range(len(y))]
+    finally:
+        model.discriminator.enable_hooks()
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_critics_per_sample_gradients_equal_a_loop_over_samples(recipe):
+    """Real rows and fakes share one vectorised backward pass: the real rows' per-sample gradients must be
+    each record's own gradient, the fake term the mean of each fake's clipped gradient, and the DP sum the
+    clipped real gradients (noise aside) over the expected batch."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, max_grad_norm=0.05, **SMALL)
+    model = DPGAN(dm.spec, epsilon=10.0, **RECIPES[recipe])
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
     dp_opt.noise_multiplier = 0.0  # isolate the clipping
@@ -42,35 +66,44 @@ def test_each_real_record_gives_one_clipped_gradient():
     real_x, real_y = x[:6], y[:6]
 
     dp_opt.zero_grad()
-    model.real_term_per_sample_gradients(real_x, real_y)
+    model._public_seed, model._public_gen = 3, None
+    fake_term, _, _ = model.critic_per_sample_gradients(real_x, real_y)
+    per_sample = torch.cat([p.grad_sample.reshape(6, -1) for p in model.discriminator.parameters()], dim=1)
     dp_opt.pre_step()  # clip, sum, (no) noise, divide by the expected batch size
     got = _flat(p.grad for p in model.discriminator.parameters())
 
-    # Independent reference: per record i, the gradient of -D(real_i), clipped to C.
-    critic = model.discriminator._module
-    params = list(critic.parameters())
-    model.discriminator.disable_hooks()
-    real_only = [_flat(torch.autograd.grad(-critic(real_x[i:i + 1], real_y[i:i + 1]).sum(), params)) for i in range(6)]
-    model.discriminator.enable_hooks()
+    real_loss = lambda s: model.critic_losses(s, s)[0]  # noqa: E731
+    fake_loss = lambda s: model.critic_losses(s, s)[1]  # noqa: E731
+    real_loop = _loop_gradients(model, real_x, real_y, real_loss)
+    for i in range(6):
+        assert torch.allclose(per_sample[i], real_loop[i], atol=1e-7, rtol=1e-4)
     C, expected_batch = 0.05, model.expected_batch_size
-    assert min(float(g.norm()) for g in real_only) > C  # every record's gradient needed clipping
-    assert torch.allclose(got, sum(g * C / float(g.norm()) for g in real_only) / expected_batch, atol=1e-7, rtol=1e-4)
+    assert min(float(g.norm()) for g in real_loop) > C  # every record's gradient needed clipping
+    assert torch.allclose(got, sum(g * C / float(g.norm()) for g in real_loop) / expected_batch, atol=1e-7, rtol=1e-4)
     assert float(got.norm()) * expected_batch <= 6 * C + 1e-6
 
+    model._public_seed, model._public_gen = 3, None  # the same public fakes again
+    fakes, labels = model.public_fakes()
+    fake_loop = _loop_gradients(model, fakes, labels, fake_loss)
+    clipped = sum(g * min(1.0, C / float(g.norm())) for g in fake_loop) / len(labels)
+    assert len(labels) == expected_batch and torch.allclose(_flat(fake_term), clipped, atol=1e-7, rtol=1e-4)
 
-def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignores_the_batch():
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignores_the_batch(recipe):
     """Issue 20, finding 3: the subsampled Gaussian's sensitivity C holds for the whole critic
     gradient (noise aside), and the generator's released BatchNorm buffers do not see the private
     batch. Fails on pairing fake i with real row i (every fake moves when a record is added)."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, max_grad_norm=0.05, **SMALL)
+    model = DPGAN(dm.spec, epsilon=10.0, **RECIPES[recipe])
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
     dp_opt.noise_multiplier = 0.0
     critic_params = list(model.discriminator.parameters())
-    with torch.no_grad():  # weight clipping after the step is then a no-op: the critic stays the same
-        for p in critic_params:
-            p.clamp_(-model.hparams.weight_clip, model.hparams.weight_clip)
+    if model.hparams.weight_clip is not None:
+        with torch.no_grad():  # weight clipping after the step is then a no-op: the critic stays the same
+            for p in critic_params:
+                p.clamp_(-model.hparams.weight_clip, model.hparams.weight_clip)
     grads = []
     dp_opt.original_optimizer.step = lambda *a, **k: grads.append(_flat(p.grad for p in critic_params))  # record, no update
     x, y = dm.model_space("train")
@@ -83,7 +116,8 @@ def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignor
         buffers.append(_flat(b.float() for b in model.generator.buffers()))
     C, expected_batch = 0.05, model.expected_batch_size
     assert len(grads) == 2 and float(grads[0].norm()) > 0
-    assert float((grads[1] - grads[0]).norm()) * expected_batch <= C * (1 + 1e-4)
+    moved = float((grads[1] - grads[0]).norm()) * expected_batch
+    assert 0 < moved <= C * (1 + 1e-4)
     assert torch.equal(buffers[0], before) and torch.equal(buffers[1], before)
 
 
@@ -96,7 +130,7 @@ def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
     assert isinstance(dp_opt, DPSumOptimizer)  # under DDP: noise once, on rank 0 (test_cli_ddp checks it on 2 processes)
     empty_x, empty_y = torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long)
     dp_opt.zero_grad()
-    model.real_term_per_sample_gradients(empty_x, empty_y)  # a Poisson batch may be empty
+    model.critic_per_sample_gradients(empty_x, empty_y)  # a Poisson batch may be empty
     dp_opt.pre_step()
     noise = _flat(p.grad for p in model.discriminator.parameters())
     assert noise.numel() > 8000
@@ -119,7 +153,8 @@ def test_epsilon_matches_opacus_and_training_stops_before_the_budget():
     assert q == Q  # declared, not read from the data
     assert model.budget_exhausted and steps == model.accountant.counts["subsampled_gaussian_steps"] > 0
     assert trainer.global_step == steps // 5  # five critic steps per generator step (a refused one: none)
-    assert model.accountant.epsilon() <= 1.0 < model.epsilon_if(model.privacy_event())
+    # the d_steps critic steps of a generator step are paid together, before the first is applied
+    assert model.accountant.epsilon() <= 1.0 < model.epsilon_if(model.generator_step_event())
     # opacus, independently: its RDP of `steps` Poisson-subsampled Gaussians, on the same orders
     orders = [float(a) for a in model.accountant.orders]
     rdp = opacus_rdp.compute_rdp(q=q, noise_multiplier=1.2, steps=steps, orders=orders)
@@ -130,6 +165,67 @@ def test_epsilon_matches_opacus_and_training_stops_before_the_budget():
     assert math.isclose(run.data.metrics["epsilon_final"], eps_opacus, rel_tol=1e-6)
     assert math.isclose(run.data.metrics["epsilon_opacus"], eps_opacus, rel_tol=1e-6)
     assert run.data.tags["stop_reason"].startswith("privacy budget reached")
+
+
+def test_a_generator_step_consumes_its_n_d_critic_steps_as_subsampled_gaussian_events():
+    """n_D = 7 critic steps per generator step (Bie et al.'s recipe, small): each is one Poisson-subsampled
+    Gaussian in both accountants, paid before the step; the ε equals dp-accounting's own RDP accountant
+    composing the same number of steps (an independent computation of composition and conversion)."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=2.0, d_steps=7, **{**RECIPES["nonsaturating_conv"], "noise_multiplier": 1.0,
+                                                        "max_grad_norm": 1.0, "ema_decay": 0.9})
+    trainer = pl.Trainer(max_steps=1000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                         enable_model_summary=False)
+    trainer.fit(model, dm)
+    steps = int(model.critic_steps_taken)
+    assert model.budget_exhausted and steps == 7 * trainer.global_step > 7
+    assert model.accountant.counts["subsampled_gaussian_steps"] == steps
+    assert model.opacus_accountant.history == [(1.0, Q, steps)]  # every critic step's DP optimizer hook
+    reference = RdpAccountant([float(a) for a in model.accountant.orders])
+    reference.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(1.0)), count=steps)
+    assert math.isclose(model.accountant.epsilon(), reference.get_epsilon(1e-5), rel_tol=1e-9)
+    further = RdpAccountant([float(a) for a in model.accountant.orders])  # the refused generator step: 7 more
+    further.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(1.0)), count=steps + 7)
+    assert model.accountant.epsilon() <= 2.0 < further.get_epsilon(1e-5)
+    # the sampled generator is the weight average, and it is what the release holds
+    assert model.generator_module is model.generator_ema
+    assert not torch.equal(_flat(model.generator_ema.parameters()), _flat(model.generator.parameters()))
+
+
+def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_path):
+    """Bie et al.'s adaptive n_D: with threshold 1 (always reached) and a grace of 2 generator steps, n_D goes
+    1 → 2 → 5 → 10 every two generator steps; the DataModule serves the new count from its next item, and
+    each generator step pays for exactly the batches it received. A resumed run continues at its n_D."""
+    dm = ImageDataModule("digits", batch_size=32)
+    adaptive = {"threshold": 1.0, "grace": 2, "decay": 0.5}
+    model = DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
+    served = []
+    step = model.training_step
+    model.training_step = lambda batch, batch_idx: (served.append(len(batch)), step(batch, batch_idx))[1]
+    trainer = pl.Trainer(max_steps=7, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(model, dm)
+    assert int(model.d_steps_now) == 10 and sorted(served) == served  # n_D changed after generator steps 2, 4, 6
+    assert served[:6] == [1, 1, 2, 2, 5, 5] or served[:6] == [1, 1, 1, 2, 2, 5]  # served from the next item (or the one after)
+    assert int(model.critic_steps_taken) == sum(served) == model.accountant.counts["subsampled_gaussian_steps"]
+    assert model.opacus_accountant.history == [(1.0, Q, sum(served))]
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    resumed = DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
+    served.clear()
+    step = resumed.training_step
+    resumed.training_step = lambda batch, batch_idx: (served.append(len(batch)), step(batch, batch_idx))[1]
+    pl.Trainer(max_steps=8, logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path).fit(resumed, dm, ckpt_path=tmp_path / "m.ckpt")
+    assert served == [10] and int(resumed.critic_steps_taken) == int(model.critic_steps_taken) + 10
+    with pytest.raises(ValueError, match="first n_D"):
+        DPGAN(dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, loss="nonsaturating", **SMALL)
+    with pytest.raises(ValueError, match="threshold, grace and decay"):
+        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, loss="nonsaturating", **SMALL)
+    with pytest.raises(ValueError, match="needs loss: nonsaturating"):
+        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **SMALL)
 
 
 def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
@@ -192,9 +288,9 @@ def test_empty_poisson_batches_are_noise_only_steps_on_tiny_data():
     model = DPGAN(dm.spec, epsilon=50.0, noise_multiplier=2.0, **{**SMALL, "sampling_rate": 0.2})
     sizes, step = [], model.discriminator_step
 
-    def recording_step(real_x, real_y):
+    def recording_step(real_x, real_y, fakes=None):
         sizes.append(len(real_y))
-        return step(real_x, real_y)
+        return step(real_x, real_y, fakes)
 
     model.discriminator_step = recording_step
     pl.Trainer(max_steps=8, logger=False, enable_progress_bar=False, enable_checkpointing=False,

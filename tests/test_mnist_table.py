@@ -108,3 +108,19 @@ def test_gpu_call_script_runs_runners_side_by_side_and_packs_one_table(tmp_path)
     assert "2 runners side by side on one GPU: s/step includes the sharing" in merged["meta"]["notes"]
     assert "dpgan_eps1_guarantee, time x2" in out.stdout  # a runner's own time scale
     assert {"./merged/results/mnist_table.md", "./merged/grids/gan_nonprivate.png"} <= names
+
+
+def test_a_split_rows_checkpoint_travels_with_the_merged_state(tmp_path):
+    """A row split over calls (DP-GAN's) continues from its training checkpoint: merging a runner's state
+    into the one the next call resumes from brings the checkpoint along (and the next call resumes it)."""
+    import mnist_table
+
+    source, merged = tmp_path / "runner", tmp_path / "merged"
+    (source / "ckpt").mkdir(parents=True)
+    (source / "ckpt" / "dpgan_eps10_guarantee.ckpt").write_bytes(b"training state")
+    record = {"row": "dpgan_eps10_guarantee", "status": "partial", "checkpoint": "ckpt/dpgan_eps10_guarantee.ckpt",
+              "train_s_used": 470.0}
+    mnist_table.save_state(source, {"rows": {"dpgan_eps10_guarantee": record}, "meta": {}})
+    assert mnist_table.main(["--state", str(merged), "--merge-from", str(source), "--results", str(merged / "results")]) == 0
+    assert (merged / "ckpt" / "dpgan_eps10_guarantee.ckpt").read_bytes() == b"training state"
+    assert json.loads((merged / "results.json").read_text())["rows"]["dpgan_eps10_guarantee"] == record

@@ -1,20 +1,36 @@
-"""DP-GAN (Xie et al. 2018), as configured as a baseline in G-PATE (Long et al. 2021).
+"""DP-GAN: a conditional GAN whose discriminator (critic) is trained with DP-SGD; the generator only
+sees the critic, so it is post-processing of a DP critic. Two recipes on one mechanism:
 
-A conditional WGAN whose critic (discriminator) is trained with DP-SGD; the generator only sees the
-critic, so it is post-processing of a DP critic. What makes the accounting a guarantee here:
+* **the 2018 recipe** (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the defaults, which the
+  tabular configs use): WGAN critic with weight clipping to [−c, c], RMSprop, 5 critic steps per
+  generator step, MLP nets;
+* **Private GANs, Revisited** (Bie, Kamath & Zhang, TMLR 2023, code ``alexbie98/dpgan-revisit``): the
+  non-saturating GAN loss (a logistic discriminator), Adam 2e-4 β (0.5, 0.999), the all-convolutional
+  conditional DCGAN without normalisation (``architecture: conv``), and many discriminator steps per
+  generator step (n_D = ``d_steps``: 50 at ε = 10 on MNIST, 200 at ε = 1), or their adaptive n_D
+  (``adaptive_d_steps``: n_D moves up a ladder 1, 2, 5, 10, 20, 50, … whenever the discriminator's
+  accuracy on fresh fakes, averaged over generator steps, falls to a threshold: a function of the DP
+  discriminator and public fakes, post-processing); the generator's weight average (``ema_decay``) is
+  what is sampled (post-processing: free).
+
+What makes the accounting a guarantee:
 
 * **the noisy sum holds the real records only** (Abadi et al. 2016, Alg. 1, applied to the critic
-  loss of Xie et al. 2018, Alg. 1): the critic's gradient is
-  ``(Σ_{i∈batch} clip_C(∇_w −D(x_i, y_i)) + N(0, σ²C²I)) / B + (1/M) Σ_{j≤M} clip_C(∇_w D(G(z_j, y_j), y_j))``.
+  loss): with ℓ_real(s) = −s (WGAN) or −log σ(s) (non-saturating) and ℓ_fake(s) = s or −log(1 − σ(s)),
+  the critic's gradient is
+  ``(Σ_{i∈batch} clip_C(∇_w ℓ_real(D(x_i, y_i))) + N(0, σ²C²I)) / B + (1/M) Σ_{j≤M} clip_C(∇_w ℓ_fake(D(G(z_j, y_j), y_j)))``.
   Only the real term reads private data: each record contributes one per-sample gradient, clipped to
   C, so adding or removing one record moves the noisy sum by at most C, whatever the other records
   are (the subsampled Gaussian's sensitivity). The fake term reads no private data: M fakes, M a
   public constant (the expected batch size B), latents and labels drawn from a public generator, the
   generator's BatchNorm running statistics restored afterwards; it is a function of the critic's
   current (already private) weights, i.e. post-processing. Its per-fake gradients are clipped to C
-  too (no noise), so that both halves keep one scale. (Clipping pairs of fake i and real row i
-  instead would let one record move every later pairing, the number of fakes drawn and, through the
-  generator's BatchNorm, every other fake: a sensitivity far above C.)
+  too (no noise), so that both halves keep one scale (as in Bie et al., whose fakes share the clipped
+  sum). (Clipping pairs of fake i and real row i instead would let one record move every later
+  pairing, the number of fakes drawn and, through the generator's BatchNorm, every other fake: a
+  sensitivity far above C.) Real rows and fakes go through the critic in one forward and backward
+  pass (opacus' grad sampler: every layer's per-sample gradients from its activations and output
+  gradients, vectorised); the per-sample gradients are then split by row.
 * **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
   model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
   assumes it. Its rate q is a **declared public** hyperparameter (``sampling_rate``), never
@@ -29,35 +45,45 @@ critic, so it is post-processing of a DP critic. What makes the accounting a gua
   and divides by the expected batch size qN (under DDP, :class:`~lightning_gpate.privacy.distributed.DPSumOptimizer`:
   each process clips its shard of the Poisson batch, the noise is drawn once, on rank 0, and the sum
   is all-reduced: the same mechanism, the same accounting); the noise and the Poisson draws come from OS-seeded
-  mechanism generators (:mod:`lightning_gpate.privacy.randomness`), never from ``seed_everything``. Every critic step is charged as
-  ``SubsampledGaussianEvent(σ, q, 1)`` *before* it is applied (budget stop), and opacus' own
-  ``RDPAccountant`` follows the same steps as a cross-check (logged as ``epsilon_opacus``).
+  mechanism generators (:mod:`lightning_gpate.privacy.randomness`), never from ``seed_everything``. The
+  ``d_steps`` critic steps of a generator step are charged as ``SubsampledGaussianEvent(σ, q, d_steps)``
+  (``d_steps`` compositions) *before* the first of them is applied (budget stop; one charge per
+  generator step keeps the accountant off the critic's hot loop), and opacus' own ``RDPAccountant``
+  follows every critic step as a cross-check (logged as ``epsilon_opacus``).
 * **no BatchNorm in the critic** (per-sample gradients need per-sample normalisation): the FC
-  critic [784, 64, 64, 1] of the G-PATE baseline, or the DCGAN critic with GroupNorm/LayerNorm.
-* WGAN weight clipping to [−c, c] after every critic step (c = 0.1), 5 critic steps per generator
-  step, RMSprop (Arjovsky et al. 2017).
+  critic [784, 64, 64, 1] of the G-PATE baseline, the DCGAN critic with GroupNorm/LayerNorm, or the
+  all-convolutional critic without normalisation.
 
-One training step receives ``d_steps`` Poisson batches, takes one critic step on each, then one
-generator step, which is what Lightning counts (``max_steps`` = generator steps).
+One training step receives n_D Poisson batches (``d_steps``, or the adaptive schedule's current n_D: the
+DataModule serves what the model asks for), takes one critic step on each, then one generator step,
+which is what Lightning counts (``max_steps`` = generator steps).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from contextlib import contextmanager
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
-from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
-from lightning_gpate.nets.generators import ConditionalMLPGenerator
+from lightning_gpate.nets.discriminators import (
+    ConditionalConvDiscriminator, ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator,
+)
+from lightning_gpate.nets.generators import ConditionalConvGenerator, ConditionalMLPGenerator
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.disclosure import private_diagnostics_allowed
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
-ARCHITECTURES = ("mlp", "dcgan")
+ARCHITECTURES = ("mlp", "dcgan", "conv")
+LOSSES = ("wasserstein", "nonsaturating")
+OPTIMIZERS = ("rmsprop", "adam")
+#: The values the adaptive n_D moves through (Bie et al.'s ``D_STEPS_RATE_OPTIONS``).
+D_STEPS_LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 ACCOUNTANTS = ("rdp", "pld")
 #: PLD ε is reported for step counts rounded up to a multiple of this (an upper bound: ε grows with steps).
 PLD_STEP_GRID = 10
@@ -109,38 +135,73 @@ def buffers_restored(module: nn.Module):
                 b.copy_(value)
 
 
+def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str, float]:
+    """``adaptive_d_steps`` with its keys checked (``threshold`` in [0, 1], ``grace`` >= 1 generator steps,
+    ``decay`` in [0, 1)); ``d_steps`` must be on :data:`D_STEPS_LADDER`."""
+    options = dict(options)
+    if set(options) != {"threshold", "grace", "decay"}:
+        raise ValueError(f"adaptive_d_steps takes threshold, grace and decay (e.g. {{threshold: 0.6, grace: 200, decay: 0.99}}), "
+                         f"got {sorted(options)}")
+    if not (0 <= options["threshold"] <= 1 and options["grace"] >= 1 and 0 <= options["decay"] < 1):
+        raise ValueError(f"adaptive_d_steps needs threshold in [0, 1], grace >= 1 and decay in [0, 1), got {options}")
+    if d_steps not in D_STEPS_LADDER:
+        raise ValueError(f"with adaptive_d_steps, d_steps (the first n_D) must be one of {D_STEPS_LADDER}, got {d_steps}")
+    return options
+
+
 class DPGAN(PrivateGenerativeModel):
-    """Conditional WGAN with a DP-SGD critic (Xie et al. 2018, Algorithm 1; G-PATE's DP-GAN baseline).
+    """Conditional GAN with a DP-SGD critic: the 2018 recipe by default (Xie et al. 2018, Algorithm 1;
+    G-PATE's DP-GAN baseline), *Private GANs, Revisited* (Bie et al. 2023) with ``loss: nonsaturating``,
+    ``optimizer: adam``, ``weight_clip: null``, ``architecture: conv`` and ``d_steps`` 50–200.
 
     Args:
         data_spec: the DataModule's spec (the DataModule must serve Poisson batches: any
             :class:`~datamodules.base.GenerativeDataModule` with ``num_teachers: 0`` does).
-        epsilon: privacy budget ε; training stops before a critic step would exceed it.
+        epsilon: privacy budget ε; training stops before a generator step's ``d_steps`` critic steps would
+            exceed it.
         delta: δ.
         sampling_rate: q, the Poisson rate of each critic batch, **declared public** (e.g. the paper's
             64 / 60000 for MNIST: an expected batch of 64 from a dataset whose size is public). Required:
             it is not derived from the private row count. The DataModule's ``batch_size`` is the
             expected batch size q·N the noisy gradient sum is divided by (a public constant).
         noise_multiplier: σ of DP-SGD (noise std σ·C on the summed clipped gradients).
-        max_grad_norm: C, the L2 bound of each real record's critic gradient (of ``−D(x_i, y_i)``).
+        max_grad_norm: C, the L2 bound of each real record's critic gradient (of ``ℓ_real(D(x_i, y_i))``).
         budget_accounting: ``"guarantee"`` (DP-SGD's accounting is a guarantee either way).
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
         latent_prior: ``"normal"`` or ``"uniform"``.
-        lr: RMSprop learning rate of both networks (WGAN: 5e-5).
-        d_steps: critic steps per generator step (5).
-        weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step.
-        architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables) or
-            ``"dcgan"`` (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only).
+        lr: learning rate of both networks (WGAN with RMSprop: 5e-5; Bie et al. with Adam: 2e-4).
+        d_steps: n_D, critic steps per generator step (Xie et al.: 5; Bie et al.: 50 at ε = 10, 200
+            at ε = 1 on MNIST); with ``adaptive_d_steps``, the first n_D, one of :data:`D_STEPS_LADDER`.
+        adaptive_d_steps: Bie et al.'s adaptive n_D (their ``DStepScheduler``), e.g. ``{threshold: 0.6,
+            grace: 200, decay: 0.99}``: after every generator step, an average (decay ``decay``) of the
+            fraction of that step's fresh fakes the critic scores as fake (``D < 0``); once ``grace``
+            generator steps have passed at the current n_D and the average is at most ``threshold``, n_D
+            moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``.
+        weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step
+            (WGAN: 0.1); ``None``: no weight clipping (the non-saturating loss needs none).
+        loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or
+            ``"nonsaturating"`` (logistic discriminator, ℓ_real = −log σ(D), ℓ_fake = −log(1 − σ(D)),
+            generator −log σ(D); Goodfellow et al. 2014, Bie et al. 2023).
+        optimizer: ``"rmsprop"`` (WGAN) or ``"adam"`` with ``betas`` (Bie et al.: (0.5, 0.999)), for both
+            networks; the critic's is wrapped by the DP optimizer.
+        betas: Adam's β1, β2.
+        ema_decay: decay of the generator's weight average that is sampled and released (0: none, the
+            generator itself). Post-processing of the generator: it costs no privacy.
+        architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables), ``"dcgan"``
+            (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only) or ``"conv"`` (the
+            all-convolutional conditional DCGAN of Bie et al., no normalisation; images only).
         generator_hidden: hidden widths of the MLP generator.
         discriminator_hidden: hidden widths of the MLP critic (no normalisation).
-        gf_dim: DCGAN generator width; df_dim: DCGAN critic width; fc_dim: their dense width.
+        gf_dim: generator width (DCGAN, conv); df_dim: critic width (DCGAN, conv; Bie et al.: 128 and
+            128); fc_dim: the DCGAN nets' dense width.
         secure_mode: opacus' noise robust to floating-point attacks (slower).
         accountant: ``"rdp"`` (the moments accountant of the paper, via RDP) or ``"pld"`` (the privacy
             loss distribution of the same steps, dp-accounting: also a guarantee, about 30% smaller ε,
             hence more steps for a budget; :mod:`lightning_gpate.privacy.pld`). The RDP accountant
             records the steps either way (logged as ``epsilon_final_rdp``).
-        log_private_diagnostics: also log the critic's Wasserstein estimate on the real batch and the
+        log_private_diagnostics: also log ``mean D(real) − mean D(fake)`` (WGAN: the critic's Wasserstein
+            estimate; non-saturating: the logit gap) on the real batch and the
             Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
             the estimate on rank 0's shard, the size of the whole batch).
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
@@ -163,7 +224,12 @@ class DPGAN(PrivateGenerativeModel):
         latent_prior: str = "normal",
         lr: float = 5e-5,
         d_steps: int = 5,
-        weight_clip: float = 0.1,
+        weight_clip: float | None = 0.1,
+        loss: str = "wasserstein",
+        optimizer: str = "rmsprop",
+        betas: Sequence[float] = (0.5, 0.999),
+        ema_decay: float = 0.0,
+        adaptive_d_steps: dict[str, float] | None = None,
         architecture: str = "mlp",
         generator_hidden: Sequence[int] = (256, 512),
         discriminator_hidden: Sequence[int] = (64, 64),
@@ -189,23 +255,40 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm}")
         if d_steps < 1:
             raise ValueError(f"d_steps must be >= 1, got {d_steps}")
-        if not weight_clip > 0:
-            raise ValueError(f"weight_clip must be > 0, got {weight_clip}")
+        if weight_clip is not None and not weight_clip > 0:
+            raise ValueError(f"weight_clip must be > 0 or null (none), got {weight_clip}")
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
+        if not 0 <= ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        if adaptive_d_steps is not None:
+            if loss != "nonsaturating":
+                raise ValueError("adaptive_d_steps reads the discriminator's accuracy on fakes (D < 0): it needs loss: nonsaturating")
+            adaptive_d_steps = check_adaptive_d_steps(adaptive_d_steps, d_steps)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
         if architecture not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
-        if architecture == "dcgan" and not self.is_image:
-            raise ValueError("architecture 'dcgan' is for images; use 'mlp' for tables")
+        if architecture != "mlp" and not self.is_image:
+            raise ValueError(f"architecture {architecture!r} is for images; use 'mlp' for tables")
         self.save_hyperparameters()
         self.automatic_optimization = False
         in_features = math.prod(data_spec["shape"])
-        if architecture == "dcgan":
+        if architecture == "conv":
+            self.generator = ConditionalConvGenerator(z_dim=z_dim, num_classes=self.num_classes, out_shape=data_spec["shape"], gf_dim=gf_dim)
+            critic = ConditionalConvDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim)
+        elif architecture == "dcgan":
             self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim)
             critic = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim, norm="group")
         else:
             self.generator = build_mlp_generator(self, hidden=generator_hidden)
             critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
+        if ema_decay > 0:  # the sampled generator (generator_module): an average of the generator's iterates
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
         # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's
@@ -216,6 +299,10 @@ class DPGAN(PrivateGenerativeModel):
         self._public_gen: torch.Generator | None = None
         self.opacus_accountant = RDPAccountant()
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
+        # the adaptive n_D's state (public: computed from the DP critic and public fakes), kept in checkpoints
+        self.register_buffer("d_steps_now", torch.tensor(d_steps, dtype=torch.long))
+        self.register_buffer("fake_accuracy_average", torch.tensor(float("nan")))
+        self.register_buffer("generator_steps_at_d_steps", torch.zeros((), dtype=torch.long))
 
     # ----------------------------------------------------------------- sampling rate
     @property
@@ -234,7 +321,7 @@ class DPGAN(PrivateGenerativeModel):
     def train_sampling(self) -> dict[str, Any]:
         """What the DataModule serves: one Poisson batch at the declared rate per critic step, drawn from
         its own OS-seeded generator."""
-        return {"kind": "poisson", "batches": self.hparams.d_steps, "sample_rate": self.sampling_rate,
+        return {"kind": "poisson", "batches": int(self.d_steps_now), "sample_rate": self.sampling_rate,
                 "mechanism_seed": derived_seed(self.hparams.noise_seed, "poisson")}
 
     @property
@@ -275,10 +362,14 @@ class DPGAN(PrivateGenerativeModel):
     def configure_optimizers(self):
         from lightning_gpate.privacy.distributed import DPSumOptimizer
 
-        lr = self.hparams.lr
-        opt_g = torch.optim.RMSprop(self.generator.parameters(), lr=lr)
+        hp = self.hparams
+        if hp.optimizer == "adam":
+            make = lambda params: torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas))  # noqa: E731
+        else:
+            make = lambda params: torch.optim.RMSprop(params, lr=hp.lr)  # noqa: E731
+        opt_g = make(self.generator.parameters())
         opt_d = DPSumOptimizer(
-            torch.optim.RMSprop(self.discriminator.parameters(), lr=lr),
+            make(self.discriminator.parameters()),
             noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
             expected_batch_size=self.expected_batch_size, loss_reduction="mean",
             generator=mechanism_generator(self.device, self.hparams.noise_seed), secure_mode=self.hparams.secure_mode,
@@ -286,10 +377,13 @@ class DPGAN(PrivateGenerativeModel):
         opt_d.attach_step_hook(self.opacus_accountant.get_optimizer_hook_fn(sample_rate=self.sampling_rate))
         return opt_g, opt_d
 
-    def generator_step_event(self) -> SubsampledGaussianEvent:
-        """The cost of one generator step: its ``d_steps`` critic steps."""
-        return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate,
-                                       steps=self.hparams.d_steps)
+    def generator_step_event(self, steps: int | None = None, *, noise_multiplier: float | None = None) -> SubsampledGaussianEvent:
+        """The cost of one generator step: its ``steps`` critic steps (default n_D: ``d_steps``, or the adaptive
+        schedule's now), each a Poisson-subsampled Gaussian (add/remove neighbours), at ``noise_multiplier``
+        (default the model's σ)."""
+        sigma = self.hparams.noise_multiplier if noise_multiplier is None else noise_multiplier
+        return SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate,
+                                       steps=int(self.d_steps_now) if steps is None else steps)
 
     def check_affords_a_step(self) -> None:
         """Refuse a run whose budget cannot pay for a single generator step (it would end with an
@@ -301,7 +395,7 @@ class DPGAN(PrivateGenerativeModel):
         sigma = self.noise_multiplier_for_one_step()
         raise NoPrivateStepError(
             f"DP-GAN can take no private step within epsilon={self.epsilon_budget:g} (delta={self.delta:g}): one generator "
-            f"step ({hp.d_steps} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}) "
+            f"step ({int(self.d_steps_now)} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}) "
             f"already costs epsilon={cost:.3g}. Lower sampling_rate, raise noise_multiplier (>= {sigma:.3g} affords one "
             f"step; more noise affords more), lower d_steps, or raise the budget"
         )
@@ -309,8 +403,7 @@ class DPGAN(PrivateGenerativeModel):
     def noise_multiplier_for_one_step(self) -> float:
         """Smallest σ (to 1%) at which one generator step fits the budget left (for error messages)."""
         def fits(sigma: float) -> bool:
-            event = SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate, steps=self.hparams.d_steps)
-            return self.epsilon_if(event) <= self.epsilon_budget
+            return self.epsilon_if(self.generator_step_event(noise_multiplier=sigma)) <= self.epsilon_budget
 
         lo, hi = float(self.hparams.noise_multiplier), float(self.hparams.noise_multiplier) * 2
         while not fits(hi) and hi < 1e6:
@@ -327,6 +420,7 @@ class DPGAN(PrivateGenerativeModel):
 
         # DDP ignores the critic (see __init__): every process starts from rank 0's critic
         broadcast_from_rank_zero([*self.discriminator.parameters(), *self.discriminator.buffers()])
+        self._serve_d_steps()  # a resumed adaptive run continues at its n_D
         dataset = getattr(self.trainer.train_dataloader, "dataset", None)
         rate = getattr(dataset, "sample_rate", None)
         if rate is None or not math.isclose(rate, self.sampling_rate, rel_tol=1e-12):
@@ -382,6 +476,11 @@ class DPGAN(PrivateGenerativeModel):
         plain RDP ε of the steps taken (every DP-GAN cost is fixed in advance), not capped by the budget."""
         return self.hparams.get("accountant", "rdp") == "rdp" and super().stop_rule_filters_rdp()
 
+    def _charged_epsilon(self) -> float:
+        """What the budget stop says it compares: with ``accountant: pld`` the PLD ε of the steps taken
+        (the stop message said the RDP ε, e.g. "from 11.84 to 10.0004")."""
+        return self.guarantee_epsilon() if self._pld_in_force() and self.budget_accounting != "paper" else super()._charged_epsilon()
+
     def epsilon_if(self, event) -> float:
         """ε after ``event`` under the budget's accountant. With PLD, a step count within the budget's
         maximum reports the ε of that maximum (an upper bound, computed once), so that each step does
@@ -393,66 +492,86 @@ class DPGAN(PrivateGenerativeModel):
         return self._pld_epsilon(cap if after <= cap else after)
 
     # ----------------------------------------------------------------- steps
-    def privacy_event(self) -> SubsampledGaussianEvent:
-        """The cost of one critic step: a Poisson-subsampled Gaussian (add/remove neighbours)."""
-        return SubsampledGaussianEvent(noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate, steps=1)
+    def critic_losses(self, real_scores: torch.Tensor, fake_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample critic losses ``(ℓ_real(D(x_i)), ℓ_fake(D(G(z_j))))`` of the configured ``loss``."""
+        if self.hparams.loss == "nonsaturating":  # −log σ(s), −log(1 − σ(s)), stably
+            return F.softplus(-real_scores), F.softplus(fake_scores)
+        return -real_scores, fake_scores
 
-    def real_term_per_sample_gradients(self, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
-        """Set ``p.grad_sample`` of every critic parameter to the per-record gradient of
-        ``−D(x_i, y_i)`` (``[n, *p.shape]``; this process's rows of the Poisson batch), ready for the DP
-        optimizer to clip, sum and noise. Returns ``Σ_i D(x_i, y_i)`` (for the private diagnostic)."""
-        params = [p for p in self.discriminator.parameters() if p.requires_grad]
-        if len(real_y) == 0:  # an empty Poisson batch (or shard): the step still adds noise (the analysis counts it)
-            for p in params:
-                p.grad_sample = p.new_zeros(0, *p.shape)
-            return real_x.new_zeros(())
-        scores = self.discriminator(real_x, real_y)
-        # autograd directly, not manual_backward: DDP ignores the critic (no reducer for this backward)
-        torch.autograd.backward(-scores.sum())
-        return scores.detach().sum()
+    def generator_loss(self, fake_scores: torch.Tensor) -> torch.Tensor:
+        """The generator's loss on the critic's scores of its fakes: ``mean −log σ(s)`` (non-saturating)
+        or ``mean −s`` (WGAN)."""
+        if self.hparams.loss == "nonsaturating":
+            return F.softplus(-fake_scores).mean()
+        return -fake_scores.mean()
 
-    def fake_term_gradients(self) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """``((1/M) Σ_j clip_C(∇_w D(G(z_j, y_j), y_j)), (1/M) Σ_j D(G(z_j, y_j), y_j))`` over M =
-        :attr:`fake_batch_size` fakes from the public generator, with the generator's BatchNorm buffers
-        restored: no private data, the same on every process. Each fake's gradient is clipped to C as
-        each real record's is (no noise: nothing private), so that the two halves of the critic's loss
-        keep the scale they had when pairs were clipped together; unclipped, the fake half dominated
-        and DP-GAN's tables went from 0.08 to 0.19–0.36 mean 1-way TVD on cervical."""
-        m, gen = self.fake_batch_size, self.public_generator
+    def public_fakes(self, m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``m`` (default :attr:`fake_batch_size`) fakes and their labels from the public generator (no
+        gradient; the generator's BatchNorm buffers restored): no private data, the same on every process."""
+        m, gen = m or self.fake_batch_size, self.public_generator
         labels = self.sample_labels(m, generator=gen)
         with torch.no_grad(), buffers_restored(self.generator):
             fakes = self.generator(self.latent(m, generator=gen), labels)
-        params = [p for p in self.discriminator.parameters() if p.requires_grad]
-        scores = self.discriminator(fakes, labels)
-        torch.autograd.backward(scores.sum())  # per-sample gradients into p.grad_sample (opacus hooks)
-        per_sample = [p.grad_sample for p in params]
-        norms = torch.stack([g.reshape(m, -1).norm(dim=1) for g in per_sample], dim=1).norm(dim=1)
-        factor = (self.hparams.max_grad_norm / (norms + 1e-6)).clamp(max=1.0) / m
-        grads = [torch.einsum("i,i...->...", factor, g) for g in per_sample]
-        for p in params:  # the real term's per-sample gradients start from nothing
-            p.grad_sample, p.grad = None, None
-        return grads, scores.detach().mean()
+        return fakes, labels
 
-    def discriminator_step(self, real_x: torch.Tensor, real_y: torch.Tensor) -> torch.Tensor:
-        """One DP-SGD critic step on a Poisson batch (already paid for), then weight clipping. Returns
-        the critic's Wasserstein estimate ``mean D(real) − mean D(fake)`` (this process's rows)."""
+    def critic_per_sample_gradients(self, real_x: torch.Tensor, real_y: torch.Tensor,
+                                    fakes: tuple[torch.Tensor, torch.Tensor] | None = None
+                                    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """One forward and backward pass of the critic over this process's rows of the Poisson batch and
+        the :meth:`public_fakes`, its per-sample gradients split by row:
+
+        * every critic parameter's ``p.grad_sample`` is left holding the per-record gradients of
+          ``ℓ_real(D(x_i, y_i))`` (``[n, *p.shape]``), for the DP optimizer to clip, sum and noise;
+        * the fake term ``(1/M) Σ_j clip_C(∇_w ℓ_fake(D(G(z_j, y_j), y_j)))`` is returned, one tensor per
+          parameter: each fake's gradient is clipped to C as each real record's is (no noise: nothing
+          private), so that the two halves of the loss keep one scale; unclipped, the fake half dominated
+          and DP-GAN's tables went from 0.08 to 0.19–0.36 mean 1-way TVD on cervical.
+
+        ``fakes``: ``(images, labels)`` from :meth:`public_fakes` (default: drawn here). Returns
+        ``(fake_term, real_scores, fake_scores)``, the scores detached (the real ones are a function of
+        the private data without noise: private diagnostics only)."""
+        fakes, labels = fakes if fakes is not None else self.public_fakes()
+        n = len(real_y)
+        params = [p for p in self.discriminator.parameters() if p.requires_grad]
+        scores = self.discriminator(torch.cat([real_x.to(fakes.dtype), fakes]), torch.cat([real_y.to(labels.dtype), labels]))
+        real_loss, fake_loss = self.critic_losses(scores[:n], scores[n:])
+        # autograd directly, not manual_backward: DDP ignores the critic (no reducer for this backward)
+        torch.autograd.backward(real_loss.sum() + fake_loss.sum())  # per-sample gradients into p.grad_sample (opacus hooks)
+        fake_rows = [p.grad_sample[n:] for p in params]
+        m = len(labels)
+        norms = torch.stack([g.reshape(m, -1).norm(dim=1) for g in fake_rows], dim=1).norm(dim=1)
+        factor = (self.hparams.max_grad_norm / (norms + 1e-6)).clamp(max=1.0) / m
+        fake_term = [torch.einsum("i,i...->...", factor, g) for g in fake_rows]
+        for p in params:  # only the real rows enter the noisy sum (an empty batch: none, a noise-only step)
+            p.grad_sample = p.grad_sample[:n]
+        scores = scores.detach()
+        return fake_term, scores[:n], scores[n:]
+
+    def discriminator_step(self, real_x: torch.Tensor, real_y: torch.Tensor,
+                           fakes: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One DP-SGD critic step on a Poisson batch (already paid for) and ``fakes`` (default: drawn
+        here), then weight clipping where configured. Returns ``mean D(real) − mean D(fake)`` on this process's rows (WGAN: the critic's
+        Wasserstein estimate; non-saturating: the logit gap; private: a diagnostic only)."""
         dp_opt = self.optimizers()[1].optimizer
         dp_opt.zero_grad()  # clears the last step's per-sample gradients
-        fake_grads, fake_mean = self.fake_term_gradients()
-        real_sum = self.real_term_per_sample_gradients(real_x, real_y)
+        fake_term, real_scores, fake_scores = self.critic_per_sample_gradients(real_x, real_y, fakes)
         # clip per record, sum (over processes), add N(0, σ²C²) once, divide by B; the opacus accountant's hook
         if dp_opt.pre_step():
             with torch.no_grad():
-                for p, g in zip((p for p in self.discriminator.parameters() if p.requires_grad), fake_grads):
+                for p, g in zip((p for p in self.discriminator.parameters() if p.requires_grad), fake_term):
                     p.grad.add_(g)
             dp_opt.original_optimizer.step()  # uncounted: Lightning counts generator steps
         c = self.hparams.weight_clip
-        with torch.no_grad():
-            for p in self.discriminator.parameters():
-                p.clamp_(-c, c)
-        return real_sum / max(len(real_y), 1) - fake_mean
+        if c is not None:
+            with torch.no_grad():
+                for p in self.discriminator.parameters():
+                    p.clamp_(-c, c)
+        return real_scores.sum() / max(len(real_y), 1) - fake_scores.mean()
 
-    def generator_step(self) -> torch.Tensor:
+    def generator_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One generator step through the (DP) critic, then the weight average. Returns the generator's
+        loss and the fraction of its fakes the critic scores as fake (``D < 0``; Bie et al.'s signal
+        for n_D): both functions of the critic and public fakes only, post-processing."""
         opt_g = self.optimizers()[0]
         m, gen = self.fake_batch_size, self.public_generator
         labels = self.sample_labels(m, generator=gen)
@@ -460,29 +579,66 @@ class DPGAN(PrivateGenerativeModel):
         self.discriminator.disable_hooks()  # no per-sample gradients (nor their memory) here
         try:
             with frozen(self.discriminator):
-                g_loss = -self.discriminator(fake, labels).mean()
+                scores = self.discriminator(fake, labels)
+                g_loss = self.generator_loss(scores)
                 opt_g.zero_grad()
                 self.manual_backward(g_loss)
         finally:
             self.discriminator.enable_hooks()
         opt_g.step()
-        return g_loss.detach()
+        if self.hparams.ema_decay > 0:
+            self.update_generator_average(self.hparams.ema_decay)
+        return g_loss.detach(), (scores.detach() < 0).float().mean()
 
     def training_step(self, batch, batch_idx):
-        """``batch``: ``d_steps`` Poisson batches ``(x, y)``, one per critic step."""
-        estimates = []
-        for real_x, real_y in batch:
-            if not self.charge(self.privacy_event()):
-                return None  # budget reached: this critic step and what follows are not applied
-            estimates.append(self.discriminator_step(real_x, real_y))
-            self.critic_steps_taken += 1
-        g_loss = self.generator_step()
-        self.log_dict({"g_loss": g_loss})  # through the DP critic: post-processing
+        """``batch``: n_D Poisson batches ``(x, y)``, one per critic step, all paid for before the first is
+        applied; then one generator step. (n_D is the number of batches the DataModule served, a public
+        count: after an adaptive change, the count of the next item it serves, or of the one after where
+        the loader fetched ahead.)"""
+        if not self.charge(self.generator_step_event(len(batch))):
+            return None  # budget reached: none of these critic steps, nor the generator step, is applied
+        # the fakes of every critic step at once (the generator does not change in between): one forward
+        m = self.fake_batch_size
+        fakes, labels = self.public_fakes(m * len(batch))
+        estimates = [self.discriminator_step(real_x, real_y, (fakes[k * m:(k + 1) * m], labels[k * m:(k + 1) * m]))
+                     for k, (real_x, real_y) in enumerate(batch)]
+        self.critic_steps_taken += len(batch)
+        g_loss, fake_detected = self.generator_step()
+        metrics = {"g_loss": g_loss}  # through the DP critic: post-processing
+        if self.hparams.loss == "nonsaturating":
+            metrics["critic_fake_accuracy"] = fake_detected
+        if self.hparams.adaptive_d_steps is not None:
+            self.adapt_d_steps(float(fake_detected))
+            metrics["d_steps"] = float(self.d_steps_now)
+        self.log_dict(metrics)
         if private_diagnostics_allowed(self):  # under DDP: the estimate on rank 0's rows, the size of the whole batch
             size = torch.tensor(float(sum(len(y) for _, y in batch)) / len(batch), device=self.device)
             if self.trainer.world_size > 1:
                 size = self.all_gather(size).sum()
             self.log_private({"wasserstein_estimate": torch.stack(estimates).mean(), "real_batch_size": size})
+
+    def adapt_d_steps(self, fake_accuracy: float) -> None:
+        """Bie et al.'s adaptive n_D after a generator step whose fresh fakes the critic scored as fake with
+        ``fake_accuracy``: average it; once ``grace`` generator steps have passed at this n_D and the
+        average is at most ``threshold``, move n_D up the ladder and ask the DataModule for that many
+        batches per step. Reads only the DP critic's scores of public fakes (the same on every process)."""
+        options = self.hparams.adaptive_d_steps
+        average = float(self.fake_accuracy_average)
+        decay = float(options["decay"])
+        self.fake_accuracy_average.fill_(fake_accuracy if math.isnan(average) else decay * average + (1 - decay) * fake_accuracy)
+        self.generator_steps_at_d_steps += 1
+        now = int(self.d_steps_now)
+        if (int(self.generator_steps_at_d_steps) >= options["grace"] and float(self.fake_accuracy_average) <= options["threshold"]
+                and now < D_STEPS_LADDER[-1]):
+            self.d_steps_now.fill_(D_STEPS_LADDER[D_STEPS_LADDER.index(now) + 1])
+            self.generator_steps_at_d_steps.zero_()
+            self._serve_d_steps()
+
+    def _serve_d_steps(self) -> None:
+        """Have the training data serve the current n_D Poisson batches per step (from its next item)."""
+        dataset = getattr(self.trainer.train_dataloader, "dataset", None) if self._trainer is not None else None
+        if dataset is not None and hasattr(dataset, "batches"):
+            dataset.batches = int(self.d_steps_now)
 
     def on_train_epoch_end(self) -> None:
         self.log("epsilon_opacus", self.opacus_epsilon(), rank_zero_only=True)

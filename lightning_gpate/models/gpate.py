@@ -279,11 +279,6 @@ class GPATE(PrivateGenerativeModel):
         self._shared_gen: torch.Generator | None = None
         self.teacher_warmup_done = 0
 
-    @property
-    def generator_module(self) -> torch.nn.Module:
-        """The EMA of the generator's weights when ``ema_decay > 0``, else the generator."""
-        return self.generator_ema if self.hparams.ema_decay > 0 else self.generator
-
     # ----------------------------------------------------------------- teachers
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
         hp = self.hparams
@@ -412,7 +407,7 @@ class GPATE(PrivateGenerativeModel):
                 self.manual_backward(g_loss)
                 opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
             if hp.ema_decay > 0:
-                self._update_ema()
+                self.update_generator_average(hp.ema_decay)
         # released: the answered mask (noisy threshold) or TopAgg's released coordinates, and the loss
         # towards the noisy target x̂; the teachers' loss is a statistic of the private data
         self.log_dict({
@@ -489,14 +484,6 @@ class GPATE(PrivateGenerativeModel):
         with record_function("gpate/aggregate"):
             delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
         return delta, delta.abs().mean()
-
-    @torch.no_grad()
-    def _update_ema(self) -> None:
-        decay = self.hparams.ema_decay
-        for e, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
-            e.lerp_(p, 1.0 - decay)
-        for e, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
-            e.copy_(b)
 
     def _max_units(self) -> int:
         """The most vote units a step can have: the fake batch, or (``group_fakes_by_label``) the classes

@@ -599,7 +599,8 @@ class GSWGAN(PrivateGenerativeModel):
         only release)."""
         g_loss = self.sanitized_generator_gradient(critic, owner=owner)
         self.optimizers()[0].step()
-        self._update_ema()
+        if self.generator_ema is not None:
+            self.update_generator_average(self.hparams.ema_decay)
         return g_loss
 
     def sanitized_generator_gradient(self, critic: nn.Module, *, owner: int = 0) -> torch.Tensor | None:
@@ -633,10 +634,6 @@ class GSWGAN(PrivateGenerativeModel):
         if self._noise_generator is None or self._noise_generator.device != self.device:
             self._noise_generator = mechanism_generator(self.device, self._noise_seed)
         return self._noise_generator
-
-    def _update_ema(self) -> None:
-        if getattr(self, "generator_ema", None) is not None:
-            self.update_generator_average(self.hparams.ema_decay)
 
     # ----------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

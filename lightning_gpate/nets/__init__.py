@@ -1,9 +1,13 @@
 """Plain ``nn.Module`` networks: conditional generators, discriminators, teacher ensembles."""
 
-from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
-from lightning_gpate.nets.generators import ConditionalDCGANGenerator, ConditionalMLPGenerator, TabularActivation
+from lightning_gpate.nets.discriminators import (
+    ConditionalConvDiscriminator, ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator,
+)
+from lightning_gpate.nets.generators import (
+    ConditionalConvGenerator, ConditionalDCGANGenerator, ConditionalMLPGenerator, TabularActivation,
+)
 
 __all__ = [
-    "ConditionalDCGANDiscriminator", "ConditionalDCGANGenerator", "ConditionalMLPDiscriminator",
+    "ConditionalConvDiscriminator", "ConditionalConvGenerator", "ConditionalDCGANDiscriminator", "ConditionalDCGANGenerator", "ConditionalMLPDiscriminator",
     "ConditionalMLPGenerator", "TabularActivation",
 ]

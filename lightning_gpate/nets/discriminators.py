@@ -51,6 +51,50 @@ class ConditionalDCGANDiscriminator(nn.Module):
         return self.fc1(torch.cat([h, yo], 1)).squeeze(1)
 
 
+class ConditionalConvDiscriminator(nn.Module):
+    """The all-convolutional conditional DCGAN discriminator of *Private GANs, Revisited* (Bie, Kamath &
+    Zhang, TMLR 2023, after Radford et al. 2016): the image and the one-hot label maps each through a
+    4×4/2 convolution (``d/2`` channels), concatenated, 4×4/2 (``2d``), 3×3/2 (``4d``), then one
+    convolution over the whole remaining map (4×4 at 28×28) to the logit; LeakyReLU 0.2, no dense layer.
+    No normalisation by default: DP-SGD needs each record's gradient to depend on that record only
+    (``norm="group"`` normalises within a sample). Returns logits ``[n]``.
+
+    Args:
+        in_shape: ``(C, H, W)``.
+        num_classes: label classes.
+        df_dim: ``d``, the width (128 in the paper's MNIST runs); even.
+        norm: ``"none"`` (the paper) or ``"group"`` (GroupNorm after the 2d and 4d convolutions).
+    """
+
+    NORMS = ("none", "group")
+
+    def __init__(self, *, in_shape: Sequence[int], num_classes: int, df_dim: int = 128, norm: str = "none") -> None:
+        super().__init__()
+        if df_dim < 2 or df_dim % 2:
+            raise ValueError(f"df_dim must be even and >= 2, got {df_dim}")
+        if norm not in self.NORMS:
+            raise ValueError(f"norm must be one of {self.NORMS}, got {norm!r}")
+        c, h, w = in_shape
+        self.num_classes = num_classes
+        self.image_in = nn.Conv2d(c, df_dim // 2, 4, stride=2, padding=1)
+        self.label_in = nn.Conv2d(num_classes, df_dim // 2, 4, stride=2, padding=1)
+        self.body = nn.Sequential(  # on the two branches' activations, concatenated
+            nn.Conv2d(df_dim, 2 * df_dim, 4, stride=2, padding=1), _norm2d(norm, 2 * df_dim),
+            nn.LeakyReLU(0.2), nn.Conv2d(2 * df_dim, 4 * df_dim, 3, stride=2, padding=1), _norm2d(norm, 4 * df_dim),
+            nn.LeakyReLU(0.2),
+        )
+        side = lambda n: (n // 2 // 2 + 1) // 2  # noqa: E731 - the map's side after the three strided layers
+        if min(side(h), side(w)) < 1:
+            raise ValueError(f"images of at least 4x4 pixels, got {h}x{w}")
+        self.out = nn.Conv2d(4 * df_dim, 1, (side(h), side(w)))
+        self.act = nn.LeakyReLU(0.2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        maps = one_hot(y, self.num_classes)[:, :, None, None].expand(-1, -1, x.shape[2], x.shape[3])
+        h = torch.cat([self.act(self.image_in(x)), self.act(self.label_in(maps))], 1)
+        return self.out(self.body(h)).flatten()
+
+
 class ConditionalMLPDiscriminator(nn.Module):
     """MLP discriminator for tables: [x, onehot(y)] → hidden (norm, LeakyReLU 0.2) → logit ``[n]``."""
 

@@ -73,6 +73,46 @@ class ConditionalDCGANGenerator(nn.Module):
         return torch.tanh(self.up2(concat_label_maps(h, yo)))
 
 
+class ConditionalConvGenerator(nn.Module):
+    """The all-convolutional conditional DCGAN generator of *Private GANs, Revisited* (Bie, Kamath &
+    Zhang, TMLR 2023, after Radford et al. 2016): latent and one-hot label each projected by a
+    transposed convolution to ``2g`` maps of side ⌈H/8⌉ (4×4 at 28×28), concatenated, then transposed
+    convolutions 3×3/2 (``2g``, to H/4), 4×4/2 (``g``) and 4×4/2 (C) with LeakyReLU 0.2 and a tanh output.
+    No normalisation (the fakes of a batch do not depend on each other). The 4×4 stride-2 layers overlap
+    evenly (no checkerboard of the 5×5 ones, see :class:`ConditionalDCGANGenerator`).
+
+    Args:
+        z_dim: latent size (128 in the paper).
+        num_classes: label classes.
+        out_shape: ``(C, H, W)`` with ``H`` and ``W`` divisible by 4.
+        gf_dim: ``g``, the width (128 in the paper's MNIST runs).
+    """
+
+    def __init__(self, *, z_dim: int, num_classes: int, out_shape: Sequence[int], gf_dim: int = 128) -> None:
+        super().__init__()
+        c, h, w = out_shape
+        if h % 4 or w % 4:
+            raise ValueError(f"image side must be divisible by 4, got {h}x{w}")
+        self.num_classes, self.out_shape = num_classes, tuple(out_shape)
+        h4, w4 = h // 4, w // 4
+        start = (-(-h4 // 2), -(-w4 // 2))  # the 3×3/2 layer doubles it to 2·start − 1 (+1 where H/4 is even)
+        self.latent_in = nn.ConvTranspose2d(z_dim, 2 * gf_dim, start)
+        self.label_in = nn.ConvTranspose2d(num_classes, 2 * gf_dim, start)
+        self.body = nn.Sequential(
+            nn.ConvTranspose2d(4 * gf_dim, 2 * gf_dim, 3, stride=2, padding=1,
+                               output_padding=(h4 - 2 * start[0] + 1, w4 - 2 * start[1] + 1)),
+            nn.LeakyReLU(0.2),
+            nn.ConvTranspose2d(2 * gf_dim, gf_dim, 4, stride=2, padding=1), nn.LeakyReLU(0.2),
+            nn.ConvTranspose2d(gf_dim, c, 4, stride=2, padding=1), nn.Tanh(),
+        )
+        self.act = nn.LeakyReLU(0.2)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = z[:, :, None, None]
+        yo = one_hot(y, self.num_classes)[:, :, None, None]
+        return self.body(torch.cat([self.act(self.latent_in(z)), self.act(self.label_in(yo))], 1))
+
+
 class TabularActivation(nn.Module):
     """Per-column output activations: tanh for numeric/binary values, softmax over one-hot blocks."""
 

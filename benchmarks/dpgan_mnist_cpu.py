@@ -1,0 +1,231 @@
+"""DP-GAN on the official 28×28 MNIST on a CPU: the revisited recipe at reduced scale, its speed, and
+the schedules a budget allows.
+
+The MNIST table's DP-GAN rows (``benchmarks/mnist_table.py``) run on a GPU; this runner is where their
+settings are chosen without one. Three commands:
+
+* ``speed``: discriminator (critic) steps per second of a config (with ``--set`` overrides) on this
+  machine: a few generator steps of ``d_steps`` critic steps each, timed after a warm-up step, in wall
+  time and in this process's CPU time (which other processes' load does not inflate), with the load
+  average at the time (the machine may be shared: say so beside any figure).
+* ``fit``: a guaranteed-ε run at reduced scale: ``--critic-steps`` T critic steps at the config's
+  batch, the noise multiplier σ chosen by the project's accountant so that T steps spend ``--epsilon``
+  (the budget then stops the run), smaller nets through ``--set``; then a CNN trained on 5,000 generated
+  digits, tested on the 10,000 real test digits, after its last epoch and at the epoch chosen on 10% of
+  the generated digits held out (synthetic validation; the test digits select nothing). One JSON line
+  per run in ``--results``, a 10×10 grid every ``--every`` generator steps under ``--out-dir``.
+* ``schedules``: for a budget ε and candidate (expected batch B, critic steps T), the σ at which T
+  Poisson-subsampled Gaussian steps of rate B/60,000 spend ε (RDP, the guarantee DP-GAN enforces by
+  default; and PLD, ``accountant: pld``), with B/σ (the clipped sum's signal against the noise's
+  standard deviation, per unit of C) and B·T (the work): a Markdown table.
+
+Usage::
+
+    python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/dpgan_eps10_guarantee.yaml --set gf_dim=32 df_dim=32
+    python benchmarks/dpgan_mnist_cpu.py fit --name nd10_dim32 --critic-steps 20000 --set gf_dim=32 df_dim=32 d_steps=10
+    python benchmarks/dpgan_mnist_cpu.py schedules --epsilon 10 --batch 128 256 512 --critic-steps 25000 50000 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+CONFIG = "configs/mnist/dpgan_eps10_guarantee.yaml"
+MNIST_TRAIN = 60_000  # public: the published size of MNIST's training split
+
+
+def _overrides(pairs: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for kv in pairs:
+        key, value = kv.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def subsampled_gaussian_epsilon(sigma: float, batch: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """ε of ``steps`` Poisson-subsampled Gaussian steps at rate ``batch / 60,000`` (the project's RDP
+    accountant with its improved conversion, or the PLD of :mod:`lightning_gpate.privacy.pld`)."""
+    if accountant == "pld":
+        from lightning_gpate.privacy.pld import dpsgd_pld_epsilon
+
+        return dpsgd_pld_epsilon(noise_multiplier=sigma, sampling_rate=batch / MNIST_TRAIN, steps=steps, delta=delta)
+    from lightning_gpate.privacy import PrivacyAccountant, SubsampledGaussianEvent
+
+    event = SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=batch / MNIST_TRAIN, steps=steps)
+    return PrivacyAccountant(delta=delta).epsilon_if(event)
+
+
+def sigma_for(epsilon: float, batch: float, steps: int, delta: float, accountant: str = "rdp", tol: float = 1.002) -> float:
+    """The smallest σ (to ``tol``, rounded up) at which ``steps`` steps spend at most ``epsilon``."""
+    lo, hi = 0.2, 100.0
+    while hi / lo > tol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if subsampled_gaussian_epsilon(mid, batch, steps, delta, accountant) <= epsilon else (mid, hi)
+    return math.ceil(hi * 1000) / 1000
+
+
+def _load_average() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _build(a, model_over: dict):
+    from image_utility import build, load_config
+
+    config = load_config(a.config)
+    dm, model = build(config, model_overrides=model_over,
+                      data_overrides={"root": a.data_root, "download": False, **_overrides(a.data_set)})
+    return config, dm, model
+
+
+def speed(a) -> int:
+    """Critic steps per second: median over the timed generator steps (each ``d_steps`` critic steps
+    and one generator step, data included), after one warm-up step."""
+    import pytorch_lightning as pl
+    import torch
+
+    torch.set_num_threads(a.threads)
+    pl.seed_everything(0, verbose=False)
+    _, dm, model = _build(a, {"epsilon": 1e6, **_overrides(a.set)})
+    stamps = []
+
+    class Stamps(pl.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            stamps.append((time.perf_counter(), time.process_time()))
+
+    load_before = _load_average()
+    trainer = pl.Trainer(max_steps=a.steps + 1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[Stamps()])
+    trainer.fit(model, dm)
+    gaps = [b[0] - c[0] for c, b in zip(stamps[:-1], stamps[1:])]
+    cpu = [b[1] - c[1] for c, b in zip(stamps[:-1], stamps[1:])]  # this process's CPU time: what a shared machine's load does not inflate
+    n_d = model.hparams.d_steps
+    per_step = statistics.median(gaps)
+    record = {"command": "speed", "config": a.config, "set": a.set, "data_set": a.data_set, "threads": a.threads,
+              "d_steps": n_d, "batch_size": dm.batch_size, "generator_steps_timed": len(gaps),
+              "s_per_generator_step": round(per_step, 4), "critic_steps_per_s": round(n_d / per_step, 3),
+              "cpu_s_per_generator_step": round(statistics.median(cpu), 4),
+              "critic_steps_per_cpu_s": round(n_d / statistics.median(cpu), 3),
+              "critic_params": sum(p.numel() for p in model.discriminator.parameters()),
+              "generator_params": sum(p.numel() for p in model.generator.parameters()),
+              "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}
+    _append(a.results, record)
+    print("RESULT " + json.dumps(record), flush=True)
+    return 0
+
+
+def fit(a) -> int:
+    import pytorch_lightning as pl
+    import torch
+
+    from image_utility import grids_every
+    from lightning_gpate.evaluation.image import cnn_utility
+    from lightning_gpate.sampling import image_grid, save_png
+
+    torch.set_num_threads(a.threads)
+    pl.seed_everything(0, verbose=False)
+    over = _overrides(a.set)
+    config, dm, _ = _build(a, over)
+    init = {**config["model"]["init_args"], **over}
+    batch = float(dm.batch_size)
+    sigma = sigma_for(a.epsilon, batch, a.critic_steps, float(init["delta"]), init.get("accountant", "rdp"))
+    model_over = {**over, "epsilon": a.epsilon, "noise_multiplier": sigma, "sampling_rate": batch / MNIST_TRAIN}
+    _, dm, model = _build(a, model_over)
+    out = Path(a.out_dir) / a.name
+    out.mkdir(parents=True, exist_ok=True)
+    labels = torch.arange(10).repeat_interleave(10)
+    describe = lambda trainer, m: (f" (critic steps {int(m.critic_steps_taken)}, epsilon {m.spent_epsilon():.3f}, "  # noqa: E731
+                                   f"{time.perf_counter() - start:.0f} s)")
+    start = time.perf_counter()
+    load_before = _load_average()
+    trainer = pl.Trainer(max_steps=10**9, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[grids_every(out, a.every, describe)])
+    trainer.fit(model, dm)
+    fit_s = time.perf_counter() - start
+    x, y = model.generate(100, labels=labels, seed=1)
+    save_png(image_grid(x, y, 10, per_class=10), out / "final.png")
+    x, y = model.generate(a.num_samples, seed=0)
+    cnn = cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
+    ema = getattr(model, "generator_ema", None)
+    if ema is not None:  # the same run's generator itself, beside its weight average (what is released)
+        model.generator_ema = None
+        x, y = model.generate(a.num_samples, seed=0)
+        raw = cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
+        cnn.update({f"{k}_without_ema": v for k, v in raw.items() if k.startswith("cnn_accuracy")})
+        model.generator_ema = ema
+    record = {"command": "fit", "name": a.name, "config": a.config, "set": a.set, "data_set": a.data_set,
+              "epsilon_budget": a.epsilon, "epsilon_spent": round(model.spent_epsilon(), 4), "noise_multiplier": sigma,
+              "batch_size": batch, "critic_steps": int(model.critic_steps_taken), "generator_steps": int(trainer.global_step),
+              "stopped_by": model.stop_reason, "fit_s": round(fit_s, 1), "threads": a.threads,
+              "load_average_before": load_before, "load_average_after": _load_average(), "num_samples": a.num_samples,
+              "grid": str(out / "final.png"), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
+    _append(a.results, record)
+    print("RESULT " + json.dumps(record), flush=True)
+    return 0
+
+
+def schedules(a) -> int:
+    lines = [f"| B (q = B/60,000) | critic steps T | σ for ε = {a.epsilon:g} (RDP) | B/σ | σ (PLD) | B/σ (PLD) | B·T (samples) |",
+             "|---|---|---|---|---|---|---|"]
+    for batch in a.batch:
+        for steps in a.critic_steps:
+            rdp = sigma_for(a.epsilon, batch, steps, a.delta, "rdp")
+            pld = sigma_for(a.epsilon, batch, steps, a.delta, "pld", tol=1.01) if a.pld else float("nan")
+            lines.append(f"| {batch:g} | {steps:,} | {rdp:.3f} | {batch / rdp:.0f} | {pld:.3f} | {batch / pld:.0f} | "
+                         f"{batch * steps / 1e6:.1f}M |")
+            print(lines[-1], flush=True)
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def _append(path: str, record: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("speed", "fit"):
+        s = sub.add_parser(name)
+        s.add_argument("--config", default=CONFIG)
+        s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="model overrides (YAML values)")
+        s.add_argument("--data-set", nargs="*", default=[], metavar="KEY=VALUE", help="data overrides, e.g. batch_size=64")
+        s.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "mnist"))
+        s.add_argument("--threads", type=int, default=1)
+        s.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "dpgan_mnist_cpu.jsonl"))
+    sub.choices["speed"].add_argument("--steps", type=int, default=3, help="generator steps timed (after one warm-up)")
+    f = sub.choices["fit"]
+    f.add_argument("--name", required=True)
+    f.add_argument("--epsilon", type=float, default=10.0)
+    f.add_argument("--critic-steps", type=int, required=True, help="T: sigma is chosen so that T critic steps spend --epsilon")
+    f.add_argument("--every", type=int, default=200, help="a grid every this many generator steps")
+    f.add_argument("--num-samples", type=int, default=5000)
+    f.add_argument("--out-dir", default=str(ROOT / "outputs" / "dpgan_mnist_cpu"))
+    s = sub.add_parser("schedules")
+    s.add_argument("--epsilon", type=float, default=10.0)
+    s.add_argument("--delta", type=float, default=1e-5)
+    s.add_argument("--batch", type=float, nargs="+", default=[128.0, 256.0, 512.0])
+    s.add_argument("--critic-steps", type=int, nargs="+", default=[25_000, 50_000, 100_000, 200_000, 450_000])
+    s.add_argument("--pld", action="store_true", help="also the PLD accountant's sigma (slower)")
+    s.add_argument("--out", default=None, help="write the Markdown table here")
+    a = p.parse_args(argv)
+    return {"speed": speed, "fit": fit, "schedules": schedules}[a.command](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
