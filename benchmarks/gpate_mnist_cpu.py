@@ -16,6 +16,12 @@ Usage::
     python benchmarks/gpate_mnist_cpu.py --name paper10_noise --config configs/mnist/gpate_eps10_nearest_guarantee.yaml \\
         --steps 50 --noise-of 2000
 
+``--eval-at`` adds CNN accuracies at earlier aggregation counts (a learning curve from one run);
+``--warm-cache DIR`` keeps the teachers after their free warm-up (``teacher_warmup_steps``, a third of a
+short run's CPU time) and starts later runs with the same teacher settings from them; ``--budget-of``
+runs exactly the aggregations the config's privacy budget allows at the config's own teacher count and
+σ (the data-independent guarantee the GPU row would stop on), not ``--steps``.
+
 Results: one JSON line per run appended to ``--results`` (default
 ``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``.
 """
@@ -28,6 +34,8 @@ import math
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,6 +58,61 @@ def smooth_projections(pool: int):
     return projection
 
 
+def warm_key(config: dict, model_over: dict, teachers: int, seed: int) -> str:
+    """File name of the teachers after warm-up: everything their warm-up depends on (teacher and generator
+    settings, teacher batch, teacher count, seed), hashed."""
+    import hashlib
+
+    init = {**config["model"]["init_args"], **model_over}
+    keys = sorted(k for k in init if k.startswith("teacher") or k in ("z_dim", "gf_dim", "fc_dim", "generator_upsample"))
+    data = config["data"]["init_args"]
+    what = json.dumps([{k: init[k] for k in keys}, data.get("teacher_batch_size"), teachers, seed], sort_keys=True, default=str)
+    return f"warm_{hashlib.sha256(what.encode()).hexdigest()[:16]}.pt"
+
+
+def budget_aggregations(config: dict, overrides: list[str]) -> int:
+    """How many aggregations the config's (ε, δ) budget allows under the data-independent guarantee, at the
+    config's own teacher count and σ: every aggregation at its worst case (DPGradAgg: every query of the
+    most units answered), as the model's budget stop counts it."""
+    import yaml
+
+    from lightning_gpate.privacy import (DEFAULT_ORDERS, ConfidentGNMaxEvent, GaussianSumEvent, PrivacyAccountant, TopAggEvent,
+                                         rdp_to_epsilon)
+
+    init = dict(config["model"]["init_args"])
+    for kv in overrides:
+        key, value = kv.split("=", 1)
+        init[key] = yaml.safe_load(value)
+    teachers = int(config["data"]["init_args"]["num_teachers"])
+    m = int(init.get("fake_batch_size", 32))
+    units = min(m, 10) if init.get("group_fakes_by_label") else m
+    aggregator = init.get("aggregator", "dpgradagg")
+    if aggregator == "gaussian":
+        event = GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=float(init["sigma_gaussian"]))
+    elif aggregator == "topagg":
+        event = TopAggEvent(num_samples=units, topk=int(init["topk"]), sigma=float(init["sigma_topagg"]))
+    else:
+        queries = units * int(init.get("projection_dim", 10))
+        bins = int(init.get("num_bins", 10))
+        event = ConfidentGNMaxEvent(np.zeros((queries, bins)), np.ones(queries, dtype=bool),
+                                    float(init.get("threshold_fraction", 0.5)) * teachers,
+                                    float(init["sigma_threshold"]), float(init["sigma_gnmax"]))
+    delta = float(init.get("delta", 1e-5))
+    per_step = PrivacyAccountant(delta=delta, data_dependent=False).rdp_of(event)[0]  # RDP at DEFAULT_ORDERS
+
+    def epsilon(n: int) -> float:
+        return rdp_to_epsilon(n * per_step, DEFAULT_ORDERS, delta, conversion=init.get("conversion", "improved"))[0]
+
+    budget = float(init["epsilon"])
+    lo, hi = 0, 1  # the largest n with epsilon(n) <= budget
+    while epsilon(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if epsilon(mid) <= budget else (lo, mid)
+    return lo
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True)
@@ -63,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smooth-projection", type=int, default=1, metavar="POOL", help="experiment: smooth projections")
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "mnist"))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="seed_everything (generator init, data order)")
+    p.add_argument("--eval-at", type=int, nargs="*", default=[], metavar="N", help="also a CNN after N aggregations")
+    p.add_argument("--warm-cache", default=None, metavar="DIR", help="reuse the teachers after their warm-up")
+    p.add_argument("--budget-of", action="store_true",
+                   help="run the aggregations the config's budget allows at its own teachers and sigmas (ignores --steps)")
     p.add_argument("--out-dir", default=str(ROOT / "outputs" / "gpate_mnist_cpu"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "gpate_mnist_cpu.jsonl"))
     a = p.parse_args(argv)
@@ -77,13 +145,16 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_config(a.config)
     init = config["model"]["init_args"]
+    if a.budget_of:
+        a.steps = budget_aggregations(config, a.set)
+        print(f"the budget allows {a.steps} aggregations", flush=True)
     # No budget stop: these runs measure learning, not privacy. 1e18 because TopAgg at the noise-free
     # sigma 1e-3 spends ~2e10 per aggregation (30 fakes): a budget of 1e12 stopped it after 50.
     model_over = {"teacher_precision": "32", "teacher_chunk_size": None, "epsilon": 1e18}
     for kv in a.set:
         key, value = kv.split("=", 1)
         model_over[key] = yaml.safe_load(value)
-    for key in ("sigma_threshold", "sigma_gnmax", "sigma_topagg"):
+    for key in ("sigma_threshold", "sigma_gnmax", "sigma_topagg", "sigma_gaussian"):
         if key in init or key in model_over:
             sigma = float(model_over.get(key, init.get(key)))
             model_over[key] = sigma * a.teachers / a.noise_of if a.noise_of else 1e-3
@@ -92,16 +163,38 @@ def main(argv: list[str] | None = None) -> int:
 
         gpate_module.random_projection = smooth_projections(a.smooth_projection)
     torch.set_num_threads(a.threads)
-    pl.seed_everything(0, verbose=False)
+    pl.seed_everything(a.seed, verbose=False)
     dm, model = build(config, model_overrides=model_over,
                       data_overrides={"root": a.data_root, "download": False, "num_teachers": a.teachers})
+    warm_path = None
+    if a.warm_cache:
+        warm_path = Path(a.warm_cache) / warm_key(config, model_over, a.teachers, a.seed)
+        if warm_path.exists():
+            model._pending_teacher_state = torch.load(warm_path)
+            print(f"teachers after warm-up from {warm_path}", flush=True)
     out = Path(a.out_dir) / a.name
     out.mkdir(parents=True, exist_ok=True)
     labels = torch.arange(10).repeat_interleave(10)
 
+    curve = {}
+
+    def cnn_now(pl_module):
+        was_training = pl_module.training
+        pl_module.eval()
+        x, y = pl_module.generate(5000, seed=0)
+        pl_module.train(was_training)
+        return cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
+
     class Grids(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            if warm_path is not None and not warm_path.exists() and pl_module.teacher_warmup_done == pl_module.hparams.teacher_warmup_steps:
+                warm_path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(pl_module._local_teacher_state(), warm_path)
             step = trainer.global_step
+            if step in a.eval_at and step not in curve:
+                cnn = cnn_now(pl_module)
+                curve[step] = {k: cnn[k] for k in ("cnn_accuracy_final", "cnn_accuracy_val_selected")}
+                print(f"aggregation {step}: {curve[step]}", flush=True)
             if step and step % a.every == 0 and getattr(self, "last", None) != step:
                 self.last = step
                 pl_module.eval()
@@ -115,11 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Grids()])
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
-    x, y = model.generate(5000, seed=0)
-    cnn = cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
+    cnn = cnn_now(model)
     record = {"name": a.name, "config": a.config, "teachers": a.teachers, "aggregations": int(trainer.global_step),
-              "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "fit_s": round(fit_s, 1),
-              **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
+              "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "seed": a.seed,
+              "fit_s": round(fit_s, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
+    if curve:
+        record["curve"] = {str(k): v for k, v in sorted(curve.items())}
     with open(a.results, "a") as f:
         f.write(json.dumps(record) + "\n")
     print("RESULT " + json.dumps(record), flush=True)
