@@ -17,6 +17,8 @@ Usage::
         --steps 50 --noise-of 2000
 
 ``--eval-at`` adds CNN accuracies at earlier aggregation counts (a learning curve from one run);
+``--extra-ema`` keeps more weight averages of the same generator (post-processing: free) and evaluates each
+at the end and at ``--eval-at`` (the EMA lever without another fit);
 ``--warm-cache DIR`` keeps the teachers after their free warm-up (``teacher_warmup_steps``, a third of a
 short run's CPU time) and starts later runs with the same teacher settings from them; ``--budget-of``
 runs exactly the aggregations the config's privacy budget allows at the config's own teacher count and
@@ -29,6 +31,7 @@ Results: one JSON line per run appended to ``--results`` (default
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -128,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="seed_everything (generator init, data order)")
     p.add_argument("--eval-at", type=int, nargs="*", default=[], metavar="N", help="also a CNN after N aggregations")
+    p.add_argument("--extra-ema", type=float, nargs="*", default=[], metavar="DECAY",
+                   help="also evaluate EMAs of the generator with these decays (the run's ema_decay must be > 0)")
     p.add_argument("--warm-cache", default=None, metavar="DIR", help="reuse the teachers after their warm-up")
     p.add_argument("--budget-of", action="store_true",
                    help="run the aggregations the config's budget allows at its own teachers and sigmas (ignores --steps)")
@@ -177,23 +182,48 @@ def main(argv: list[str] | None = None) -> int:
     labels = torch.arange(10).repeat_interleave(10)
 
     curve = {}
+    extra = {}  # decay -> EMA generator (the model's own EMA is ema_decay's)
 
-    def cnn_now(pl_module):
+    def cnn_now(pl_module, decay=None):
         was_training = pl_module.training
         pl_module.eval()
-        x, y = pl_module.generate(5000, seed=0)
+        if decay is None:
+            x, y = pl_module.generate(5000, seed=0)
+        else:  # sample from the extra EMA in the model's place
+            own = copy.deepcopy(pl_module.generator_ema.state_dict())
+            pl_module.generator_ema.load_state_dict(extra[decay].state_dict())
+            x, y = pl_module.generate(5000, seed=0)
+            pl_module.generator_ema.load_state_dict(own)
         pl_module.train(was_training)
         return cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
 
+    def evaluate(pl_module) -> dict:
+        keys = ("cnn_accuracy_final", "cnn_accuracy_val_selected")
+        out = {k: v for k, v in cnn_now(pl_module).items() if k in keys}
+        for decay in extra:
+            out[f"ema{decay:g}"] = {k: v for k, v in cnn_now(pl_module, decay).items() if k in keys}
+        return out
+
     class Grids(pl.Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            for decay in a.extra_ema:
+                extra[decay] = copy.deepcopy(pl_module.generator).requires_grad_(False)
+
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            if trainer.global_step != getattr(self, "averaged", 0):  # after each generator update, as the model's EMA
+                self.averaged = trainer.global_step
+                with torch.no_grad():
+                    for decay, ema in extra.items():
+                        for e, p_ in zip(ema.parameters(), pl_module.generator.parameters()):
+                            e.lerp_(p_, 1.0 - decay)
+                        for e, b in zip(ema.buffers(), pl_module.generator.buffers()):
+                            e.copy_(b)
             if warm_path is not None and not warm_path.exists() and pl_module.teacher_warmup_done == pl_module.hparams.teacher_warmup_steps:
                 warm_path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(pl_module._local_teacher_state(), warm_path)
             step = trainer.global_step
             if step in a.eval_at and step not in curve:
-                cnn = cnn_now(pl_module)
-                curve[step] = {k: cnn[k] for k in ("cnn_accuracy_final", "cnn_accuracy_val_selected")}
+                curve[step] = evaluate(pl_module)
                 print(f"aggregation {step}: {curve[step]}", flush=True)
             if step and step % a.every == 0 and getattr(self, "last", None) != step:
                 self.last = step
@@ -209,11 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
     cnn = cnn_now(model)
+    ema_results = {f"ema{decay:g}": evaluate_extra for decay, evaluate_extra in
+                   ((d, {k: v for k, v in cnn_now(model, d).items() if k.startswith("cnn_accuracy")}) for d in extra)}
     record = {"name": a.name, "config": a.config, "teachers": a.teachers, "aggregations": int(trainer.global_step),
               "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "seed": a.seed,
               "fit_s": round(fit_s, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
     if curve:
         record["curve"] = {str(k): v for k, v in sorted(curve.items())}
+    record.update(ema_results)
     with open(a.results, "a") as f:
         f.write(json.dumps(record) + "\n")
     print("RESULT " + json.dumps(record), flush=True)
