@@ -23,6 +23,14 @@ Usage::
     python benchmarks/gpate_mnist_cpu.py --name paper10_noise --config configs/mnist/gpate_eps10_nearest_guarantee.yaml \\
         --steps 50 --noise-of 2000
 
+``--eval-at`` adds CNN accuracies at earlier aggregation counts (a learning curve from one run);
+``--extra-ema`` keeps more weight averages of the same generator (post-processing: free) and evaluates each
+at the end and at ``--eval-at`` (the EMA lever without another fit);
+``--warm-cache DIR`` keeps the teachers after their free warm-up (``teacher_warmup_steps``, a third of a
+short run's CPU time) and starts later runs with the same teacher settings from them; ``--budget-of``
+runs exactly the aggregations the config's privacy budget allows at the config's own teacher count and
+σ (the data-independent guarantee the GPU row would stop on), not ``--steps``.
+
 Results: one JSON line per run appended to ``--results`` (default
 ``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``.
 """
@@ -30,11 +38,14 @@ Results: one JSON line per run appended to ``--results`` (default
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -112,6 +123,61 @@ def gswgan_record(config: dict, model, a, steps: int) -> dict:
             "epsilon_paper_at_config_scale": gswgan_epsilon(accounting="paper", **kw)}
 
 
+def warm_key(config: dict, model_over: dict, teachers: int, seed: int) -> str:
+    """File name of the teachers after warm-up: everything their warm-up depends on (teacher and generator
+    settings, teacher batch, teacher count, seed), hashed."""
+    import hashlib
+
+    init = {**config["model"]["init_args"], **model_over}
+    keys = sorted(k for k in init if k.startswith("teacher") or k in ("z_dim", "gf_dim", "fc_dim", "generator_upsample"))
+    data = config["data"]["init_args"]
+    what = json.dumps([{k: init[k] for k in keys}, data.get("teacher_batch_size"), teachers, seed], sort_keys=True, default=str)
+    return f"warm_{hashlib.sha256(what.encode()).hexdigest()[:16]}.pt"
+
+
+def budget_aggregations(config: dict, overrides: list[str]) -> int:
+    """How many aggregations the config's (ε, δ) budget allows under the data-independent guarantee, at the
+    config's own teacher count and σ: every aggregation at its worst case (DPGradAgg: every query of the
+    most units answered), as the model's budget stop counts it."""
+    import yaml
+
+    from lightning_gpate.privacy import (DEFAULT_ORDERS, ConfidentGNMaxEvent, GaussianSumEvent, PrivacyAccountant, TopAggEvent,
+                                         rdp_to_epsilon)
+
+    init = dict(config["model"]["init_args"])
+    for kv in overrides:
+        key, value = kv.split("=", 1)
+        init[key] = yaml.safe_load(value)
+    teachers = int(config["data"]["init_args"]["num_teachers"])
+    m = int(init.get("fake_batch_size", 32))
+    units = min(m, 10) if init.get("group_fakes_by_label") else m
+    aggregator = init.get("aggregator", "dpgradagg")
+    if aggregator == "gaussian":
+        event = GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=float(init["sigma_gaussian"]))
+    elif aggregator == "topagg":
+        event = TopAggEvent(num_samples=units, topk=int(init["topk"]), sigma=float(init["sigma_topagg"]))
+    else:
+        queries = units * int(init.get("projection_dim", 10))
+        bins = int(init.get("num_bins", 10))
+        event = ConfidentGNMaxEvent(np.zeros((queries, bins)), np.ones(queries, dtype=bool),
+                                    float(init.get("threshold_fraction", 0.5)) * teachers,
+                                    float(init["sigma_threshold"]), float(init["sigma_gnmax"]))
+    delta = float(init.get("delta", 1e-5))
+    per_step = PrivacyAccountant(delta=delta, data_dependent=False).rdp_of(event)[0]  # RDP at DEFAULT_ORDERS
+
+    def epsilon(n: int) -> float:
+        return rdp_to_epsilon(n * per_step, DEFAULT_ORDERS, delta, conversion=init.get("conversion", "improved"))[0]
+
+    budget = float(init["epsilon"])
+    lo, hi = 0, 1  # the largest n with epsilon(n) <= budget
+    while epsilon(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if epsilon(mid) <= budget else (lo, mid)
+    return lo
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True)
@@ -126,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrain-iterations", type=int, default=200, help="GS-WGAN: iterations of the discriminators' pretraining")
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "mnist"))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="seed_everything (generator init, data order)")
+    p.add_argument("--eval-at", type=int, nargs="*", default=[], metavar="N", help="also a CNN after N aggregations")
+    p.add_argument("--extra-ema", type=float, nargs="*", default=[], metavar="DECAY",
+                   help="also evaluate EMAs of the generator with these decays (the run's ema_decay must be > 0)")
+    p.add_argument("--warm-cache", default=None, metavar="DIR", help="reuse the teachers after their warm-up")
+    p.add_argument("--budget-of", action="store_true",
+                   help="run the aggregations the config's budget allows at its own teachers and sigmas (ignores --steps)")
     p.add_argument("--out-dir", default=str(ROOT / "outputs" / "gpate_mnist_cpu"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "gpate_mnist_cpu.jsonl"))
     a = p.parse_args(argv)
@@ -139,13 +212,16 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_config(a.config)
     init = config["model"]["init_args"]
+    if a.budget_of:
+        a.steps = budget_aggregations(config, a.set)
+        print(f"the budget allows {a.steps} aggregations", flush=True)
     # No budget stop: these runs measure learning, not privacy. 1e18 because TopAgg at the noise-free
     # sigma 1e-3 spends ~2e10 per aggregation (30 fakes): a budget of 1e12 stopped it after 50.
     model_over = {"teacher_precision": "32", "teacher_chunk_size": None, "epsilon": 1e18}
     for kv in a.set:
         key, value = kv.split("=", 1)
         model_over[key] = yaml.safe_load(value)
-    for key in ("sigma_threshold", "sigma_gnmax", "sigma_topagg"):
+    for key in ("sigma_threshold", "sigma_gnmax", "sigma_topagg", "sigma_gaussian"):
         if key in init or key in model_over:
             sigma = float(model_over.get(key, init.get(key)))
             model_over[key] = sigma * a.teachers / a.noise_of if a.noise_of else 1e-3
@@ -159,21 +235,77 @@ def main(argv: list[str] | None = None) -> int:
     pretrain = pretrained_checkpoint(config, a, model_over, data_over) if init.get("stage") == "train" else None
     if pretrain is not None:
         model_over["pretrained_checkpoint"] = str(pretrain)
-    pl.seed_everything(0, verbose=False)
+    pl.seed_everything(a.seed, verbose=False)
     dm, model = build(config, model_overrides=model_over, data_overrides=data_over)
+    warm_path = None
+    if a.warm_cache:
+        warm_path = Path(a.warm_cache) / warm_key(config, model_over, a.teachers, a.seed)
+        if warm_path.exists():
+            model._pending_teacher_state = torch.load(warm_path)
+            print(f"teachers after warm-up from {warm_path}", flush=True)
     out = Path(a.out_dir) / a.name
     out.mkdir(parents=True, exist_ok=True)
+
+    curve = {}
+    extra = {}  # decay -> EMA generator (the model's own EMA is ema_decay's)
+
+    def cnn_now(pl_module, decay=None):
+        was_training = pl_module.training
+        pl_module.eval()
+        if decay is None:
+            x, y = pl_module.generate(5000, seed=0)
+        else:  # sample from the extra EMA in the model's place
+            own = copy.deepcopy(pl_module.generator_ema.state_dict())
+            pl_module.generator_ema.load_state_dict(extra[decay].state_dict())
+            x, y = pl_module.generate(5000, seed=0)
+            pl_module.generator_ema.load_state_dict(own)
+        pl_module.train(was_training)
+        return cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
+
+    def evaluate(pl_module) -> dict:
+        keys = ("cnn_accuracy_final", "cnn_accuracy_val_selected")
+        out = {k: v for k, v in cnn_now(pl_module).items() if k in keys}
+        for decay in extra:
+            out[f"ema{decay:g}"] = {k: v for k, v in cnn_now(pl_module, decay).items() if k in keys}
+        return out
+
+    class Curve(pl.Callback):  # extra EMAs, the warm-up cache and the learning curve (grids_every draws the grids)
+        def on_train_start(self, trainer, pl_module) -> None:
+            for decay in a.extra_ema:
+                extra[decay] = copy.deepcopy(pl_module.generator).requires_grad_(False)
+
+        def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+            if trainer.global_step != getattr(self, "averaged", 0):  # after each generator update, as the model's EMA
+                self.averaged = trainer.global_step
+                with torch.no_grad():
+                    for decay, ema in extra.items():
+                        for e, p_ in zip(ema.parameters(), pl_module.generator.parameters()):
+                            e.lerp_(p_, 1.0 - decay)
+                        for e, b in zip(ema.buffers(), pl_module.generator.buffers()):
+                            e.copy_(b)
+            if warm_path is not None and not warm_path.exists() and pl_module.teacher_warmup_done == pl_module.hparams.teacher_warmup_steps:
+                warm_path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(pl_module._local_teacher_state(), warm_path)
+            step = trainer.global_step
+            if step in a.eval_at and step not in curve:
+                curve[step] = evaluate(pl_module)
+                print(f"aggregation {step}: {curve[step]}", flush=True)
+
     start = time.perf_counter()
     trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                         callbacks=[grids_every(out, a.every)])
+                         callbacks=[Curve(), grids_every(out, a.every)])
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
-    x, y = model.generate(5000, seed=0)
-    cnn = cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
+    cnn = cnn_now(model)
+    ema_results = {f"ema{decay:g}": evaluate_extra for decay, evaluate_extra in
+                   ((d, {k: v for k, v in cnn_now(model, d).items() if k.startswith("cnn_accuracy")}) for d in extra)}
     record = {"name": a.name, "config": a.config, "teachers": a.teachers, "aggregations": int(trainer.global_step),
-              "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "fit_s": round(fit_s, 1),
-              **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
+              "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "seed": a.seed,
+              "fit_s": round(fit_s, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
+    if curve:
+        record["curve"] = {str(k): v for k, v in sorted(curve.items())}
+    record.update(ema_results)
     if pretrain is not None:
         record.update(gswgan_record(config, model, a, int(trainer.global_step)))
     with open(a.results, "a") as f:

@@ -15,10 +15,14 @@ and runs ``--warmup`` + ``--steps`` + ``--profile-steps`` steps. Reported per ca
   ``teacher_step`` (fakes of the teachers' labels, forward, backward, Adam), ``fakes`` (the
   generator's batch to vote on), ``votes`` (every teacher's input gradient, projection, histograms),
   ``budget`` (the votes to the host, the accountant's check and record), ``aggregate`` (noise, release,
-  back-projection) and ``generator_step``: the wall time of each range with the device synchronised at
-  its ends, median over the timed steps (the table's phase columns; under torch 2.11 the profiler's
-  device times of these ranges overlapped and exceeded the step), and ``torch.profiler``'s host (and
-  kernel) times over ``--profile-steps`` more steps (in the JSON written beside ``--out``);
+  back-projection) and ``generator_step``: on CUDA (``--phase-timer events``, the default there) the
+  time between two CUDA events recorded on the stream at each range's ends — what the GPU spent from
+  the phase's first to its last queued kernel, with no synchronisation added inside the step, so the
+  phases tile the step as it runs in a fit; on the CPU (or ``--phase-timer sync``) the wall time of
+  each range with the device synchronised at its ends; median over the timed steps (the table's phase
+  columns; under torch 2.11 the profiler's device times of these ranges overlapped and exceeded the
+  step), and ``torch.profiler``'s host (and kernel) times over ``--profile-steps`` more steps (in the
+  JSON written beside ``--out``);
 * the operators with the most (device or host) time, peak memory (``torch.cuda.max_memory_allocated``
   or the process's peak RSS) and the teachers' parameter + gradient + Adam memory (16 bytes per
   parameter and teacher).
@@ -174,7 +178,9 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
     import lightning_gpate.models.gpate as gpate_module
 
     phase_wall: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # step -> phase -> s
+    phase_events: list[tuple[int, str, object, object]] = []  # (step, phase, start event, end event)
     profiler_range = gpate_module.record_function
+    use_events = cuda and a.phase_timer == "events"
 
     @contextlib.contextmanager
     def synced_range(name: str):
@@ -188,7 +194,20 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
                 sync()
                 phase_wall[len(clock.b) - 1][name.split("/", 1)[1]] += time.perf_counter() - start_
 
-    gpate_module.record_function = synced_range
+    @contextlib.contextmanager
+    def event_range(name: str):
+        """The model's profiler range, timed by two CUDA events on the current stream (no synchronisation:
+        read after the step's end, where the step synchronises anyway)."""
+        with profiler_range(name):
+            start_, end_ = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start_.record()
+            try:
+                yield
+            finally:
+                end_.record()
+                phase_events.append((len(clock.b) - 1, name.split("/", 1)[1], start_, end_))
+
+    gpate_module.record_function = event_range if use_events else synced_range
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -198,6 +217,9 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
         gpate_module.record_function = profiler_range
     wall = time.perf_counter() - start
 
+    torch.cuda.synchronize() if cuda else None
+    for step_, phase_, start_, end_ in phase_events:
+        phase_wall[step_][phase_] += start_.elapsed_time(end_) / 1e3
     window = range(a.warmup + 1, a.warmup + a.steps)  # steps with a previous step end, before the profiled ones
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
     step_s = med([clock.d[i] - clock.d[i - 1] for i in window])
@@ -228,6 +250,7 @@ def run_case(teachers: int, a: argparse.Namespace) -> dict:
         "chunk": model.hparams.teacher_chunk_size, "batch": cli.datamodule.teacher_batch_size,
         "fake_labels": model.hparams.teacher_fake_labels, "notes": notes, "streams_match": streams_match,
         "device_name": torch.cuda.get_device_name() if cuda else f"cpu ({a.threads} threads)",
+        "phase_timer": "cuda events" if use_events else "synchronised wall time",
         "torch": torch.__version__,
     }
 
@@ -236,12 +259,18 @@ def _fmt(v, digits: int = 3) -> str:
     return "–" if v is None or v != v else f"{v:.{digits}f}"
 
 
+def _phase_words(timer: str) -> str:
+    if timer == "cuda events":
+        return "the time between CUDA events recorded on the stream at the ends of the model's ranges (no added syncs)"
+    return "wall time of the model's ranges with the device synchronised at their ends"
+
+
 def report(results: list[dict], a: argparse.Namespace, command: str) -> str:
     ok = [r for r in results if "error" not in r]
     lines = [f"# G-PATE step inside `fit` ({ok[0]['device_name'] if ok else a.device})", "",
              f"`{command}` (config `{a.config}`{', ' + ', '.join(a.set) if a.set else ''}), torch "
              f"{ok[0]['torch'] if ok else '?'}: median over {a.steps - 1} steps after {a.warmup} warm-up steps; "
-             f"phases: wall time of the model's ranges with the device synchronised at their ends, median over the "
+             f"phases: {_phase_words(ok[0]['phase_timer'] if ok else '')}, median over the "
              f"same steps (torch.profiler's times over {a.profile_steps} more steps: the JSON beside this file).", ""]
     head = ["teachers", "batch", "chunk", "s/step", "CPU s/step", "data", "training_step", "hooks"] + [f"{p}" for p in PHASES] + ["peak mem GiB", "teachers+Adam GiB"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -276,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile-steps", type=int, default=2)
     p.add_argument("--top", type=int, default=12, help="operators listed per case")
     p.add_argument("--no-logger", action="store_true", help="no MLflow logger (default: the CLI's)")
+    p.add_argument("--phase-timer", default="events", choices=["events", "sync"],
+                   help="CUDA: phases timed by CUDA events (no added syncs) or synchronised wall time (CPU: always the latter)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more CLI overrides, e.g. model.teacher_fake_labels=teacher")
     p.add_argument("--out", default=None, help="also write the markdown report here")
     p.add_argument("--_case", type=int, default=None, help=argparse.SUPPRESS)

@@ -277,6 +277,39 @@ def test_topagg_aggregator_pays_the_gaussian_bound_and_stops_before_the_budget(p
         GPATE(public_table.spec, aggregator="topagg", topk=1000, **kw)
 
 
+def test_gaussian_aggregator_pays_one_gaussian_mechanism_per_aggregation_and_stops_before_the_budget(public_table):
+    model = GPATE(public_table.spec, epsilon=4.0, aggregator="gaussian", sigma_gaussian=6.0, **SMALL)
+    _trainer(500).fit(model, public_table)
+    acc = model.accountant
+    assert model.budget_exhausted and 2 <= model.global_step < 500
+    assert acc.counts["gaussian_sums"] == model.global_step and acc.counts.get("confident_gnmax_events", 0) == 0
+    # the guarantee: one Gaussian mechanism of sensitivity 2 (RDP 2λ/σ²) per aggregation, independently computed
+    from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+    orders = acc.orders
+    expected = rdp_to_epsilon(model.global_step * 2 * orders / 6.0**2, orders, 1e-5)[0]
+    assert acc.epsilon() == pytest.approx(expected, rel=1e-12) and acc.epsilon() <= 4.0
+    assert rdp_to_epsilon((model.global_step + 1) * 2 * orders / 6.0**2, orders, 1e-5)[0] > 4.0
+    with pytest.raises(ValueError, match="data-independent"):
+        GPATE(public_table.spec, aggregator="gaussian", budget_accounting="smooth_sensitivity", **SMALL)
+    with pytest.raises(ValueError, match="gaussian_basis_dim needs images"):
+        GPATE(public_table.spec, aggregator="gaussian", gaussian_basis_dim=4, **SMALL)
+
+
+def test_gaussian_aggregator_without_noise_moves_the_fakes_along_the_teachers_mean_unit_direction(public_table):
+    """σ → 0: Δx is the mean over teachers of each teacher's directions on the fake batch, scaled to norm 1."""
+    model = GPATE(public_table.spec, epsilon=1e18, aggregator="gaussian", sigma_gaussian=1e-6, **SMALL)
+    _trainer(1).fit(model, public_table)  # builds the teachers and trains them one step
+    from lightning_gpate.models.gpate import _VoteUnits
+
+    y = torch.tensor([0, 1] * 4)
+    fakes = model.generator(model.latent(8, generator=torch.Generator().manual_seed(3)), y).detach()
+    delta, _ = model._aggregate_gaussian(fakes, y, _VoteUnits(y, by_label=False), torch.Generator().manual_seed(0))
+    grads = model.teachers.per_teacher_input_grads(fakes, y)  # [T, m, d]
+    expected = torch.stack([g / g.norm() for g in grads]).mean(0)
+    torch.testing.assert_close(delta, expected, atol=1e-6, rtol=1e-5)
+
+
 def test_ema_generator_is_what_samples(public_table):
     model = GPATE(public_table.spec, epsilon=50.0, ema_decay=0.5, **SMALL)
     initial = [p.detach().clone() for p in model.generator.parameters()]
@@ -297,12 +330,13 @@ def test_ema_generator_is_what_samples(public_table):
                                     {"teacher_precision": "bf16"},
                                     {"own_label_votes": True, "threshold_fraction": 0.05},
                                     {"own_label_votes": True, "aggregator": "topagg", "topk": 2, "sigma_topagg": 5.0},
-                                    {"aggregator": "topagg", "topk": 3, "sigma_topagg": 5.0, "topagg_stochastic": False}])
+                                    {"aggregator": "topagg", "topk": 3, "sigma_topagg": 5.0, "topagg_stochastic": False},
+                                    {"own_label_votes": True, "group_fakes_by_label": True, "aggregator": "gaussian"}])
 def test_vote_options_train_and_pay(public_table, option):
     model = GPATE(public_table.spec, epsilon=50.0, **{**SMALL, **option})
     before = model.teachers.w0.detach().clone()
     _trainer(2).fit(model, public_table)
-    events = "topagg_events" if option.get("aggregator") == "topagg" else "confident_gnmax_events"
+    events = {"topagg": "topagg_events", "gaussian": "gaussian_sum_events"}.get(option.get("aggregator"), "confident_gnmax_events")
     assert model.accountant.counts[events] == 2 and not torch.equal(model.teachers.w0, before)
 
 

@@ -130,3 +130,52 @@ def test_gswgan_rows_pay_for_the_paper_s_steps_and_differ_by_their_noise_only():
     assert rest[0] == rest[1] == rest[2]
     assert configs["gswgan_eps10_paper"]["model"]["init_args"]["noise_multiplier"] == 1.07
 
+
+GPATE_CONFIGS = [p for p in CONFIGS if p.stem.startswith("gpate_")]
+
+
+def _budget_aggregations(init: dict, teachers: int) -> int:
+    """The most aggregations the (ε, δ) budget allows when every aggregation is at its worst case (every
+    Confident-GNMax query of the most vote units answered), from the papers' closed forms: Confident-GNMax
+    ``λ/(2σ1²) + λ/σ2²`` per query (Papernot et al. 2018), TopAgg ``2kλ/σ²`` per sample (DataLens), the
+    Gaussian sum ``λΔ²/(2σ²)`` with Δ = 2 (Mironov 2017), converted with the accountant's conversion."""
+    from lightning_gpate.privacy import DEFAULT_ORDERS, rdp_to_epsilon
+
+    m = init.get("fake_batch_size", 32)
+    units = min(m, 10) if init.get("group_fakes_by_label") else m
+    aggregator = init.get("aggregator", "dpgradagg")
+    if aggregator == "gaussian":
+        per_step = 4.0 * DEFAULT_ORDERS / (2 * init["sigma_gaussian"] ** 2)
+    elif aggregator == "topagg":
+        per_step = units * 2 * init["topk"] * DEFAULT_ORDERS / init["sigma_topagg"] ** 2
+    else:
+        queries = units * init.get("projection_dim", 10)
+        per_step = queries * (DEFAULT_ORDERS / (2 * init["sigma_threshold"] ** 2) + DEFAULT_ORDERS / init["sigma_gnmax"] ** 2)
+    n = 0
+    while rdp_to_epsilon((n + 1) * per_step, DEFAULT_ORDERS, init["delta"])[0] <= init["epsilon"]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("path", GPATE_CONFIGS, ids=[p.stem for p in GPATE_CONFIGS])
+def test_gpate_config_pins_its_accounting_mode_and_the_budget_ends_its_guarantee_run(path):
+    """Every G-PATE config's file name says its accounting (``guarantee``, ``paper``, ``smooth_sensitivity``;
+    ``noisefree``: no budget), the config agrees, and a guarantee row is ended by its privacy budget: its
+    ``max_steps`` is at least 1.5 times the aggregations the budget allows at the worst case (fakes grouped
+    by label may hold fewer than 10 labels, and a step with fewer costs less)."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    init, max_steps = raw["model"]["init_args"], raw["trainer"]["max_steps"]
+    mode = init.get("budget_accounting", "guarantee")
+    if path.stem == "gpate_noisefree":
+        assert init["epsilon"] >= 1e9 and max(init.get("sigma_gnmax", 0), init.get("sigma_gaussian", 0)) < 1e-2
+        return
+    assert mode == re.search(r"_(guarantee|paper|smooth_sensitivity)$", path.stem).group(1)
+    allowed = _budget_aggregations(init, raw["data"]["init_args"]["num_teachers"])
+    assert allowed >= 10, f"{path.stem}: the budget buys only {allowed} aggregations"
+    if mode == "guarantee":
+        assert max_steps >= 1.5 * allowed, f"{path.stem}: max_steps {max_steps} would end the run before its budget ({allowed})"
+    elif mode == "smooth_sensitivity":  # a run fixed in advance: its data-independent hard cap lets every step run
+        cap = dict(init, epsilon=init["epsilon_hard_cap"])
+        assert max_steps <= _budget_aggregations(cap, raw["data"]["init_args"]["num_teachers"])

@@ -15,14 +15,15 @@ from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator
-from lightning_gpate.privacy import ConfidentGNMaxEvent, TopAggEvent
+from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
+from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
 from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
 TEACHERS_KEY = "gpate_teachers"
-AGGREGATORS = ("dpgradagg", "topagg")
+AGGREGATORS = ("dpgradagg", "topagg", "gaussian")
 TEACHER_FAKE_LABELS = ("teacher", "class_ratio")
 TEACHER_PRECISIONS = ("32", "bf16")
 
@@ -59,8 +60,8 @@ class _VoteUnits:
 
 
 class GPATE(PrivateGenerativeModel):
-    """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), or DataLens'
-    TopAgg (Wang, Wu, Long et al. 2021) as the aggregator.
+    """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), DataLens'
+    TopAgg (Wang, Wu, Long et al. 2021) or the Gaussian sum of normalised directions as the aggregator.
 
     Per iteration: every teacher takes ``teacher_steps`` Adam steps on its BCE loss (its own real
     batch from its own partition vs fakes) with **its own** Adam moments; the fakes of teacher ``t``
@@ -78,6 +79,11 @@ class GPATE(PrivateGenerativeModel):
     * ``aggregator="topagg"`` (DataLens): each teacher keeps the ``topk`` largest coordinates of its
       direction as stochastic signs; the summed votes get N(0, σ²) noise once; coordinates above the
       threshold are released as signs: ``Δx`` ∈ {−1, 0, 1}^d.
+    * ``aggregator="gaussian"`` (not in either paper; :mod:`~lightning_gpate.privacy.gaussagg`): each
+      teacher's directions on all units of the aggregation (optionally in the ``gaussian_basis_dim``
+      lowest DCT frequencies, a public basis) form one vote of L2 norm 1; the summed votes get
+      N(0, ``sigma_gaussian``²) once; ``Δx`` is the noisy mean vote. No compression, no projection:
+      without noise ``Δx`` is the teachers' mean unit direction.
 
     The generator takes ``generator_steps`` MSE steps towards ``x̂ = x + target_scale · Δx``
     (``x̂`` a constant). ``ema_decay > 0`` keeps an exponential moving average of the generator's
@@ -95,7 +101,8 @@ class GPATE(PrivateGenerativeModel):
     see :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.guarantee_epsilon`. The paper's
     data-dependent ε is a function of the private votes: it is computed and logged (as
     ``epsilon_data_dependent``, not a guarantee) only under ``budget_accounting: paper``. TopAgg's cost is
-    data-independent (:class:`~lightning_gpate.privacy.TopAggEvent`) and charged before the noise is drawn.
+    data-independent (:class:`~lightning_gpate.privacy.TopAggEvent`) and charged before the noise is drawn, as is
+    GaussAgg's (:class:`~lightning_gpate.privacy.GaussianSumEvent`, one Gaussian mechanism per aggregation).
 
     Teachers are held outside the module tree (they are never averaged by DDP); under DDP rank r owns
     teachers r, r+W, …, votes are summed with an all-reduce, and the projection and noise come from a
@@ -115,7 +122,7 @@ class GPATE(PrivateGenerativeModel):
             sensitivity at the end of a run of ``trainer.max_steps``; see the private base).
         epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity`` (private base).
         conversion: RDP → (ε, δ) conversion.
-        aggregator: ``"dpgradagg"`` (G-PATE, default) or ``"topagg"`` (DataLens).
+        aggregator: ``"dpgradagg"`` (G-PATE, default), ``"topagg"`` (DataLens) or ``"gaussian"`` (GaussAgg).
         z_dim: latent size; the prior is U(-1, 1) as in the paper.
         fake_batch_size: fakes per aggregation ``m`` (DPGradAgg: ``m · projection_dim`` queries).
         projection_dim: ``k``, the random projection's dimension (DPGradAgg).
@@ -129,6 +136,9 @@ class GPATE(PrivateGenerativeModel):
         sigma_gnmax: σ2 of the noisy argmax (DPGradAgg).
         topk: coordinates each teacher votes on per fake (TopAgg).
         sigma_topagg: σ of the noise on TopAgg's summed votes.
+        sigma_gaussian: σ of the noise on GaussAgg's summed votes (per coordinate; sensitivity 2).
+        gaussian_basis_dim: GaussAgg votes in this many lowest-frequency DCT basis images per channel
+            (images only; ``None``: in pixels).
         topagg_max_grad: cap on the scale ``b`` of TopAgg's stochastic signs (``None``: each
             teacher's largest ``|g|`` on the sample).
         topagg_stochastic: TopAgg votes stochastic signs (``True``, DataLens' ``--stochastic``,
@@ -202,6 +212,8 @@ class GPATE(PrivateGenerativeModel):
         sigma_gnmax: float = 1000.0,
         topk: int = 200,
         sigma_topagg: float = 5000.0,
+        sigma_gaussian: float = 40.0,
+        gaussian_basis_dim: int | None = None,
         topagg_max_grad: float | None = None,
         topagg_stochastic: bool = True,
         teacher_fake_labels: str = "teacher",
@@ -253,8 +265,8 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError(f"teacher_warmup_steps must be >= 0, got {teacher_warmup_steps}")
         if clip <= 0 or sigma_threshold < 0 or sigma_gnmax < 0:
             raise ValueError("clip must be > 0 and the noise scales >= 0")
-        if not sigma_topagg > 0 or (topagg_max_grad is not None and not topagg_max_grad > 0):
-            raise ValueError("sigma_topagg and topagg_max_grad must be > 0")
+        if not sigma_topagg > 0 or not sigma_gaussian > 0 or (topagg_max_grad is not None and not topagg_max_grad > 0):
+            raise ValueError("sigma_topagg, sigma_gaussian and topagg_max_grad must be > 0")
         if not 0 <= threshold_fraction <= 1:
             raise ValueError(f"threshold_fraction must be in [0, 1], got {threshold_fraction}")
         if not 0 <= ema_decay < 1:
@@ -262,9 +274,13 @@ class GPATE(PrivateGenerativeModel):
         dim = int(np.prod(self.data_spec["shape"]))
         if aggregator == "topagg" and topk > dim:
             raise ValueError(f"topk must be at most the data dimension {dim}, got {topk}")
-        if aggregator == "topagg" and budget_accounting == "smooth_sensitivity":
+        if aggregator != "dpgradagg" and budget_accounting == "smooth_sensitivity":
             raise ValueError("budget_accounting: smooth_sensitivity releases Confident-GNMax's data-dependent cost; "
-                             "TopAgg's cost is data-independent already: use budget_accounting: guarantee")
+                             f"{aggregator}'s cost is data-independent already: use budget_accounting: guarantee")
+        if gaussian_basis_dim is not None:
+            shape = self.data_spec["shape"]
+            if len(shape) != 3 or not 1 <= gaussian_basis_dim <= shape[1] * shape[2]:
+                raise ValueError(f"gaussian_basis_dim needs images and must be in [1, height·width], got {gaussian_basis_dim}")
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
@@ -390,7 +406,8 @@ class GPATE(PrivateGenerativeModel):
         voting = None
         if hp.own_label_votes:  # [T_local, units]: teacher t has the unit's label in its own real batch
             voting = own_label_voting(real_y.to(self.device), units.labels)
-        aggregate_ = self._aggregate_topagg if hp.aggregator == "topagg" else self._aggregate_dpgradagg
+        aggregate_ = {"dpgradagg": self._aggregate_dpgradagg, "topagg": self._aggregate_topagg,
+                      "gaussian": self._aggregate_gaussian}[hp.aggregator]
         delta, released = aggregate_(fakes, y, units, gen, voting)
         if delta is None:
             return None
@@ -408,12 +425,11 @@ class GPATE(PrivateGenerativeModel):
                 opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
             if hp.ema_decay > 0:
                 self.update_generator_average(hp.ema_decay)
-        # released: the answered mask (noisy threshold) or TopAgg's released coordinates, and the loss
-        # towards the noisy target x̂; the teachers' loss is a statistic of the private data
-        self.log_dict({
-            "g_loss": g_loss.detach(),
-            ("released_fraction" if hp.aggregator == "topagg" else "answered_fraction"): released,
-        }, prog_bar=True)
+        # released: the answered mask (noisy threshold), TopAgg's released coordinates or the norm of
+        # GaussAgg's noisy mean vote, and the loss towards the noisy target x̂; the teachers' loss is a
+        # statistic of the private data
+        released_key = {"dpgradagg": "answered_fraction", "topagg": "released_fraction", "gaussian": "released_norm"}
+        self.log_dict({"g_loss": g_loss.detach(), released_key[hp.aggregator]: released}, prog_bar=True)
         self.log_private({"teacher_loss": teacher_loss / self.num_teachers})
 
     def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):
@@ -485,6 +501,33 @@ class GPATE(PrivateGenerativeModel):
             delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
         return delta, delta.abs().mean()
 
+    def _aggregate_gaussian(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
+                            voting=None):
+        """GaussAgg (:mod:`~lightning_gpate.privacy.gaussagg`): ``(Δx [units, d], norm of the release)``, or
+        ``(None, None)`` when its (data-independent) cost does not fit the budget."""
+        hp = self.hparams
+        basis = None
+        if hp.gaussian_basis_dim is not None:  # public: DCT images, [k, H·W], applied to every channel
+            C, H, W = fakes.shape[1:]
+            basis = low_frequency_basis(H, W, hp.gaussian_basis_dim, device=self.device)
+        total = None
+        with record_function("gpate/votes"):
+            for t0, t1, grads in self._directions(fakes, y, units):
+                if basis is not None:
+                    grads = (grads.unflatten(-1, (C, H * W)) @ basis.t()).flatten(-2)
+                votes = normalized_votes(grads, None if voting is None else voting[t0:t1]).sum(0)
+                total = votes if total is None else total.add_(votes)
+            if is_distributed():
+                dist.all_reduce(total)
+        with record_function("gpate/budget"):
+            if not self.charge(GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=hp.sigma_gaussian)):
+                return None, None
+        with record_function("gpate/aggregate"):
+            release = gaussian_sum_release(total, sigma=hp.sigma_gaussian, num_teachers=self.num_teachers, generator=gen)
+            delta = release if basis is None else (release.unflatten(-1, (C, -1)) @ basis).flatten(-2)
+        return delta.to(fakes.dtype), release.norm()
+
+    @torch.no_grad()
     def _max_units(self) -> int:
         """The most vote units a step can have: the fake batch, or (``group_fakes_by_label``) the classes
         it can hold. How many it has is drawn with the labels: the worst case counts the most."""

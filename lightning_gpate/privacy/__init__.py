@@ -5,7 +5,8 @@
 * :mod:`.pate` – Confident-GNMax (Papernot et al. 2018) and PATE-GAN's Laplace
   vote moments (Papernot et al. 2017; Yoon et al. 2019).
 * :mod:`.gswgan` – GS-WGAN's sound and per-sample (paper) accounting.
-* :mod:`.dpgradagg`, :mod:`.topagg` – G-PATE's and DataLens' private gradient aggregations.
+* :mod:`.dpgradagg`, :mod:`.topagg`, :mod:`.gaussagg` – G-PATE's and DataLens' private gradient
+  aggregations, and the Gaussian sum of normalised directions.
 * :mod:`.accountant` – privacy events and the :class:`PrivacyAccountant`.
 * :mod:`.dp_stats` – DP label ratio and bounds for tabular metadata.
 """
@@ -13,6 +14,7 @@
 from .accountant import (
     ConfidentGNMaxEvent,
     ExponentialMechanismEvent,
+    GaussianSumEvent,
     GSWGANStepEvent,
     LaplaceVoteEvent,
     PrivacyAccountant,
@@ -58,6 +60,7 @@ __all__ = [
     "LaplaceVoteEvent",
     "SubsampledGaussianEvent",
     "TopAggEvent",
+    "GaussianSumEvent",
     "GSWGANStepEvent",
     "PureDPEvent",
     "ExponentialMechanismEvent",

@@ -67,6 +67,7 @@ __all__ = [
     "SubsampledGaussianEvent",
     "GSWGANStepEvent",
     "TopAggEvent",
+    "GaussianSumEvent",
     "PureDPEvent",
     "GNSSEvent",
     "ExponentialMechanismEvent",
@@ -264,6 +265,38 @@ class TopAggEvent:
 
 
 @dataclass(frozen=True)
+class GaussianSumEvent:
+    """``num_sums`` Gaussian mechanisms on sums of per-teacher votes of bounded L2 norm (G-PATE's
+    ``aggregator: gaussian``, :mod:`~lightning_gpate.privacy.gaussagg`).
+
+    Every teacher's vote (its directions on the whole fake batch, one vector) is scaled to L2 norm 1,
+    the votes are summed and N(0, σ²) is added to every coordinate. Changing one record changes one
+    teacher's data and so its vote from ``v`` to ``v'`` with ``‖v‖, ‖v'‖ ≤ 1`` (an abstaining teacher
+    votes 0): the sum moves by at most ``sensitivity = 2`` in L2, and one sum is a Gaussian mechanism
+    with ``RDP(λ) = λΔ²/(2σ²)`` (Mironov 2017, Corollary 3), data-independent.
+
+    Attributes:
+        num_sums: Gaussian sums released (one per aggregation).
+        sensitivity: Δ, the L2 sensitivity of one sum (2 for votes of norm at most 1).
+        sigma: σ of the noise on every coordinate.
+    """
+
+    num_sums: int
+    sensitivity: float
+    sigma: float
+
+    def __post_init__(self):
+        _count("num_sums", self.num_sums)
+        _positive("sensitivity", self.sensitivity)
+        _positive("sigma", self.sigma)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ over the L2 sensitivity Δ."""
+        return float(self.sigma) / float(self.sensitivity)
+
+
+@dataclass(frozen=True)
 class PureDPEvent:
     """A pure ε-DP release (e.g. a Laplace label ratio, DP bounds).
 
@@ -326,7 +359,8 @@ class ExponentialMechanismEvent:
 
 
 PrivacyEvent = (
-    ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | TopAggEvent | PureDPEvent
+    ConfidentGNMaxEvent | LaplaceVoteEvent | SubsampledGaussianEvent | GSWGANStepEvent | TopAggEvent | GaussianSumEvent
+    | PureDPEvent
     | GNSSEvent | ExponentialMechanismEvent
 )
 
@@ -342,6 +376,8 @@ _COUNT_KEYS = (
     "gswgan_steps",
     "topagg_events",
     "topagg_samples",
+    "gaussian_sum_events",
+    "gaussian_sums",
     "pure_dp_events",
     "pure_dp_epsilon",
     "gnss_events",
@@ -446,6 +482,11 @@ def _event_cost(event, orders: np.ndarray, relation: str = ADD_REMOVE, *, paper:
         return _Cost(event.num_samples * per_sample, None, None, {
             "topagg_events": 1,
             "topagg_samples": int(event.num_samples),
+        })
+    if isinstance(event, GaussianSumEvent):
+        return _Cost(event.num_sums * gaussian_rdp(event.noise_multiplier, orders), None, None, {
+            "gaussian_sum_events": 1,
+            "gaussian_sums": int(event.num_sums),
         })
     if isinstance(event, PureDPEvent):
         eps = pure_epsilon_under(event.epsilon, computed_under=event.neighbouring, relation=relation)

@@ -1,0 +1,88 @@
+"""GaussAgg: the Gaussian sum of the teachers' normalised directions (a G-PATE aggregator) — its basis,
+votes, release and cost, checked against independent computations (scipy's DCT, dp-accounting)."""
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+
+from lightning_gpate.privacy import DEFAULT_ORDERS, GaussianSumEvent, PrivacyAccountant
+from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
+
+
+def test_low_frequency_basis_is_scipys_orthonormal_dct_in_frequency_order():
+    H, W = 6, 5
+    basis = low_frequency_basis(H, W, H * W, dtype=torch.float64)
+    torch.testing.assert_close(basis @ basis.t(), torch.eye(H * W, dtype=torch.float64))  # orthonormal: all of them span
+    order = sorted((u * u + v * v, u, v) for u in range(H) for v in range(W))
+    for row, (_, u, v) in zip(basis, order):
+        coefficients = np.zeros((H, W))
+        coefficients[u, v] = 1.0
+        np.testing.assert_allclose(row.numpy(), scipy.fft.idctn(coefficients, norm="ortho").ravel(), atol=1e-12)
+    torch.testing.assert_close(basis[0], torch.full((H * W,), 1 / math.sqrt(H * W), dtype=torch.float64))
+    image = torch.randn(H * W, dtype=torch.float64)
+    torch.testing.assert_close((image @ basis.t()) @ basis, image)
+    assert low_frequency_basis(28, 28, 10).shape == (10, 784)
+    with pytest.raises(ValueError, match="k must be"):
+        low_frequency_basis(4, 4, 17)
+
+
+def test_each_teachers_vote_has_norm_one_and_abstentions_vote_zero():
+    grads = torch.randn(5, 3, 7, dtype=torch.float64)
+    grads[4] = 0.0  # a teacher without direction votes 0
+    votes = normalized_votes(grads)
+    torch.testing.assert_close(votes[:4].flatten(1).norm(dim=1), torch.ones(4, dtype=torch.float64))
+    assert torch.equal(votes[4], torch.zeros(3, 7, dtype=torch.float64))
+    torch.testing.assert_close(votes[1], grads[1] / grads[1].norm())  # one scale over all units of a teacher
+    voting = torch.tensor([[True, False, True]] * 4 + [[False, False, False]])
+    masked = normalized_votes(grads, voting)
+    assert torch.equal(masked[:, 1], torch.zeros(5, 7, dtype=torch.float64))
+    torch.testing.assert_close(masked[0], grads[0] * voting[0, :, None] / (grads[0] * voting[0, :, None]).norm())
+    with pytest.raises(ValueError, match="voting"):
+        normalized_votes(grads, voting[:, :2])
+
+
+def test_one_teacher_moves_the_sum_by_at_most_two():
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for _ in range(200):
+        grads = torch.randn(6, 4, 9, generator=g)
+        changed = grads.clone()
+        changed[2] = torch.randn(4, 9, generator=g) * 100.0  # teacher 2's data replaced: any direction
+        voting = torch.rand(6, 4, generator=g) > 0.3
+        changed_voting = voting.clone()
+        changed_voting[2] = torch.rand(4, generator=g) > 0.5
+        move = (normalized_votes(grads, voting).sum(0) - normalized_votes(changed, changed_voting).sum(0)).norm()
+        worst = max(worst, float(move))
+    assert worst <= 2.0 + 1e-5 and worst > 1.5
+
+
+def test_release_is_the_mean_vote_plus_gaussian_noise_of_sigma_over_teachers():
+    total = torch.full((400, 250), 3.0)
+    release = gaussian_sum_release(total, sigma=2.0, num_teachers=4, generator=torch.Generator().manual_seed(1))
+    assert release.mean().item() == pytest.approx(0.75, abs=0.005)
+    assert release.std().item() == pytest.approx(0.5, rel=0.01)
+    again = gaussian_sum_release(total, sigma=2.0, num_teachers=4, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(release, again)
+    with pytest.raises(ValueError, match="sigma"):
+        gaussian_sum_release(total, sigma=0.0, num_teachers=4)
+
+
+def test_gaussian_sum_event_is_the_gaussian_mechanism_of_sensitivity_two():
+    n, sigma = 700, 35.2
+    acc = PrivacyAccountant(delta=1e-5)
+    for _ in range(n):
+        acc.record(GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=sigma))
+    np.testing.assert_allclose(acc.rdp, n * 4.0 * DEFAULT_ORDERS / (2 * sigma**2), rtol=1e-12)  # λΔ²/(2σ²) each
+    ref = dp_accounting.rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
+    ref.compose(dp_accounting.GaussianDpEvent(sigma / 2.0), n)
+    assert acc.epsilon() == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
+    assert acc.counts["gaussian_sum_events"] == n and acc.counts["gaussian_sums"] == n
+    np.testing.assert_array_equal(acc.rdp, acc.rdp_paper)  # data-independent: the paper curve is the guarantee
+    for bad in ({"num_sums": 1, "sensitivity": 0.0, "sigma": 1.0}, {"num_sums": 1, "sensitivity": 2.0, "sigma": -1.0},
+                {"num_sums": 0.5, "sensitivity": 2.0, "sigma": 1.0}):
+        with pytest.raises(ValueError):
+            GaussianSumEvent(**bad)
