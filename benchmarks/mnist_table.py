@@ -111,6 +111,9 @@ ROWS: tuple[Row, ...] = (
     Row("gpate_eps1_nearest_guarantee", "—", "≥ 0.60 (guarantee)", 60),
     Row("gpate_eps10_ladder_guarantee", "—", "≥ 0.80 (guarantee)", 120),
     Row("gpate_eps1_ladder_guarantee", "—", "≥ 0.60 (guarantee)", 90),
+    # GaussAgg (lightning_gpate/privacy/gaussagg.py): the ladder rows' budgets spent on whole, noised directions
+    Row("gpate_eps10_gaussagg_guarantee", "—", "≥ 0.80 (guarantee)", 120),
+    Row("gpate_eps1_gaussagg_guarantee", "—", "≥ 0.60 (guarantee)", 90),
     Row("gpate_noisefree", "—", "≥ 0.95 (no privacy)", 180, kind="paper"),
     # Bie et al.'s recipe (Private GANs, Revisited), ~100,000 discriminator steps: two calls of ~470 s training
     # each (END_S=570; benchmarks/results/dpgan_mnist_cpu.md), both rows side by side

@@ -101,6 +101,10 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
     if "topagg" in name:
         assert model.hparams.aggregator == "topagg" and model.hparams.topk in (200, 300)
         assert (model.hparams.sigma_topagg, model.hparams.threshold_fraction) == ((5000.0, 0.7) if "eps1_" in name else (800.0, 0.2))
+    elif "gaussagg" in name:  # as many aggregations as the ladder row it replaces the aggregator of
+        assert model.hparams.aggregator == "gaussian" and model.hparams.gaussian_basis_dim is None
+        ladder = yaml.safe_load((path.parent / path.name.replace("gaussagg", "ladder")).read_text())
+        assert abs(_budget_aggregations(raw["model"]["init_args"], teachers) - _budget_aggregations(ladder["model"]["init_args"], teachers)) <= 2
     elif model_class == "GPATE" and "ladder" not in name:  # the paper's DPGradAgg settings
         sigmas = (model.hparams.sigma_threshold, model.hparams.sigma_gnmax)
         assert sigmas == ((600.0, 100.0) if "eps10" in name else (3000.0, 1000.0))
