@@ -139,8 +139,40 @@ ROWS: tuple[Row, ...] = (
     Row("gpate_eps10_smooth_sensitivity", "—", "extra: smooth-sensitivity release", 75, kind="extra"),
 )
 BY_NAME = {r.name: r for r in ROWS}
-#: Seconds a row needs besides training on a GPU (data, teachers, evaluation, grid), for planning calls.
-ROW_OVERHEAD_S = 25.0
+#: Seconds a row needs besides training on a GPU (data, teachers, evaluation, grid), for planning calls: a base
+#: and a part per 1,000 teachers or discriminators (the H200 call of 2026-11-26: 5-7 s for DP-GAN and PATE-GAN
+#: at 500 teachers, 41-48 s for G-PATE at 2,000; an H100 call the same day lost a G-PATE row at 4,000 teachers
+#: whose evaluation 25 s did not cover: its runner was stopped before the row was written).
+ROW_OVERHEAD_S = 10.0
+ROW_OVERHEAD_PER_1000_TEACHERS_S = 20.0
+#: A row that does not fit the time left still runs, stopped by its time budget earlier, when it keeps at least
+#: this share of its training time (a row planned to fill a call exactly otherwise waits for the next call).
+MIN_TRAIN_SHARE = 0.85
+
+
+def row_overhead(row: Row) -> float:
+    """Seconds the row needs on a GPU besides training (:data:`ROW_OVERHEAD_S` and its teachers' share)."""
+    from image_utility import load_config
+
+    teachers = load_config(row.config)["data"]["init_args"].get("num_teachers", 0) or 0
+    return ROW_OVERHEAD_S + ROW_OVERHEAD_PER_1000_TEACHERS_S * teachers / 1000.0
+
+
+def training_seconds(train_s: float, pretrain_s: float, overhead_s: float, left_s: float, *,
+                     splittable: bool, smoke: bool = False) -> float | None:
+    """The training time a row gets in this call, or ``None`` when it waits for the next call.
+
+    A row that fits runs its ``train_s``; a splittable row (small checkpoint) runs to the call's end when 30 s
+    of training are left; another row runs shortened to the time left when that keeps :data:`MIN_TRAIN_SHARE`
+    of its training (stopped by its time budget a little earlier), else waits."""
+    if smoke:
+        return 1e9
+    room = left_s - overhead_s - pretrain_s
+    if room >= train_s:
+        return train_s
+    if (splittable and room >= 30) or room >= MIN_TRAIN_SHARE * train_s:
+        return room
+    return None
 
 #: --smoke: CPU-sized nets and counts, applied where the model takes the argument.
 SMOKE_MODEL = {"gf_dim": 8, "df_dim": 8, "fc_dim": 32, "teacher_fc": 16, "teacher_chunk_size": None,
@@ -596,9 +628,9 @@ def main(argv: list[str] | None = None) -> int:
             if is_gswgan_row(r, config):
                 pretrainings.add(pretrained_path(r, a, config, model_over, data_over, a.state))
             seconds = (r.max_seconds + (0.0 if shared else r.pretrain_seconds)) * a.time_scale
-            total += seconds + ROW_OVERHEAD_S
-            print(f"{r.name:40s} {r.kind:6s} train ≤ {seconds:4.0f} s  paper {r.paper}  target {r.target}")
-        print(f"planned device time: ~{total / 60:.1f} min (training budgets + ~{ROW_OVERHEAD_S:.0f} s per row)")
+            total += seconds + row_overhead(r)
+            print(f"{r.name:40s} {r.kind:6s} train ≤ {seconds:4.0f} s + ~{row_overhead(r):.0f} s  paper {r.paper}  target {r.target}")
+        print(f"planned device time: ~{total / 60:.1f} min (training budgets + each row's data, teachers and evaluation)")
         return 0
     if a.resume_from is not None and a.resume_from.resolve() != a.state.resolve():
         shutil.copytree(a.resume_from, a.state, dirs_exist_ok=True)
@@ -646,19 +678,22 @@ def main(argv: list[str] | None = None) -> int:
             resume, used = a.state / previous["checkpoint"], float(previous.get("train_s_used", 0.0))
         train_s = max(0.0, row.max_seconds * a.time_scale - used)
         left = deadline - time.perf_counter()
-        need = (0.0 if a.smoke or not needs_pretraining(row, a) else row.pretrain_seconds * a.time_scale) + train_s + ROW_OVERHEAD_S
-        seconds = 1e9 if a.smoke else train_s
-        if not a.smoke and need > left:
-            if not (row.splittable and left - ROW_OVERHEAD_S >= 30):
-                print(f"== {row.name}: needs ~{need:.0f} s, {left:.0f} s left in this call: next call", flush=True)
-                continue
-            seconds = left - ROW_OVERHEAD_S
+        pretrain_s = 0.0 if a.smoke or not needs_pretraining(row, a) else row.pretrain_seconds * a.time_scale
+        overhead = row_overhead(row)
+        seconds = training_seconds(train_s, pretrain_s, overhead, left, splittable=row.splittable, smoke=a.smoke)
+        if seconds is None:
+            print(f"== {row.name}: needs ~{pretrain_s + train_s + overhead:.0f} s, {left:.0f} s left in this call: next call",
+                  flush=True)
+            continue
         print(f"== {row.name} ({row.config}" + ("" if a.smoke else f"; training ≤ {seconds:.0f} s") + ")", flush=True)
         t0 = time.perf_counter()
         record = {"row": row.name}
         try:
             record, model, dm = fit_row(row, a, seconds=seconds, state=a.state, resume=resume)
             record["train_s_used"] = used + record["fit_s"]
+            # when a call is cut short, its log says where the row's time went (setup, training, evaluation)
+            print(f"   trained {record['fit_s']:.0f} s, {time.perf_counter() - t0:.0f} s into the row, "
+                  f"{deadline - time.perf_counter():.0f} s left in the call", flush=True)
             if not record["complete"] and record.get("checkpoint") and record["train_s_used"] < row.max_seconds * a.time_scale - 1:
                 record["status"] = "partial"  # more of its time budget in the next call
             else:

@@ -124,3 +124,20 @@ def test_a_split_rows_checkpoint_travels_with_the_merged_state(tmp_path):
     assert mnist_table.main(["--state", str(merged), "--merge-from", str(source), "--results", str(merged / "results")]) == 0
     assert (merged / "ckpt" / "dpgan_eps10_guarantee.ckpt").read_bytes() == b"training state"
     assert json.loads((merged / "results.json").read_text())["rows"]["dpgan_eps10_guarantee"] == record
+
+
+def test_a_row_that_nearly_fits_the_call_runs_shortened_and_big_rows_keep_time_for_their_evaluation():
+    """An H100 call lost both its G-PATE rows: one was planned to fill the call exactly and waited (its runner
+    started a second later than the plan), the other (4,000 teachers) trained its whole budget and was stopped
+    inside its evaluation, before anything was written."""
+    from mnist_table import BY_NAME, MIN_TRAIN_SHARE, row_overhead, training_seconds
+
+    assert training_seconds(480, 0, 45, 600, splittable=False) == 480  # fits
+    assert training_seconds(480, 0, 45, 520, splittable=False) == 475  # a few seconds short: runs shortened
+    assert training_seconds(480, 0, 45, 45 + MIN_TRAIN_SHARE * 480 - 1, splittable=False) is None  # waits
+    assert training_seconds(850, 0, 10, 100, splittable=True) == 90  # split over calls
+    assert training_seconds(850, 0, 10, 30, splittable=True) is None
+    assert training_seconds(300, 240, 30, 400, splittable=False) is None  # the pretraining counts too
+    # G-PATE's teachers: ~45 s at 2,000 teachers on the H200, more at 4,000; DP-GAN has none
+    assert 40 <= row_overhead(BY_NAME["gpate_eps10_ladder_guarantee"]) < row_overhead(BY_NAME["gpate_eps1_ladder_guarantee"])
+    assert row_overhead(BY_NAME["dpgan_eps10_guarantee"]) <= 15
