@@ -115,7 +115,7 @@ ROWS: tuple[Row, ...] = (
     Row("gpate_eps10_gaussagg_guarantee", "—", "≥ 0.80 (guarantee)", 120),
     Row("gpate_eps1_gaussagg_guarantee", "—", "≥ 0.60 (guarantee)", 90),
     Row("gpate_noisefree", "—", "≥ 0.95 (no privacy)", 180, kind="paper"),
-    # Bie et al.'s recipe (Private GANs, Revisited), ~100,000 discriminator steps: two calls of ~470 s training
+    # Bie et al.'s recipe (Private GANs, Revisited), ~40,000 discriminator steps: two calls of ~470 s training
     # each (END_S=570; benchmarks/results/dpgan_mnist_cpu.md), both rows side by side
     Row("dpgan_eps10_guarantee", "0.8011 (G-PATE's table); 0.930-0.950 (Bie et al. 2023)", "≥ 0.85", 850, kind="paper", splittable=True),
     Row("dpgan_eps1_guarantee", "0.4036 (G-PATE's table)", "≥ 0.60", 850, kind="paper", splittable=True),
