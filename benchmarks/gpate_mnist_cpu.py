@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from image_utility import build, grids_every, load_config
     from lightning_gpate.evaluation.image import cnn_utility
+    from lightning_gpate.models.base import average_step
 
     config = load_config(a.config)
     init = config["model"]["init_args"]
@@ -275,14 +276,10 @@ def main(argv: list[str] | None = None) -> int:
                 extra[decay] = copy.deepcopy(pl_module.generator).requires_grad_(False)
 
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
-            if trainer.global_step != getattr(self, "averaged", 0):  # after each generator update, as the model's EMA
+            if trainer.global_step != getattr(self, "averaged", 0):  # after each generator update, as the model's average
                 self.averaged = trainer.global_step
-                with torch.no_grad():
-                    for decay, ema in extra.items():
-                        for e, p_ in zip(ema.parameters(), pl_module.generator.parameters()):
-                            e.lerp_(p_, 1.0 - decay)
-                        for e, b in zip(ema.buffers(), pl_module.generator.buffers()):
-                            e.copy_(b)
+                for decay, ema in extra.items():
+                    average_step(ema, pl_module.generator, decay, trainer.global_step)
             if warm_path is not None and not warm_path.exists() and pl_module.teacher_warmup_done == pl_module.hparams.teacher_warmup_steps:
                 warm_path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(pl_module._local_teacher_state(), warm_path)

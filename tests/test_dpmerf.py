@@ -163,6 +163,20 @@ def test_a_noise_multiplier_over_the_budget_is_refused_in_one_line():
         small_models.build("dpmerf", num_features=301)
 
 
+@pytest.mark.parametrize("name", ["dpmerf", "marginal"])
+def test_a_one_process_model_refuses_a_trainer_of_several_processes_built_without_the_command_line(name):
+    """Under DDP every process would read the split and release its own noisy embedding (or marginals) while
+    the accountant charges one release: a Trainer or Synthesizer with devices > 1 must refuse, not only the CLI."""
+    from types import SimpleNamespace
+
+    model, _ = small_models.build(name)
+    model._trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(ValueError, match="trains on one process only"):
+        model.setup("fit")
+    model._trainer = SimpleNamespace(world_size=1)
+    model.setup("fit")
+
+
 def test_it_learns_a_table_its_classes_and_a_feature_the_label_drives():
     rng = np.random.default_rng(0)
     n = 4000

@@ -317,8 +317,9 @@ def test_ema_generator_is_what_samples(public_table):
     _trainer(3, callbacks=[trace]).fit(model, public_table)
     assert model.generator_module is model.generator_ema
     expected = initial
-    for row in trace.rows:  # ema ← 0.5·ema + 0.5·generator after every generator update
-        expected = [0.5 * e + 0.5 * g for e, g in zip(expected, row["generator"])]
+    for t, row in enumerate(trace.rows, start=1):  # ema ← d·ema + (1 − d)·generator, d = min(0.5, 1 − 1/t)
+        d = min(0.5, 1.0 - 1.0 / t)
+        expected = [d * e + (1 - d) * g for e, g in zip(expected, row["generator"])]
     for e, p in zip(expected, model.generator_ema.parameters()):
         torch.testing.assert_close(p, e)
     assert not torch.equal(next(model.generator_ema.parameters()), next(model.generator.parameters()))

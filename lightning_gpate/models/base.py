@@ -45,6 +45,20 @@ def destroy_gloo_process_group_at_exit() -> None:
         atexit.register(_destroy_gloo_process_group)
 
 
+@torch.no_grad()
+def average_step(average: nn.Module, net: nn.Module, decay: float, step: int) -> None:
+    """One step of the generator's weight average at generator step ``step`` (≥ 1; 0: no warm-up):
+    ``average ← d · average + (1 − d) · net`` with ``d = min(decay, 1 − 1/step)`` (the official GS-WGAN
+    code's ``exp_mov_avg`` warm-up: the mean of the iterates so far until ``1/(1 − decay)`` steps), the
+    buffers (BatchNorm statistics) copied."""
+    if step:
+        decay = min(decay, 1.0 - 1.0 / step)
+    for avg, p in zip(average.parameters(), net.parameters()):
+        avg.lerp_(p, 1.0 - decay)
+    for avg, b in zip(average.buffers(), net.buffers()):
+        avg.copy_(b)
+
+
 class GenerativeModel(pl.LightningModule):
     """Base LightningModule of every (private or not) conditional generator.
 
@@ -81,6 +95,10 @@ class GenerativeModel(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         destroy_gloo_process_group_at_exit()
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1 and self.single_process_only:  # a Trainer or Synthesizer built without the command line
+            # (e.g. DP-MERF: each process would release its own noisy embedding while one release is charged)
+            raise ValueError(f"{type(self).__name__} trains on one process only ({self.single_process_only}): use one device")
 
     # ----------------------------------------------------------------- building blocks
     @property
@@ -146,12 +164,7 @@ class GenerativeModel(pl.LightningModule):
         step t the decay is ``min(decay, 1 − 1/t)``, so the average starts at the generator and weighs a short
         run's steps equally instead of keeping most of its random initialisation. Post-processing: free."""
         step = int(self.trainer.global_step) if self._trainer is not None else 0
-        if step:
-            decay = min(decay, 1.0 - 1.0 / step)
-        for avg, p in zip(self.generator_ema.parameters(), self.generator.parameters()):
-            avg.lerp_(p, 1.0 - decay)
-        for avg, b in zip(self.generator_ema.buffers(), self.generator.buffers()):
-            avg.copy_(b)
+        average_step(self.generator_ema, self.generator, decay, step)
 
     @torch.no_grad()
     def generate(
