@@ -145,7 +145,8 @@ def test_dpgan_revisited_recipe_on_two_processes_releases_the_generator_and_epsi
     run_one, client = query_run("one")
     for run in (run_one, run_two):
         assert run.info.status == "FINISHED" and run.data.tags["stop_reason"] == "max_steps=3 reached"
-        assert [m.value for m in client.get_metric_history(run.info.run_id, "d_steps")] == [2.0, 5.0, 10.0]
+        history = {key: [m.value for m in client.get_metric_history(run.info.run_id, key)] for key in ("d_steps", "d_steps_next")}
+        assert history == {"d_steps": [1.0, 2.0, 5.0], "d_steps_next": [2.0, 5.0, 10.0]}  # paid for, then served next
     assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
     one, two_ = (_artifact_tensors(run.data.tags["release_artifact"]) for run in (run_one, run_two))
     assert_same_tensors(one, two_, atol=1e-3)  # Adam's normalised steps: float-level sums, float-level releases

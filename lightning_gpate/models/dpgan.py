@@ -609,7 +609,9 @@ class DPGAN(PrivateGenerativeModel):
             metrics["critic_fake_accuracy"] = fake_detected
         if self.hparams.adaptive_d_steps is not None:
             self.adapt_d_steps(float(fake_detected))
-            metrics["d_steps"] = float(self.d_steps_now)
+            # the critic steps this step paid for, and the n_D the next step will serve (its sum over a run
+            # is the steps charged; the next is the schedule)
+            metrics.update(d_steps=float(len(batch)), d_steps_next=float(self.d_steps_now))
         self.log_dict(metrics)
         if private_diagnostics_allowed(self):  # under DDP: the estimate on rank 0's rows, the size of the whole batch
             size = torch.tensor(float(sum(len(y) for _, y in batch)) / len(batch), device=self.device)
