@@ -278,8 +278,18 @@ def privacy_record(model) -> dict[str, Any]:
     if others:
         key, value = next(iter(others.items()))
         out["epsilon_other"] = float(value)
-        out["epsilon_other_label"] = f"{key.removeprefix('epsilon_')} (the paper's accounting, not a guarantee)"
+        out["epsilon_other_label"] = other_epsilon_label(key)
     return out
+
+
+FILTER_SPENT = "epsilon_budget_spent_by_filter"
+
+
+def other_epsilon_label(key: str) -> str:
+    """What a released ε other than the guarantee is, for the table's column."""
+    if key == FILTER_SPENT:
+        return "spent by the privacy filter (the costs its stop compares with the budget; not itself a guarantee)"
+    return f"{key.removeprefix('epsilon_')} (the paper's accounting, not a guarantee)"
 
 
 def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
@@ -486,8 +496,12 @@ def _epsilons(r: dict[str, Any]) -> tuple[str, str]:
     if privacy == "smooth_sensitivity":
         guarantee = f"≤ {_f(r.get('epsilon_guarantee'), 2)} (data-independent, hard cap {r.get('epsilon_hard_cap', 0):g})"
     other = ""
-    if r.get("epsilon_other") is not None:
-        other = f"{r['epsilon_other']:.2f}{budget if privacy == 'paper' else ''}: {r.get('epsilon_other_label', '')}"
+    label = r.get("epsilon_other_label", "")
+    if label.startswith(FILTER_SPENT.removeprefix("epsilon_")):  # records written before the label said what it is
+        label = other_epsilon_label(FILTER_SPENT)
+    filter_same = label == other_epsilon_label(FILTER_SPENT) and abs(r.get("epsilon_other", 0) - r.get("epsilon_guarantee", 0)) < 5e-3
+    if r.get("epsilon_other") is not None and not filter_same:  # the filter's spend is shown where it differs
+        other = f"{r['epsilon_other']:.2f}{budget if privacy == 'paper' else ''}: {label}"
         if privacy == "smooth_sensitivity":
             other += f"; target {r['epsilon_budget']:g}, release {'allowed' if r.get('release_allowed') else 'refused'}"
     return guarantee, other
