@@ -23,8 +23,10 @@ RELEASED = {
     "dpmerf": {"mmd_loss"},
     "marginal": set(),
 }
-#: ε a default run may log: the guarantee, and a paper-style analysis only when it is data-independent.
-RELEASED_EPSILONS = {"epsilon", "epsilon_final"}
+#: ε a default run may log: the guarantee, what its privacy filter has spent (the recorded costs of the steps
+#: taken, each a function of released outputs only: G-PATE's answered queries are the noisy threshold's outcome),
+#: and a paper-style analysis only when it is data-independent.
+RELEASED_EPSILONS = {"epsilon", "epsilon_final", "epsilon_budget_spent_by_filter", "epsilon_final_budget_spent_by_filter"}
 DATA_INDEPENDENT_PAPER = {"gswgan": {"epsilon_per_sample_composition", "epsilon_final_per_sample_composition"}}
 PRIVATE_DIAGNOSTICS = {
     "gpate": {"private/teacher_loss"},
