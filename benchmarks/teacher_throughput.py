@@ -28,6 +28,7 @@ Usage::
     python benchmarks/teacher_throughput.py --kinds mlp conv --teachers 500 1000 2000 --threads 2
     python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 500 1000 2000 4000
     python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 2000 --impls vectorized --fit --precision bf16
+    python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 2000 --impls vectorized --conv-impl bmm
 
 Output, one line per case::
 
@@ -54,6 +55,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightning_gpate.nets.ensemble import (  # noqa: E402
+    CONV_IMPLS,
     ConvTeacherEnsemble,
     LoopTeacherEnsemble,
     MLPTeacherEnsemble,
@@ -142,7 +144,7 @@ def run_case(kind: str, T: int, impl: str, a: argparse.Namespace) -> dict:
         gen = MLPGen(z_dim, Y, 30)
     else:
         Y, z_dim, shape = 10, 100, (1, 28, 28)
-        ens = ConvTeacherEnsemble(T, in_shape=shape, num_classes=Y, seed=0)
+        ens = ConvTeacherEnsemble(T, in_shape=shape, num_classes=Y, seed=0, conv_impl=a.conv_impl)
         gen = ConvGen(z_dim, Y)
     ens, gen = ens.to(device), gen.to(device)
     dim = math.prod(shape)
@@ -276,7 +278,7 @@ def run_fit_case(kind: str, T: int, a: argparse.Namespace) -> dict:
     model = GPATE(dm.spec, epsilon=1e9, fake_batch_size=m, projection_dim=k, clip=a.clip, num_bins=a.bins,
                   sigma_threshold=a.sigma_threshold or d["sigma_threshold"], sigma_gnmax=a.sigma_gnmax or d["sigma_gnmax"],
                   teacher_chunk_size=chunk or None, teacher_fake_labels="class_ratio", teacher_precision=a.precision,
-                  noise_seed=1, **model_kw)
+                  teacher_conv_impl=a.conv_impl, noise_seed=1, **model_kw)
 
     class Clock(pl.Callback):
         def __init__(self):
@@ -323,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fused-adam", type=int, default=1, help="fused Adam for the vectorized ensemble (1/0)")
     p.add_argument("--chunk", type=int, default=None, help="teachers per chunk (0 = all; default conv 50 cpu / 500 cuda, mlp 250 cpu / all cuda)")
     p.add_argument("--precision", default="32", choices=["32", "bf16"], help="vectorized teachers under bf16 autocast (with vote agreement)")
+    p.add_argument("--conv-impl", default="auto", choices=CONV_IMPLS,
+                   help="the conv teachers' kernels (ConvTeacherEnsemble's conv_impl; 'bmm': im2col + batched matmuls)")
     p.add_argument("--fit", action="store_true", help="also time one iteration inside a real Trainer.fit of GPATE")
     p.add_argument("--_case", nargs=3, default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_fit_case(kind, int(T), a) if impl == "fit" else run_case(kind, int(T), impl, a)))
         return
     print(f"# device={a.device} threads={a.threads} torch={torch.__version__} warmup={a.warmup} repeats={a.repeats} "
-          f"precision={a.precision}", flush=True)
+          f"precision={a.precision} conv_impl={a.conv_impl}", flush=True)
     for kind in a.kinds:
         for T in a.teachers:
             res = {impl: _case_in_subprocess(kind, T, impl, argv) for impl in a.impls + (["fit"] if a.fit else [])}

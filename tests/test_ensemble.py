@@ -27,6 +27,10 @@ def _conv_gpu_kernels(**kw):  # the NCHW grouped-conv kernels used on GPU, check
     return _conv(conv_impl="gpu", **kw)
 
 
+def _conv_bmm_kernels(**kw):  # every per-teacher conv as im2col + one batched matmul
+    return _conv(conv_impl="bmm", **kw)
+
+
 def _conv_rgb(**kw):  # 3 input channels, odd size
     return ConvTeacherEnsemble(T, in_shape=(3, 9, 9), num_classes=Y, channels=(5, 4), fc=8, **kw).double()
 
@@ -35,6 +39,8 @@ KINDS = {
     "mlp": (_mlp, (7,)),
     "conv": (_conv, (1, 12, 12)),
     "conv-gpu-kernels": (_conv_gpu_kernels, (1, 12, 12)),
+    "conv-bmm-kernels": (_conv_bmm_kernels, (1, 12, 12)),
+    "conv-rgb-bmm-kernels": (lambda **kw: _conv_rgb(conv_impl="bmm", **kw), (3, 9, 9)),
     "conv-rgb": (_conv_rgb, (3, 9, 9)),
 }
 
@@ -286,3 +292,22 @@ def test_bf16_input_grads_of_the_gpu_kernels_pass_one_dtype_to_conv2d_input(monk
     assert got.shape == want.shape
     # bf16 rounding only: over seeds 0-7 the relative error was 0.02-0.07 and the cosine 0.9977-0.9998
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
+
+
+def test_bmm_kernels_under_bf16_autocast_give_the_fp32_teachers_directions_and_step():
+    """``conv_impl='bmm'`` (the GPU lever: one batched matmul per layer instead of cuDNN's kernel per teacher) runs
+    under the teachers' bf16 autocast: its input gradients and a teacher step agree with fp32 up to bf16 rounding."""
+    torch.manual_seed(0)
+    ens = ConvTeacherEnsemble(T, in_shape=(1, 12, 12), num_classes=Y, channels=(4, 6), fc=16, conv_impl="bmm")
+    x, y = torch.randn(6, 1, 12, 12), torch.randint(0, Y, (6,))
+    want = ens.per_teacher_input_grads(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = torch.cat([g.float() for _, _, g in ens.iter_input_grads(x, y, chunk_size=2)])
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
+    xr, yr = torch.randn(T, 4, 1, 12, 12), torch.randint(0, Y, (T, 4))
+    loss32 = ens.teacher_step_loss(xr, yr, x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss16 = ens.teacher_step_loss(xr, yr, x, y)
+    loss16.backward()
+    assert loss16.item() == pytest.approx(loss32.item(), rel=0.02)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ens.parameters())

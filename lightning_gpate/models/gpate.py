@@ -13,7 +13,7 @@ from torch.profiler import record_function
 
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
-from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
+from lightning_gpate.nets.ensemble import CONV_IMPLS, ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator
 from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
@@ -168,8 +168,9 @@ class GPATE(PrivateGenerativeModel):
         teacher_fc: dense width of image teachers.
         teacher_chunk_size: teachers processed at once (bounds memory; ``None``: all).
         teacher_conv_impl: kernels of image teachers (``"auto"``: by device; ``"cpu"``: im2col + batched
-            matmuls and channels-last grouped convolutions; ``"gpu"``: grouped convolutions; the same maths,
-            see :class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`).
+            matmuls and channels-last grouped convolutions; ``"gpu"``: grouped convolutions; ``"bmm"``: im2col +
+            batched matmuls for every convolution; the same maths, see
+            :class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`).
         teacher_seed: seed of the teachers' initialisation (per global teacher id).
         generator_lr: generator's Adam learning rate; generator_betas: its betas.
         target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
@@ -253,7 +254,7 @@ class GPATE(PrivateGenerativeModel):
         for name, value, choices in (("aggregator", aggregator, AGGREGATORS),
                                      ("teacher_fake_labels", teacher_fake_labels, TEACHER_FAKE_LABELS),
                                      ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS),
-                                     ("teacher_conv_impl", teacher_conv_impl, ("auto", "cpu", "gpu")),
+                                     ("teacher_conv_impl", teacher_conv_impl, CONV_IMPLS),
                                      ("generator_upsample", generator_upsample, ConditionalDCGANGenerator.UPSAMPLE)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {value!r}")

@@ -40,6 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+#: Kernel choices of :class:`ConvTeacherEnsemble` (``conv_impl``; the same maths).
+CONV_IMPLS = ("auto", "cpu", "gpu", "bmm")
+
 __all__ = [
     "TeacherEnsemble",
     "MLPTeacherEnsemble",
@@ -493,6 +496,23 @@ def _im2col(x: torch.Tensor) -> torch.Tensor:
     return patches.permute(0, 1, 4, 5, 2, 3).reshape(n, C * 25, patches.shape[2] * patches.shape[3])
 
 
+def _grouped_conv_bmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, groups: int) -> torch.Tensor:
+    """``F.conv2d(x, w, b, stride=2, padding=2, groups=groups)`` for 5×5 kernels as im2col + one ``baddbmm``.
+
+    ``x`` ``[n, G·Ci, H, W]``, ``w`` ``[G·Co, Ci, 5, 5]``, ``b`` ``[G·Co]`` → ``[n, G·Co, Ho, Wo]``. Each group's
+    patches form one matrix ``[Ci·25, n·Ho·Wo]``, so all groups are one batched product (cuDNN runs a grouped
+    conv with few channels per group as one kernel per group). ``F.unfold`` rather than ``Tensor.unfold``
+    views: its backward is one col2im (``F.fold``), 2.3× faster on the CPU than the views' scatter."""
+    n, gc, H, W = x.shape
+    ci = gc // groups
+    co = w.shape[0] // groups
+    ho, wo = _conv_out(H), _conv_out(W)
+    cols = F.unfold(x.reshape(n * groups, ci, H, W), 5, padding=2, stride=2)  # [n·G, Ci·25, Ho·Wo]
+    cols = cols.view(n, groups, ci * 25, ho * wo).permute(1, 2, 0, 3).reshape(groups, ci * 25, n * ho * wo)
+    out = torch.baddbmm(b.view(groups, co, 1), w.reshape(groups, co, ci * 25), cols)  # [G, Co, n·Ho·Wo]
+    return out.view(groups, co, n, ho, wo).permute(2, 0, 1, 3, 4).contiguous().view(n, groups * co, ho, wo)
+
+
 class ConvTeacherEnsemble(TeacherEnsemble):
     """T conditional DCGAN discriminators: G-PATE's MNIST teacher, labels concatenated to every layer.
 
@@ -521,7 +541,11 @@ class ConvTeacherEnsemble(TeacherEnsemble):
     per-teacher transpose. On CPU (``conv_impl='auto'``/``'cpu'``) the first conv of per-teacher
     batches and that transpose are im2col + ``bmm`` (oneDNN's grouped conv with one input channel per
     group ran at <1 GMAC/s) and the second conv is a grouped conv in channels-last (NHWC) layout,
-    1.3-1.6x faster than NCHW for these shapes; on GPU (``'gpu'``) all are NCHW grouped convs. On
+    1.3-1.6x faster than NCHW for these shapes; on GPU (``'gpu'``) all are NCHW grouped convs, which
+    cuDNN runs as one kernel per teacher with layout transforms around each (~48,000 launches per
+    G-PATE step at 2,000 teachers on an H200, 98% of the step: ``benchmarks/results/
+    gpate_step_profile_gaussagg_h200.md``); ``'bmm'`` runs every per-teacher conv as im2col + one
+    batched matrix product per chunk (a few large kernels, on either device). On
     CPU, ``chunk_size`` 25-50 was ~1.5x faster than 250 (a chunk's activations stay in cache).
     ``torch.func.vmap`` over the per-teacher functional model was benchmarked too: it lowers to the
     same grouped convolutions (with the label maps concatenated) and was never faster (2 CPU
@@ -535,7 +559,8 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         fc: Width of the dense layer (official ``dfc_dim`` 256).
         negative_slope: LeakyReLU slope.
         init_std: Std of the N(0, σ²) weight initialisation.
-        conv_impl: ``'auto'`` (by device), ``'cpu'`` or ``'gpu'`` kernel choice; identical maths.
+        conv_impl: ``'auto'`` (by device: ``'cpu'`` or ``'gpu'``), ``'cpu'``, ``'gpu'`` or ``'bmm'`` kernel
+            choice; identical maths.
         teacher_ids: Global ids of the teachers to hold.
         seed: Run seed for the per-teacher initialisation.
     """
@@ -573,8 +598,8 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         self.fc = int(fc)
         self.negative_slope = float(negative_slope)
         self.init_std = float(init_std)
-        if conv_impl not in ("auto", "cpu", "gpu"):
-            raise ValueError("conv_impl must be 'auto', 'cpu' or 'gpu'")
+        if conv_impl not in CONV_IMPLS:
+            raise ValueError(f"conv_impl must be one of {', '.join(map(repr, CONV_IMPLS))}")
         self.conv_impl = conv_impl
         self._h1, self._w1 = _conv_out(H), _conv_out(W)
         self._h2, self._w2 = _conv_out(self._h1), _conv_out(self._w1)
@@ -616,17 +641,25 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         idx = (torch.arange(Tc, device=y.device).unsqueeze(1) * Y + y.long()).t()  # [n, Tc]
         return F.embedding(idx, table)  # [n, Tc, co*L]
 
-    def _cpu_kernels(self, t: torch.Tensor) -> bool:
+    def _kernels(self, t: torch.Tensor) -> str:
         """Kernel choice (same maths): 'cpu' = first conv of per-teacher inputs as unfold + bmm and
         channels-last grouped convs (oneDNN is slow for grouped convs with 1-11 channels per group in
-        NCHW); 'gpu' = NCHW grouped convs throughout. 'auto' picks by the tensor's device."""
+        NCHW); 'gpu' = NCHW grouped convs throughout; 'bmm' = unfold + bmm for every per-teacher conv.
+        'auto' picks 'cpu' or 'gpu' by the tensor's device."""
         if self.conv_impl == "auto":
-            return t.device.type == "cpu"
-        return self.conv_impl == "cpu"
+            return "cpu" if t.device.type == "cpu" else "gpu"
+        return self.conv_impl
+
+    def _cpu_kernels(self, t: torch.Tensor) -> bool:
+        """The first conv of per-teacher inputs and its transpose as unfold + bmm ('cpu' and 'bmm')."""
+        return self._kernels(t) in ("cpu", "bmm")
 
     def _conv(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, groups: int) -> torch.Tensor:
         """5x5/2 conv, returned NCHW-contiguous."""
-        if self._cpu_kernels(x) and groups > 1:
+        kernels = self._kernels(x)
+        if kernels == "bmm" and groups > 1:
+            return _grouped_conv_bmm(x, w, b, groups)
+        if kernels == "cpu" and groups > 1:
             x = x.contiguous(memory_format=torch.channels_last)
             w = w.contiguous(memory_format=torch.channels_last)
             return F.conv2d(x, w, b, stride=2, padding=2, groups=groups).contiguous()
