@@ -292,13 +292,26 @@ def other_epsilon_label(key: str) -> str:
     return f"{key.removeprefix('epsilon_')} (the paper's accounting, not a guarantee)"
 
 
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` model overrides (YAML values) for every row of this call."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        out[key.removeprefix("model.")] = yaml.safe_load(value)
+    return out
+
+
 def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
     """``(config, model overrides, data overrides, max_steps)`` of a row in this call (``--smoke`` shrinks them)."""
     from image_utility import _import, load_config
 
     config = load_config(row.config)
     data_over = {"root": str(a.data_root), "download": False}
-    model_over = dict(row.overrides)
+    model_over = {**row.overrides, **parse_sets(getattr(a, "set", None))}
     max_steps = int(config["trainer"].get("max_steps", 1000))
     if row.max_steps is not None:
         max_steps = min(max_steps, row.max_steps)
@@ -324,6 +337,9 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None) ->
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     record: dict[str, Any] = {"row": row.name, "config": row.config, "model": config["model"]["class_path"].rsplit(".", 1)[1],
                               "max_steps": max_steps, "time_budget_s": seconds}
+    sets = {k: v for k, v in parse_sets(getattr(a, "set", None)).items() if k in model_over}
+    if sets:  # the table names them beside the row
+        record["set"] = sets
     if is_gswgan_row(row, config):  # GS-WGAN: the discriminators' pretraining first (cached, shared by its rows)
         pretrained, info = pretrained_discriminators(row, a, config, model_over, data_over, state, sync)
         record.update({f"pretrain_{k}": v for k, v in info.items()})
@@ -536,7 +552,8 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
         else:
             guarantee, other = _epsilons(r)
             steps = _f(r.get("steps")) + (f" (after {r['pretrain_iterations']} pretraining it.)" if r.get("pretrain_iterations") else "")
-            cells = [f"`{row.name}`", r.get("model", ""), guarantee, other, steps,
+            name = f"`{row.name}`" + "".join(f" ({k}: {v})" for k, v in r.get("set", {}).items())
+            cells = [name, r.get("model", ""), guarantee, other, steps,
                      str(r.get("stopped_by", ""))[:120].replace("|", "/"), _f(r.get("s_per_step"), 3),
                      _f(r.get("cnn_accuracy_final")), _f(r.get("cnn_accuracy_val_selected")), row.paper, row.target,
                      _f(r.get("cnn_accuracy_best_on_test_paper_style")), _f(r.get("inception_score"), 2), _f(r.get("fid"), 1),
@@ -615,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-samples", type=int, default=10_000, help="generated digits for the CNN and IS/FID")
     p.add_argument("--cnn-epochs", type=int, default=None, help="epochs of the evaluation CNN (default: >= 300 steps, 3-50 epochs)")
     p.add_argument("--max-carry-mb", type=float, default=20.0, help="largest training checkpoint a row may leave for the next call")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="model overrides for every row of this call (YAML values; rows whose model lacks one ignore it), "
+                        "named beside the row in the table, e.g. teacher_conv_impl=bmm")
     p.add_argument("--rerun", action="store_true", help="run selected rows again even if done")
     p.add_argument("--smoke", action="store_true", help="every row a few steps on a tiny subset on CPU: checks that the table is written")
     p.add_argument("--smoke-steps", type=int, default=2)

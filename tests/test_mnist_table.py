@@ -141,3 +141,24 @@ def test_a_row_that_nearly_fits_the_call_runs_shortened_and_big_rows_keep_time_f
     # G-PATE's teachers: ~45 s at 2,000 teachers on the H200, more at 4,000; DP-GAN has none
     assert 40 <= row_overhead(BY_NAME["gpate_eps10_ladder_guarantee"]) < row_overhead(BY_NAME["gpate_eps1_ladder_guarantee"])
     assert row_overhead(BY_NAME["dpgan_eps10_guarantee"]) <= 15
+
+
+def test_set_overrides_reach_the_rows_whose_model_takes_them_and_the_table_names_them():
+    """``--set teacher_conv_impl=bmm`` (the GPU kernel lever): a G-PATE row's model gets it, a DP-GAN row's model
+    (which has no such argument) does not, and the table names it beside the row that ran with it."""
+    import argparse
+
+    import pytest
+
+    import mnist_table
+
+    a = argparse.Namespace(set=["model.teacher_conv_impl=bmm", "ema_decay=0.995"], smoke=False, data_root=Path("x"))
+    _, gpate_over, _, _ = mnist_table.row_settings(mnist_table.BY_NAME["gpate_eps10_gaussagg_guarantee"], a)
+    assert gpate_over["teacher_conv_impl"] == "bmm" and gpate_over["ema_decay"] == 0.995
+    _, dpgan_over, _, _ = mnist_table.row_settings(mnist_table.BY_NAME["dpgan_eps10_guarantee"], a)
+    assert "teacher_conv_impl" not in dpgan_over
+    record = {"status": "done", "model": "GPATE", "steps": 3, "set": {"teacher_conv_impl": "bmm"}}
+    lines = mnist_table.table_lines({"rows": {"gpate_eps10_gaussagg_guarantee": record}, "meta": {}}, smoke=True)
+    assert any(line.startswith("| `gpate_eps10_gaussagg_guarantee` (teacher_conv_impl: bmm) |") for line in lines)
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        mnist_table.parse_sets(["teacher_conv_impl"])
