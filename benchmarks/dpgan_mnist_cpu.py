@@ -44,16 +44,6 @@ CONFIG = "configs/mnist/dpgan_eps10_guarantee.yaml"
 MNIST_TRAIN = 60_000  # public: the published size of MNIST's training split
 
 
-def _overrides(pairs: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for kv in pairs:
-        key, value = kv.split("=", 1)
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def subsampled_gaussian_epsilon(sigma: float, batch: float, steps: int, delta: float, accountant: str = "rdp") -> float:
     """ε of ``steps`` Poisson-subsampled Gaussian steps at rate ``batch / 60,000`` (the project's RDP
     accountant with its improved conversion, or the PLD of :mod:`lightning_gpate.privacy.pld`)."""
@@ -81,11 +71,11 @@ def _load_average() -> str:
 
 
 def _build(a, model_over: dict):
-    from image_utility import build, load_config
+    from image_utility import build, load_config, parse_sets
 
     config = load_config(a.config)
     dm, model = build(config, model_overrides=model_over,
-                      data_overrides={"root": a.data_root, "download": False, **_overrides(a.data_set)})
+                      data_overrides={"root": a.data_root, "download": False, **parse_sets(a.data_set)})
     return config, dm, model
 
 
@@ -94,10 +84,11 @@ def speed(a) -> int:
     and one generator step, data included), after one warm-up step."""
     import pytorch_lightning as pl
     import torch
+    from image_utility import parse_sets
 
     torch.set_num_threads(a.threads)
     pl.seed_everything(0, verbose=False)
-    _, dm, model = _build(a, {"epsilon": 1e6, **_overrides(a.set)})
+    _, dm, model = _build(a, {"epsilon": 1e6, **parse_sets(a.set)})
     stamps = []
 
     class Stamps(pl.Callback):
@@ -129,13 +120,13 @@ def fit(a) -> int:
     import pytorch_lightning as pl
     import torch
 
-    from image_utility import grids_every
+    from image_utility import grids_every, parse_sets
     from lightning_gpate.evaluation.image import cnn_utility
     from lightning_gpate.sampling import image_grid, save_png
 
     torch.set_num_threads(a.threads)
     pl.seed_everything(0, verbose=False)
-    over = _overrides(a.set)
+    over = parse_sets(a.set)
     config, dm, _ = _build(a, over)
     init = {**config["model"]["init_args"], **over}
     batch = float(dm.batch_size)

@@ -149,15 +149,11 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
     """How many aggregations the config's (ε, δ) budget allows under the data-independent guarantee, at the
     config's own teacher count and σ: every aggregation at its worst case (DPGradAgg: every query of the
     most units answered), as the model's budget stop counts it."""
-    import yaml
-
+    from image_utility import parse_sets
     from lightning_gpate.privacy import (DEFAULT_ORDERS, ConfidentGNMaxEvent, GaussianSumEvent, PrivacyAccountant, TopAggEvent,
                                          rdp_to_epsilon)
 
-    init = dict(config["model"]["init_args"])
-    for kv in overrides:
-        key, value = kv.split("=", 1)
-        init[key] = yaml.safe_load(value)
+    init = {**config["model"]["init_args"], **parse_sets(overrides)}
     teachers = int(config["data"]["init_args"]["num_teachers"])
     m = int(init.get("fake_batch_size", 32))
     units = min(m, 10) if init.get("group_fakes_by_label") else m
@@ -218,9 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import pytorch_lightning as pl
     import torch
-    import yaml
 
-    from image_utility import build, grids_every, load_config
+    from image_utility import build, grids_every, load_config, parse_sets
     from lightning_gpate.evaluation.image import cnn_utility
     from lightning_gpate.models.base import average_step
 
@@ -235,9 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     pategan = config["model"]["class_path"].endswith("PATEGAN")
     if pategan:  # the config's budget: it plans λ and the anchor's noise and stops the votes where the row would
         del model_over["epsilon"]
-    for kv in a.set:
-        key, value = kv.split("=", 1)
-        model_over[key] = yaml.safe_load(value)
+    model_over.update(parse_sets(a.set))
     for key in ("sigma_threshold", "sigma_gnmax", "sigma_topagg", "sigma_gaussian"):
         if key in init or key in model_over:
             sigma = float(model_over.get(key, init.get(key)))

@@ -81,6 +81,19 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return yaml.safe_load((ROOT / path).read_text())
 
 
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` model overrides of the benchmarks' ``--set`` (YAML values; a leading ``model.`` is dropped)."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
+        out[key.removeprefix("model.")] = yaml.safe_load(value)
+    return out
+
+
 def build(config: dict[str, Any], *, model_overrides: dict | None = None, data_overrides: dict | None = None):
     """``(datamodule, model)`` from a fit config (``data``/``model`` class paths and init args)."""
     data_cfg, model_cfg = config["data"], config["model"]

@@ -292,22 +292,9 @@ def other_epsilon_label(key: str) -> str:
     return f"{key.removeprefix('epsilon_')} (the paper's accounting, not a guarantee)"
 
 
-def parse_sets(items: list[str] | None) -> dict[str, Any]:
-    """``--set KEY=VALUE`` model overrides (YAML values) for every row of this call."""
-    import yaml
-
-    out = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
-        out[key.removeprefix("model.")] = yaml.safe_load(value)
-    return out
-
-
 def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
     """``(config, model overrides, data overrides, max_steps)`` of a row in this call (``--smoke`` shrinks them)."""
-    from image_utility import _import, load_config
+    from image_utility import _import, load_config, parse_sets
 
     config = load_config(row.config)
     data_over = {"root": str(a.data_root), "download": False}
@@ -331,7 +318,7 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None) ->
     """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule."""
     import torch
 
-    from image_utility import build
+    from image_utility import build, parse_sets
 
     config, model_over, data_over, max_steps = row_settings(row, a)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)

@@ -150,6 +150,7 @@ def test_set_overrides_reach_the_rows_whose_model_takes_them_and_the_table_names
 
     import pytest
 
+    import image_utility
     import mnist_table
 
     a = argparse.Namespace(set=["model.teacher_conv_impl=bmm", "ema_decay=0.995"], smoke=False, data_root=Path("x"))
@@ -161,4 +162,4 @@ def test_set_overrides_reach_the_rows_whose_model_takes_them_and_the_table_names
     lines = mnist_table.table_lines({"rows": {"gpate_eps10_gaussagg_guarantee": record}, "meta": {}}, smoke=True)
     assert any(line.startswith("| `gpate_eps10_gaussagg_guarantee` (teacher_conv_impl: bmm) |") for line in lines)
     with pytest.raises(SystemExit, match="KEY=VALUE"):
-        mnist_table.parse_sets(["teacher_conv_impl"])
+        image_utility.parse_sets(["teacher_conv_impl"])
