@@ -153,8 +153,9 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
     config's own teacher count and σ: every aggregation at its worst case (DPGradAgg: every query of the
     most units answered), as the model's budget stop counts it."""
     from image_utility import parse_sets
-    from lightning_gpate.privacy import (DEFAULT_ORDERS, ConfidentGNMaxEvent, GaussianSumEvent, PrivacyAccountant, TopAggEvent,
-                                         rdp_to_epsilon)
+    from lightning_gpate.models.private import plan_gaussian_noise
+    from lightning_gpate.privacy import (DEFAULT_ORDERS, ConfidentGNMaxEvent, GaussianSumEvent, PrivacyAccountant,
+                                         SubsampledGaussianEvent, TopAggEvent, rdp_to_epsilon)
 
     init = {**config["model"]["init_args"], **parse_sets(overrides)}
     teachers = int(config["data"]["init_args"]["num_teachers"])
@@ -172,12 +173,17 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
                                     float(init.get("threshold_fraction", 0.5)) * teachers,
                                     float(init["sigma_threshold"]), float(init["sigma_gnmax"]))
     delta = float(init.get("delta", 1e-5))
+    conversion = init.get("conversion", "improved")
     per_step = PrivacyAccountant(delta=delta, data_dependent=False).rdp_of(event)[0]  # RDP at DEFAULT_ORDERS
+    budget = float(init["epsilon"])
+    before = np.zeros_like(per_step)
+    if float(init.get("anchor_fraction", 0.0)) > 0:  # the class-mean anchor, paid before the first aggregation
+        z = plan_gaussian_noise(float(init["anchor_fraction"]) * budget, delta=delta, conversion=conversion)
+        before = PrivacyAccountant(delta=delta).rdp_of(SubsampledGaussianEvent(noise_multiplier=z, sampling_rate=1.0))[0]
 
     def epsilon(n: int) -> float:
-        return rdp_to_epsilon(n * per_step, DEFAULT_ORDERS, delta, conversion=init.get("conversion", "improved"))[0]
+        return rdp_to_epsilon(before + n * per_step, DEFAULT_ORDERS, delta, conversion=conversion)[0]
 
-    budget = float(init["epsilon"])
     lo, hi = 0, 1  # the largest n with epsilon(n) <= budget
     while epsilon(hi) <= budget:
         lo, hi = hi, hi * 2
@@ -257,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         # noisy share the student learns from has the row's noise); λ, its accounting and the stop stay the row's
         row_noise = model.vote_noise
         model.vote_noise = lambda shape: row_noise(shape) * (a.teachers / a.noise_of)
-    if pategan and a.records_per_teacher and model.marginal_noise is not None:
+    if getattr(model, "anchor_noise", None) is not None and "epsilon" in model_over and a.noise_of:
+        # G-PATE's class-mean anchor with the noise of the row's own budget (not of the proxy's unbounded one)
+        unbounded, model.epsilon_budget = model.epsilon_budget, float(init["epsilon"])
+        model.anchor_noise = model.plan_gaussian_noise(float(model.hparams.anchor_fraction))
+        model.epsilon_budget = unbounded
+    anchor_noise = getattr(model, "marginal_noise", None) if pategan else getattr(model, "anchor_noise", None)
+    if a.records_per_teacher and anchor_noise is not None:
         # The row measures each class's mean image on the whole training split (its teachers hold all 60,000
         # digits); the proxy's teachers hold 750-1,500, and the noise on means of so few would be 40-80x the
         # row's (0.104 at eps=1 against 0.729 measured on all). So the anchor reads the set-aside digits too.
@@ -343,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         released = released_privacy(model)
         record.update({"lam": model.lam, "epsilon_of_the_row": float(released["summary"]["epsilon"]),
                        "budget_exhausted": released["budget_exhausted"]})
-        if model.marginal_noise is not None:  # the digits the anchor was measured on
-            record["anchor_records"] = MNIST_TRAIN if a.records_per_teacher else record["private_records"]
+    if anchor_noise is not None:  # the class-mean anchor: its noise multiplier and the digits it was measured on
+        record.update({"anchor_noise_multiplier": float(anchor_noise),
+                       "anchor_records": MNIST_TRAIN if a.records_per_teacher else record["private_records"]})
     with open(a.results, "a") as f:
         f.write(json.dumps(record) + "\n")
     print("RESULT " + json.dumps(record), flush=True)

@@ -391,3 +391,59 @@ def test_mnist_lever_configs_guarantee_their_budget_and_train(name, epsilon):
     assert model.budget_accounting == "guarantee" and model.epsilon_budget == epsilon
     _trainer(2).fit(model, dm)
     assert model.global_step >= 1 and 0 < model.accountant.epsilon() <= epsilon
+
+
+def _digits_gpate(**kw) -> tuple[ImageDataModule, GPATE]:
+    dm = ImageDataModule("digits", num_teachers=5, teacher_batch_size=4, val_fraction=0.0)
+    model = GPATE(dm.spec, **{**dict(delta=1e-5, aggregator="gaussian", sigma_gaussian=4.0, fake_batch_size=8, z_dim=8,
+                                    gf_dim=8, fc_dim=32, generator_upsample="nearest", noise_seed=0), **kw})
+    return dm, model
+
+
+def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_still_holds(tmp_path):
+    """anchor_fraction: one Gaussian mechanism of noise multiplier z whose ε alone is that share of the budget
+    (the Gaussian's RDP α/(2z²), converted independently here), recorded once before the first aggregation and
+    not again on resume; the aggregations then stop within the budget that is left."""
+    budget, fraction, sigma = 8.0, 0.25, 4.0
+    dm, model = _digits_gpate(epsilon=budget, anchor_fraction=fraction)
+    z = model.anchor_noise
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    orders = orders[orders > 1.01]
+    alone = (orders / (2 * z ** 2) + np.log((orders - 1) / orders) - (np.log(1e-5) + np.log(orders)) / (orders - 1)).min()
+    assert alone == pytest.approx(fraction * budget, rel=1e-6)
+    trainer = _trainer(2)
+    trainer.fit(model, dm)
+    counts = model.accountant.counts
+    assert bool(model.anchor_measured) and counts["subsampled_gaussian_events"] == 1 and counts["gaussian_sums"] == 2
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    resumed = _digits_gpate(epsilon=budget, anchor_fraction=fraction)[1]
+    _trainer(500).fit(resumed, dm, ckpt_path=tmp_path / "a.ckpt")
+    acc = resumed.accountant
+    assert acc.counts["subsampled_gaussian_events"] == 1 and resumed.budget_exhausted
+    from lightning_gpate.privacy.rdp import rdp_to_epsilon
+
+    def expected(aggregations: int) -> float:  # the anchor's Gaussian plus one of sensitivity 2 per aggregation
+        o = acc.orders
+        return rdp_to_epsilon(o / (2 * z ** 2) + aggregations * 2 * o / sigma ** 2, o, 1e-5)[0]
+
+    n = acc.counts["gaussian_sums"]
+    assert acc.epsilon() == pytest.approx(expected(n), rel=1e-9) and expected(n) <= budget < expected(n + 1)
+    with pytest.raises(ValueError, match="images under budget_accounting: guarantee"):
+        _digits_gpate(epsilon=budget, anchor_fraction=fraction, aggregator="dpgradagg", budget_accounting="paper",
+                      sigma_threshold=10.0, sigma_gnmax=5.0)
+
+
+def test_class_mean_anchor_measures_the_class_means_and_pulls_the_generator_to_them():
+    """With a negligible share of noise the measured anchor is each class's mean image, and the generator's term
+    brings its class means towards them (the aggregation nearly noise-free: its step is a unit vote)."""
+    dm, model = _digits_gpate(epsilon=1e12, anchor_fraction=0.5, anchor_weight=1.0, generator_lr=3e-3, sigma_gaussian=1e-3)
+    dm.setup("fit")
+    x, y = dm.model_space("train")
+    true = torch.stack([x[y == c].mean(0) for c in range(10)])
+    _trainer(1).fit(model, dm)
+    assert torch.allclose(model.anchor_targets, true, atol=0.02)
+    with torch.no_grad():
+        before = float(model.anchor_loss())
+    _trainer(60).fit(model, dm)
+    with torch.no_grad():
+        assert float(model.anchor_loss()) < before / 3

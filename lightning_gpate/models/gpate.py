@@ -4,6 +4,7 @@ discriminators through private gradient aggregation (DPGradAgg with Confident-GN
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -11,12 +12,13 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.augment import random_translate
 from lightning_gpate.nets.ensemble import CONV_IMPLS, ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator
-from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, TopAggEvent
+from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, SubsampledGaussianEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
@@ -182,6 +184,13 @@ class GPATE(PrivateGenerativeModel):
             post-processing).
         generator_steps: generator steps per aggregation towards the same ``x̂`` (post-processing).
         ema_decay: decay of the generator's weight EMA used for sampling (0: no EMA, the paper).
+        anchor_fraction: images, ``budget_accounting: guarantee``: the share of ε (the ε of that release
+            alone) that buys each class's mean image once before the first step (the class-mean anchor,
+            :mod:`~lightning_gpate.models.anchor`, as PATE-GAN's ``marginal_fraction``); the aggregations get
+            the rest. 0 (default): none, the paper.
+        anchor_weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²``
+            averaged over classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
+        anchor_batch_size: generated images (every class equally often) per generator step for that term.
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
         generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
             ``"nearest"`` (nearest ×2 then a convolution: no checkerboard lattice; the samples of G-PATE
@@ -242,6 +251,9 @@ class GPATE(PrivateGenerativeModel):
         target_scale: float = 1.0,
         generator_steps: int = 1,
         ema_decay: float = 0.0,
+        anchor_fraction: float = 0.0,
+        anchor_weight: float = 1.0,
+        anchor_batch_size: int = 100,
         gf_dim: int = 64,
         fc_dim: int = 1024,
         generator_upsample: str = "transposed",
@@ -281,6 +293,11 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError(f"threshold_fraction must be in [0, 1], got {threshold_fraction}")
         if not 0 <= ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        if not 0 <= anchor_fraction < 1 or not 0 <= anchor_weight < math.inf or anchor_batch_size < 1:
+            raise ValueError("anchor_fraction must be in [0, 1), anchor_weight finite and >= 0, anchor_batch_size >= 1, "
+                             f"got {anchor_fraction}, {anchor_weight}, {anchor_batch_size}")
+        if anchor_fraction > 0 and (budget_accounting != "guarantee" or len(self.data_spec["shape"]) != 3):
+            raise ValueError("anchor_fraction measures each class's mean image: images under budget_accounting: guarantee")
         dim = int(np.prod(self.data_spec["shape"]))
         if aggregator == "topagg" and topk > dim:
             raise ValueError(f"topk must be at most the data dimension {dim}, got {topk}")
@@ -304,6 +321,10 @@ class GPATE(PrivateGenerativeModel):
         self._pending_teacher_state: dict | None = None
         self._shared_gen: torch.Generator | None = None
         self.teacher_warmup_done = 0
+        self.anchor_noise = self.plan_gaussian_noise(anchor_fraction) if anchor_fraction > 0 else None
+        if self.anchor_noise is not None:  # each class's noisy mean image in [-1, 1]: a DP release, public once measured
+            self.register_buffer("anchor_targets", torch.zeros(self.num_classes, *self.data_spec["shape"]))
+            self.register_buffer("anchor_measured", torch.zeros((), dtype=torch.bool))
 
     # ----------------------------------------------------------------- teachers
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
@@ -396,6 +417,10 @@ class GPATE(PrivateGenerativeModel):
             self.setup("fit")
         gen = self._shared_gen
 
+        # the class-mean anchor, paid for and measured once before anything else (resumed runs have it)
+        if self.events_before_first_step() and not self.measure_anchor():
+            return None
+
         # 0. warm-up: teacher steps only, before the generator ever changes (no aggregation, no privacy event)
         if self.teacher_warmup_done < hp.teacher_warmup_steps:
             with record_function("gpate/teacher_step"):
@@ -435,6 +460,8 @@ class GPATE(PrivateGenerativeModel):
             for step in range(hp.generator_steps):
                 out = x if step == 0 else self.generator(z, y)
                 g_loss = 0.5 * (out - target).flatten(1).pow(2).sum(dim=1).mean()
+                if self.anchor_noise is not None and hp.anchor_weight > 0:
+                    g_loss = g_loss + hp.anchor_weight * self.anchor_loss()
                 opt_g.zero_grad()
                 self.manual_backward(g_loss)
                 opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
@@ -446,6 +473,44 @@ class GPATE(PrivateGenerativeModel):
         released_key = {"dpgradagg": "answered_fraction", "topagg": "released_fraction", "gaussian": "released_norm"}
         self.log_dict({"g_loss": g_loss.detach(), released_key[hp.aggregator]: released}, prog_bar=True)
         self.log_private({"teacher_loss": teacher_loss / self.num_teachers})
+
+    # ----------------------------------------------------------------- the class-mean anchor
+    def anchor_event(self) -> SubsampledGaussianEvent:
+        """The anchor's measurement: one Gaussian of noise multiplier ``anchor_noise`` (sampling rate 1)."""
+        return SubsampledGaussianEvent(noise_multiplier=self.anchor_noise, sampling_rate=1.0)
+
+    def events_before_first_step(self) -> list:
+        """The anchor's measurement while it is still to be paid (see the private base)."""
+        return [self.anchor_event()] if self.anchor_noise is not None and not bool(self.anchor_measured) else []
+
+    def measure_anchor(self) -> bool:
+        """Pay for and measure each class's mean image on the whole training split (the DataModule's).
+        Returns ``False`` (nothing measured) when the budget refuses it."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is None or not hasattr(datamodule, "model_space"):
+            raise ValueError("anchor_fraction reads the whole training split from the DataModule: fit with a datamodule")
+        if not self.charge(self.anchor_event()):
+            return False
+        return self._measure_mean_images(*datamodule.model_space("train"))
+
+    def _measure_mean_images(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """:func:`~lightning_gpate.models.anchor.noisy_class_means` with the mechanisms' secret generator
+        (the same on every rank under DDP, so every replica holds the same release)."""
+        if self._shared_gen is None or self._shared_gen.device != self.device:
+            self.setup("fit")
+        means = noisy_class_means(x, y, num_classes=self.num_classes, noise_multiplier=self.anchor_noise, generator=self._shared_gen)
+        with torch.no_grad():
+            self.anchor_targets.copy_(means.to(self.anchor_targets.device))
+            self.anchor_measured.fill_(True)
+        return True
+
+    def anchor_loss(self) -> torch.Tensor:
+        """``½·Σ_pixels (class mean − anchor)²`` averaged over classes, on ``anchor_batch_size`` fresh images
+        (the same units as the step's loss towards ``x̂``, which is per fake)."""
+        d = self.anchor_targets[0].numel()
+        gap = class_mean_gap(lambda y: self.generator(self.latent(y.shape[0]), y), self.anchor_targets,
+                             int(self.hparams.anchor_batch_size))
+        return 0.5 * d * gap.mean()
 
     def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):
         """``(t0, t1, directions [t1 − t0, units, d])`` per chunk of this process's teachers: the teachers

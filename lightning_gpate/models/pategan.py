@@ -74,6 +74,7 @@ from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsembl
 from lightning_gpate.models.sharding import (gather_members, owned_members, replicated_backward,
                                               select_members, shared_seed)
 from lightning_gpate.privacy.distributed import is_distributed
+from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
 from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
@@ -295,7 +296,7 @@ class PATEGAN(PrivateGenerativeModel):
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.num_teachers = num_teachers
-        self.marginal_noise = self.plan_marginal_noise(marginal_fraction) if marginal_fraction > 0 else None
+        self.marginal_noise = self.plan_gaussian_noise(marginal_fraction) if marginal_fraction > 0 else None
         if self.marginal_noise is not None and image:  # the mean image of each class in [-1, 1], measured once
             self.register_buffer("marginal_targets", torch.zeros(self.num_classes, *data_spec["shape"]))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
@@ -358,21 +359,6 @@ class PATEGAN(PrivateGenerativeModel):
         """The marginals' measurement while it is still to be paid (see the private base)."""
         return [self.marginal_event()] if self.marginal_noise is not None and not self.measured() else []
 
-    def plan_marginal_noise(self, fraction: float) -> float:
-        """The smallest noise multiplier (to 1e-9 relative) whose Gaussian alone costs at most
-        ``fraction`` of the budget (the same δ and conversion; a public function of public numbers)."""
-        from lightning_gpate.privacy import PrivacyAccountant
-
-        target = fraction * self.budget_limit()
-
-        def fits(inverse_z: float) -> bool:  # a larger 1/z is less noise: true below the largest that fits
-            trial = PrivacyAccountant(delta=self.delta, orders=self.accountant.orders, conversion=self.accountant.conversion,
-                                      neighbouring=self.neighbouring_relation)
-            trial.record(SubsampledGaussianEvent(noise_multiplier=1.0 / inverse_z, sampling_rate=1.0))
-            return trial.epsilon() <= target
-
-        return 1.0 / largest_that_fits(fits, f"the marginals within {target:g}")
-
     def measure_marginals(self) -> bool:
         """Pay for and measure every column's one-way marginal per class on the whole training split
         (the DataModule's): noisy counts ``n(c, v) + N(0, (z√d)²)``; each class's shares (its row
@@ -413,20 +399,11 @@ class PATEGAN(PrivateGenerativeModel):
         return True
 
     def _measure_mean_images(self, x: torch.Tensor, y: torch.Tensor) -> bool:
-        """The noisy mean image per class: per class the sum of its images (pixels mapped to [0, 1]) and its
-        count, each entry plus N(0, (z·√(d + 1))²) (one record moves one class's sum by its image, L2 at most
-        √d, and its count by one), then the ratio with the noisy count (at least 1), clipped to [0, 1]."""
-        unit = ((x.flatten(1).double() + 1.0) / 2.0).clamp(0.0, 1.0)
-        labels = y.long()
-        d = unit.shape[1]
-        sums = torch.zeros(self.num_classes, d, dtype=torch.float64).index_add_(0, labels, unit)
-        counts = torch.bincount(labels, minlength=self.num_classes).double()
-        sigma = self.marginal_noise * math.sqrt(d + 1)
+        """The noisy mean image per class (:func:`~lightning_gpate.models.anchor.noisy_class_means`)."""
         gen = self.noise_generator()  # secret, and the same on every rank under DDP
-        noise = sigma * torch.randn(self.num_classes, d + 1, generator=gen, device=gen.device, dtype=torch.float64).cpu()
-        means = ((sums + noise[:, :d]) / (counts + noise[:, d]).clamp_min(1.0).unsqueeze(1)).clamp(0.0, 1.0)
+        means = noisy_class_means(x, y, num_classes=self.num_classes, noise_multiplier=self.marginal_noise, generator=gen)
         with torch.no_grad():
-            self.marginal_targets.copy_((2.0 * means - 1.0).view_as(self.marginal_targets))
+            self.marginal_targets.copy_(means.to(self.marginal_targets.device).view_as(self.marginal_targets))
             self.marginals_measured.fill_(True)
         return True
 
@@ -438,12 +415,13 @@ class PATEGAN(PrivateGenerativeModel):
         squared difference between the class's mean generated image and the measured one."""
         hp = self.hparams
         bins, k = int(hp.marginal_bins), self.num_classes
+        if self.is_image:
+            return class_mean_gap(lambda y: self.generator(self.latent(y.shape[0]), y), self.marginal_targets,
+                                  int(hp.marginal_batch_size)).mean()
         y = torch.arange(k, device=self.device).repeat_interleave(-(-int(hp.marginal_batch_size) // k))
         x = self.generator(self.latent(y.shape[0]), y)
         onehot = F.one_hot(y, k).to(x.dtype)
         per_class = onehot / onehot.sum(0).clamp_min(1.0)  # rows → their class's mean
-        if self.is_image:
-            return (per_class.t() @ x.flatten(1) - self.marginal_targets.flatten(1).to(x.dtype)).pow(2).mean()
         centres = -1.0 + (2.0 * torch.arange(bins, device=self.device, dtype=x.dtype) + 1.0) / bins
         total = x.new_zeros(())
         for j, (column, (start, end, _)) in enumerate(zip(self.data_spec["columns"], self.data_spec["spans"])):

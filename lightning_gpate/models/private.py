@@ -182,6 +182,12 @@ class PrivateGenerativeModel(GenerativeModel):
         smooth_sensitivity mode (where ``epsilon`` is the target of the release)."""
         return self.epsilon_hard_cap if self.smooth_sensitivity is not None else self.epsilon_budget
 
+    def plan_gaussian_noise(self, fraction: float) -> float:
+        """:func:`plan_gaussian_noise` for ``fraction`` of this model's budget, at its δ, orders, conversion
+        and neighbouring relation (PATE-GAN's measured marginals, the class-mean anchor)."""
+        return plan_gaussian_noise(fraction * self.budget_limit(), delta=self.delta, orders=self.accountant.orders,
+                                   conversion=self.accountant.conversion, neighbouring=self.neighbouring_relation)
+
     def _gnss_reservation(self) -> tuple:
         """The GNSS release still to come, as events for the data-independent bound (none once made)."""
         ss = self.smooth_sensitivity
@@ -487,6 +493,22 @@ def largest_that_fits(fits, what: str) -> float:
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def plan_gaussian_noise(epsilon: float, *, delta: float, orders=None, conversion: str = "improved",
+                        neighbouring: str = ADD_REMOVE) -> float:
+    """The smallest noise multiplier (to 1e-9 relative) whose Gaussian mechanism alone (one release,
+    sampling rate 1) is (``epsilon``, ``delta``)-DP under the project's accountant: a public function of
+    public numbers."""
+    from lightning_gpate.privacy import SubsampledGaussianEvent
+
+    def fits(inverse_z: float) -> bool:  # a larger 1/z is less noise: true below the largest that fits
+        trial = PrivacyAccountant(delta=delta, conversion=conversion, neighbouring=neighbouring,
+                                  **({} if orders is None else {"orders": orders}))
+        trial.record(SubsampledGaussianEvent(noise_multiplier=1.0 / inverse_z, sampling_rate=1.0))
+        return trial.epsilon() <= epsilon
+
+    return 1.0 / largest_that_fits(fits, f"a Gaussian release within {epsilon:g}")
 
 
 def release_spec(data_spec: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:

@@ -1,0 +1,66 @@
+"""The class-mean anchor of an image generator: each class's mean image, measured once with the Gaussian
+mechanism, and the generator's distance to it.
+
+The image analogue of the per-class marginals that made PATE-GAN's tables learn (``marginal_fraction``):
+a share of ε buys, once before training, per class the sum of its images (pixels mapped to [0, 1]) and its
+count, each entry plus N(0, (z·√(d + 1))²): one record moves one class's sum by its image (L2 at most √d)
+and its count by one, so the L2 sensitivity is √(d + 1) and the release is one Gaussian mechanism of noise
+multiplier z (:class:`~lightning_gpate.privacy.SubsampledGaussianEvent` with sampling rate 1). The
+ratio (with the noisy count at least 1, clipped to [0, 1]) is a DP release: public from then on, and
+every later use (the generator's loss towards it) is post-processing. On the official MNIST (~6,000
+digits a class) the noise on a mean pixel is z·28/6,000: 0.04 at the z of ε = 0.5 alone.
+
+Used by PATE-GAN (``marginal_fraction`` on images) and G-PATE (``anchor_fraction``); the share of ε each
+spends is planned by :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.plan_gaussian_noise`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def noisy_class_means(x: torch.Tensor, y: torch.Tensor, *, num_classes: int, noise_multiplier: float,
+                      generator: torch.Generator) -> torch.Tensor:
+    """The noisy mean image of every class, in the generator's space [-1, 1].
+
+    Args:
+        x: the whole training split in the generator's space, ``[n, C, H, W]`` (or any ``[n, ...]``).
+        y: its labels, ``[n]``.
+        num_classes: classes (a class without records gets the noise over a count of at least 1).
+        noise_multiplier: z; the noise std on every sum and count is ``z·√(d + 1)``.
+        generator: the mechanism's secret (OS-seeded) random source.
+
+    Returns:
+        ``[num_classes, *x.shape[1:]]``, float32.
+    """
+    unit = ((x.flatten(1).double() + 1.0) / 2.0).clamp(0.0, 1.0)
+    labels = y.long().to(unit.device)
+    d = unit.shape[1]
+    sums = torch.zeros(num_classes, d, dtype=torch.float64, device=unit.device).index_add_(0, labels, unit)
+    counts = torch.bincount(labels, minlength=num_classes).double()
+    sigma = float(noise_multiplier) * math.sqrt(d + 1)
+    noise = sigma * torch.randn(num_classes, d + 1, generator=generator, device=generator.device, dtype=torch.float64)
+    noise = noise.to(unit.device)
+    means = ((sums + noise[:, :d]) / (counts + noise[:, d]).clamp_min(1.0).unsqueeze(1)).clamp(0.0, 1.0)
+    return (2.0 * means - 1.0).float().view(num_classes, *x.shape[1:])
+
+
+def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Per class, the mean over pixels of the squared difference between the mean of the generator's images
+    of that class (``ceil(batch_size / classes)`` each) and the measured mean image: ``[classes]``.
+
+    Args:
+        generate: labels ``[m]`` → images ``[m, ...]`` (fresh latents; differentiable).
+        targets: the measured means ``[classes, ...]``.
+        batch_size: generated images per call, every class equally often.
+    """
+    k = targets.shape[0]
+    y = torch.arange(k, device=targets.device).repeat_interleave(-(-int(batch_size) // k))
+    x = generate(y)
+    per_class = F.one_hot(y, k).to(x.dtype)
+    per_class = per_class / per_class.sum(0).clamp_min(1.0)  # images → their class's mean
+    return (per_class.t() @ x.flatten(1) - targets.flatten(1).to(x.dtype)).pow(2).mean(1)
