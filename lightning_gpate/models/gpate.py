@@ -506,9 +506,11 @@ class GPATE(PrivateGenerativeModel):
 
     def anchor_loss(self) -> torch.Tensor:
         """``½·Σ_pixels (class mean − anchor)²`` averaged over classes, on ``anchor_batch_size`` fresh images
-        (the same units as the step's loss towards ``x̂``, which is per fake)."""
+        (the same units as the step's loss towards ``x̂``, which is per fake). The latents come from the shared
+        generator, as the fakes' do: every DDP rank computes the same term on its replica."""
         d = self.anchor_targets[0].numel()
-        gap = class_mean_gap(lambda y: self.generator(self.latent(y.shape[0]), y), self.anchor_targets,
+        gen = self._shared_gen
+        gap = class_mean_gap(lambda y: self.generator(self.latent(y.shape[0], generator=gen), y), self.anchor_targets,
                              int(self.hparams.anchor_batch_size))
         return 0.5 * d * gap.mean()
 
