@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     from image_utility import build, grids_every, load_config, parse_sets
     from lightning_gpate.evaluation.image import cnn_utility
     from lightning_gpate.models.base import average_step
+    from lightning_gpate.models.private import plan_gaussian_noise
 
     config = load_config(a.config)
     init = config["model"]["init_args"]
@@ -265,17 +266,21 @@ def main(argv: list[str] | None = None) -> int:
         model.vote_noise = lambda shape: row_noise(shape) * (a.teachers / a.noise_of)
     if getattr(model, "anchor_noise", None) is not None and "epsilon" in model_over and a.noise_of:
         # G-PATE's class-mean anchor with the noise of the row's own budget (not of the proxy's unbounded one)
-        unbounded, model.epsilon_budget = model.epsilon_budget, float(init["epsilon"])
-        model.anchor_noise = model.plan_gaussian_noise(float(model.hparams.anchor_fraction))
-        model.epsilon_budget = unbounded
+        model.anchor_noise = plan_gaussian_noise(float(model.hparams.anchor_fraction) * float(init["epsilon"]), delta=model.delta,
+                                                 orders=model.accountant.orders, conversion=model.accountant.conversion,
+                                                 neighbouring=model.neighbouring_relation)
     anchor_noise = getattr(model, "marginal_noise", None) if pategan else getattr(model, "anchor_noise", None)
     if a.records_per_teacher and anchor_noise is not None:
         # The row measures each class's mean image on the whole training split (its teachers hold all 60,000
         # digits); the proxy's teachers hold 750-1,500, and the noise on means of so few would be 40-80x the
         # row's (0.104 at eps=1 against 0.729 measured on all). So the anchor reads the set-aside digits too.
         measure_on_split = model._measure_mean_images
-        model._measure_mean_images = lambda x, y: measure_on_split(
-            torch.cat([x, dm.model_space("val")[0]]), torch.cat([y, dm.model_space("val")[1]]))
+
+        def measure_on_all(x, y):
+            held_out_x, held_out_y = dm.model_space("val")
+            return measure_on_split(torch.cat([x, held_out_x]), torch.cat([y, held_out_y]))
+
+        model._measure_mean_images = measure_on_all
     warm_path = None
     if a.warm_cache:
         warm_path = Path(a.warm_cache) / warm_key(config, model_over, a.teachers, a.seed, a.records_per_teacher)

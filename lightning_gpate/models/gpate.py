@@ -486,9 +486,7 @@ class GPATE(PrivateGenerativeModel):
     def measure_anchor(self) -> bool:
         """Pay for and measure each class's mean image on the whole training split (the DataModule's).
         Returns ``False`` (nothing measured) when the budget refuses it."""
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is None or not hasattr(datamodule, "model_space"):
-            raise ValueError("anchor_fraction reads the whole training split from the DataModule: fit with a datamodule")
+        datamodule = self.whole_split_datamodule("anchor_fraction")
         if not self.charge(self.anchor_event()):
             return False
         return self._measure_mean_images(*datamodule.model_space("train"))

@@ -366,9 +366,7 @@ class PATEGAN(PrivateGenerativeModel):
         keep their deviation from the pooled shares only beyond ``marginal_threshold`` noise stds of a
         share, ``σ / n̂_c`` (soft thresholding). Returns ``False`` (nothing measured) when the budget
         refuses it."""
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is None or not hasattr(datamodule, "model_space"):
-            raise ValueError("marginal_fraction reads the whole training split from the DataModule: fit with a datamodule")
+        datamodule = self.whole_split_datamodule("marginal_fraction")
         if not self.charge(self.marginal_event()):
             return False
         x, y = datamodule.model_space("train")

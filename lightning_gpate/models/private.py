@@ -182,6 +182,14 @@ class PrivateGenerativeModel(GenerativeModel):
         smooth_sensitivity mode (where ``epsilon`` is the target of the release)."""
         return self.epsilon_hard_cap if self.smooth_sensitivity is not None else self.epsilon_budget
 
+    def whole_split_datamodule(self, option: str):
+        """The fit's DataModule, for a measurement ``option`` that reads the whole training split
+        (``model_space("train")``): PATE-GAN's marginals, the class-mean anchor. A one-line error without one."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is None or not hasattr(datamodule, "model_space"):
+            raise ValueError(f"{option} reads the whole training split from the DataModule: fit with a datamodule")
+        return datamodule
+
     def plan_gaussian_noise(self, fraction: float) -> float:
         """:func:`plan_gaussian_noise` for ``fraction`` of this model's budget, at its δ, orders, conversion
         and neighbouring relation (PATE-GAN's measured marginals, the class-mean anchor)."""
