@@ -400,12 +400,15 @@ def _digits_gpate(**kw) -> tuple[ImageDataModule, GPATE]:
     return dm, model
 
 
-def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_still_holds(tmp_path):
+@pytest.mark.parametrize("features", [0, 64])
+def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_still_holds(tmp_path, features):
     """anchor_fraction: one Gaussian mechanism of noise multiplier z whose ε alone is that share of the budget
     (the Gaussian's RDP α/(2z²), converted independently here), recorded once before the first aggregation and
-    not again on resume; the aggregations then stop within the budget that is left."""
+    not again on resume; the aggregations then stop within the budget that is left. The same for the mean
+    embeddings of random features (sensitivity 1, the same z), whose frequencies a resume redraws from the
+    checkpoint's seed, not its own."""
     budget, fraction, sigma = 8.0, 0.25, 4.0
-    dm, model = _digits_gpate(epsilon=budget, anchor_fraction=fraction)
+    dm, model = _digits_gpate(epsilon=budget, anchor_fraction=fraction, anchor_features=features, anchor_feature_seed=1)
     z = model.anchor_noise
     orders = np.asarray(model.accountant.orders, dtype=float)
     orders = orders[orders > 1.01]
@@ -416,9 +419,12 @@ def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_s
     counts = model.accountant.counts
     assert bool(model.anchor_measured) and counts["subsampled_gaussian_events"] == 1 and counts["gaussian_sums"] == 2
     trainer.save_checkpoint(tmp_path / "a.ckpt")
-    resumed = _digits_gpate(epsilon=budget, anchor_fraction=fraction)[1]
+    resumed = _digits_gpate(epsilon=budget, anchor_fraction=fraction, anchor_features=features, anchor_feature_seed=2)[1]
     _trainer(500).fit(resumed, dm, ckpt_path=tmp_path / "a.ckpt")
     acc = resumed.accountant
+    assert torch.equal(resumed.anchor_targets, model.anchor_targets)
+    if features:
+        assert torch.equal(resumed.anchor_frequencies(), model.anchor_frequencies())
     assert acc.counts["subsampled_gaussian_events"] == 1 and resumed.budget_exhausted
     from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
@@ -447,3 +453,43 @@ def test_class_mean_anchor_measures_the_class_means_and_pulls_the_generator_to_t
     _trainer(60).fit(model, dm)
     with torch.no_grad():
         assert float(model.anchor_loss()) < before / 3
+
+
+def test_feature_anchor_measures_class_mean_embeddings_and_matches_the_mean_image_term_to_first_order():
+    """anchor_features: with negligible noise the anchor is each class's mean of [cos(ωᵀx), sin(ωᵀx)]/√M (computed
+    here from the frequencies); the generator's term towards it pulls; and for a length scale far above the
+    images' distances ½·ℓ²·‖Δ mean embedding‖² is the mean-image term ½·‖Δ mean image‖² (within the features'
+    sampling error)."""
+    dm, model = _digits_gpate(epsilon=1e12, anchor_fraction=0.5, anchor_features=4000, anchor_length_scale=3.0,
+                              generator_lr=3e-3, sigma_gaussian=1e-3)
+    dm.setup("fit")
+    x, y = dm.model_space("train")
+    omega = model.anchor_frequencies()
+    assert omega.shape == (2000, x[0].numel())
+    h = x.flatten(1) @ omega.T
+    phi = torch.cat([h.cos(), h.sin()], 1) / math.sqrt(2000)
+    true = torch.stack([phi[y == c].mean(0) for c in range(10)])
+    _trainer(1).fit(model, dm)
+    assert torch.allclose(model.anchor_targets, true, atol=1e-3)
+    with torch.no_grad():
+        before = float(model.anchor_loss())
+    _trainer(60).fit(model, dm)
+    with torch.no_grad():
+        assert float(model.anchor_loss()) < before / 3
+
+    torch.manual_seed(0)
+    wide = _digits_gpate(epsilon=1e12, anchor_fraction=0.5, anchor_features=20000, anchor_length_scale=200.0)[1]
+    pixels = _digits_gpate(epsilon=1e12, anchor_fraction=0.5)[1]
+    pixels.generator.load_state_dict(wide.generator.state_dict())
+    wide.anchor_measured.fill_(True)
+    pixels.anchor_measured.fill_(True)
+    for m in (wide, pixels):
+        m.setup("fit")
+    pixels.anchor_targets.copy_(torch.stack([x[y == c].mean(0) for c in range(10)]))
+    h = x.flatten(1) @ wide.anchor_frequencies().T
+    phi = torch.cat([h.cos(), h.sin()], 1) / math.sqrt(10000)
+    wide.anchor_targets.copy_(torch.stack([phi[y == c].mean(0) for c in range(10)]))
+    with torch.no_grad():
+        wide._shared_gen.manual_seed(5)
+        pixels._shared_gen.manual_seed(5)
+        assert float(wide.anchor_loss()) == pytest.approx(float(pixels.anchor_loss()), rel=0.1)

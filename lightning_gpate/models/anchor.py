@@ -12,6 +12,13 @@ digits a class) the noise on a mean pixel is z·28/6,000: 0.04 at the z of ε = 
 
 Used by PATE-GAN (``marginal_fraction`` on images) and G-PATE (``anchor_fraction``); the share of ε each
 spends is planned by :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.plan_gaussian_noise`.
+
+G-PATE can anchor to more than the mean (``anchor_features``): each class's mean *embedding* under random
+Fourier features of a Gaussian kernel, DP-MERF's release (:mod:`~lightning_gpate.privacy.merf`: every record
+contributes a vector of norm exactly 1, so the same noise multiplier z buys it at L2 sensitivity 1). The mean
+pixel is the embedding's first-order term: for ‖x − x'‖ ≪ ℓ, ``φ(x)ᵀφ(x') ≈ 1 − ‖x − x'‖²/(2ℓ²)``, so ℓ²
+times the squared gap of mean embeddings is the squared gap of mean images to first order, and the higher
+orders carry the spread within a class that the mean image lacks.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from lightning_gpate.privacy.merf import embedding_sum, mean_embeddings, noisy_release
+
+FEATURE_COUNT_WEIGHT = 0.3  # b: the share of a record's unit norm that its class count takes (DP-MERF's default)
 
 
 def noisy_class_means(x: torch.Tensor, y: torch.Tensor, *, num_classes: int, noise_multiplier: float,
@@ -49,18 +60,31 @@ def noisy_class_means(x: torch.Tensor, y: torch.Tensor, *, num_classes: int, noi
     return (2.0 * means - 1.0).float().view(num_classes, *x.shape[1:])
 
 
-def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Per class, the mean over pixels of the squared difference between the mean of the generator's images
-    of that class (``ceil(batch_size / classes)`` each) and the measured mean image: ``[classes]``.
+def noisy_class_feature_means(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tensor, *, num_classes: int,
+                              noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
+    """The noisy mean embedding ``[num_classes, 2M]`` of every class under the random Fourier features of
+    ``frequencies`` ``[M, d]`` (:func:`~lightning_gpate.privacy.merf.fourier_features`): DP-MERF's one Gaussian
+    release of ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b]`` (L2 sensitivity 1, noise std z), divided by the noisy counts."""
+    total = embedding_sum(x.flatten(1), y, frequencies, num_classes, count_weight=FEATURE_COUNT_WEIGHT)
+    released = noisy_release(total, noise_multiplier=noise_multiplier, generator=generator)
+    return mean_embeddings(released, count_weight=FEATURE_COUNT_WEIGHT)[0].float()
+
+
+def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, batch_size: int,
+                   features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Per class, the mean over coordinates of the squared difference between the mean of the generator's images
+    of that class (``ceil(batch_size / classes)`` each) and the measured mean: ``[classes]``.
 
     Args:
         generate: labels ``[m]`` → images ``[m, ...]`` (fresh latents; differentiable).
-        targets: the measured means ``[classes, ...]``.
+        targets: the measured means ``[classes, ...]`` (of ``features`` of the images when given).
         batch_size: generated images per call, every class equally often.
+        features: images ``[m, ...]`` → ``[m, f]`` (differentiable) whose class means are compared; ``None``: the pixels.
     """
     k = targets.shape[0]
     y = torch.arange(k, device=targets.device).repeat_interleave(-(-int(batch_size) // k))
     x = generate(y)
+    x = x.flatten(1) if features is None else features(x)
     per_class = F.one_hot(y, k).to(x.dtype)
     per_class = per_class / per_class.sum(0).clamp_min(1.0)  # images → their class's mean
-    return (per_class.t() @ x.flatten(1) - targets.flatten(1).to(x.dtype)).pow(2).mean(1)
+    return (per_class.t() @ x - targets.flatten(1).to(x.dtype)).pow(2).mean(1)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
+from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.augment import random_translate
@@ -22,6 +22,7 @@ from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, Subsa
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
+from lightning_gpate.privacy.merf import fourier_features, fourier_frequencies, median_distance_of_uniform
 from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
@@ -191,6 +192,13 @@ class GPATE(PrivateGenerativeModel):
         anchor_weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²``
             averaged over classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
         anchor_batch_size: generated images (every class equally often) per generator step for that term.
+        anchor_features: 0 (default): the anchor is each class's mean image. An even number ``2M``: each class's
+            mean embedding under ``2M`` random Fourier features of a Gaussian kernel instead (DP-MERF's release,
+            Harder et al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the same z), whose higher orders carry the spread
+            within a class; the term is then ``½·ℓ²·‖mean embedding − anchor‖²``, the mean-image term to first order.
+        anchor_length_scale: ℓ of that kernel (public); ``None``: ``√(2d/3)``, the distance of two uniform points
+            of ``[-1, 1]^d``.
+        anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG).
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
         generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
             ``"nearest"`` (nearest ×2 then a convolution: no checkerboard lattice; the samples of G-PATE
@@ -254,6 +262,9 @@ class GPATE(PrivateGenerativeModel):
         anchor_fraction: float = 0.0,
         anchor_weight: float = 1.0,
         anchor_batch_size: int = 100,
+        anchor_features: int = 0,
+        anchor_length_scale: float | None = None,
+        anchor_feature_seed: int | None = None,
         gf_dim: int = 64,
         fc_dim: int = 1024,
         generator_upsample: str = "transposed",
@@ -299,6 +310,12 @@ class GPATE(PrivateGenerativeModel):
         if anchor_fraction > 0 and (budget_accounting != "guarantee" or len(self.data_spec["shape"]) != 3):
             raise ValueError("anchor_fraction measures each class's mean image: images under budget_accounting: guarantee")
         dim = int(np.prod(self.data_spec["shape"]))
+        if anchor_length_scale is None:
+            anchor_length_scale = median_distance_of_uniform(dim)
+        if anchor_features:
+            fourier_frequencies(anchor_features, 1, anchor_length_scale, 0)  # validates both
+            if anchor_feature_seed is None:  # public: the random state seed_everything governs
+                anchor_feature_seed = int(torch.randint(2**31 - 1, (1,)))
         if aggregator == "topagg" and topk > dim:
             raise ValueError(f"topk must be at most the data dimension {dim}, got {topk}")
         if aggregator != "dpgradagg" and budget_accounting == "smooth_sensitivity":
@@ -322,9 +339,13 @@ class GPATE(PrivateGenerativeModel):
         self._shared_gen: torch.Generator | None = None
         self.teacher_warmup_done = 0
         self.anchor_noise = self.plan_gaussian_noise(anchor_fraction) if anchor_fraction > 0 else None
-        if self.anchor_noise is not None:  # each class's noisy mean image in [-1, 1]: a DP release, public once measured
-            self.register_buffer("anchor_targets", torch.zeros(self.num_classes, *self.data_spec["shape"]))
+        if self.anchor_noise is not None:  # each class's noisy mean image in [-1, 1] or mean embedding: a DP release, public once measured
+            shape = (anchor_features,) if anchor_features else tuple(self.data_spec["shape"])
+            self.register_buffer("anchor_targets", torch.zeros(self.num_classes, *shape))
+            if anchor_features:  # the features' public seed, in checkpoints: a resume redraws the frequencies it was measured with
+                self.register_buffer("anchor_seed", torch.tensor(int(anchor_feature_seed), dtype=torch.int64))
             self.register_buffer("anchor_measured", torch.zeros((), dtype=torch.bool))
+        self._anchor_frequency_cache: tuple[int, torch.Tensor] | None = None
 
     # ----------------------------------------------------------------- teachers
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
@@ -491,12 +512,26 @@ class GPATE(PrivateGenerativeModel):
             return False
         return self._measure_mean_images(*datamodule.model_space("train"))
 
+    def anchor_frequencies(self) -> torch.Tensor:
+        """The random Fourier features' frequencies ``[anchor_features/2, d]``, redrawn from the stored public seed."""
+        seed = int(self.anchor_seed)
+        cache = self._anchor_frequency_cache
+        if cache is None or cache[0] != seed or cache[1].device != self.device:
+            hp = self.hparams
+            frequencies = fourier_frequencies(hp.anchor_features, int(np.prod(self.data_spec["shape"])), hp.anchor_length_scale, seed)
+            self._anchor_frequency_cache = (seed, frequencies.to(self.device))
+        return self._anchor_frequency_cache[1]
+
     def _measure_mean_images(self, x: torch.Tensor, y: torch.Tensor) -> bool:
         """:func:`~lightning_gpate.models.anchor.noisy_class_means` with the mechanisms' secret generator
         (the same on every rank under DDP, so every replica holds the same release)."""
         if self._shared_gen is None or self._shared_gen.device != self.device:
             self.setup("fit")
-        means = noisy_class_means(x, y, num_classes=self.num_classes, noise_multiplier=self.anchor_noise, generator=self._shared_gen)
+        if self.hparams.anchor_features:
+            means = noisy_class_feature_means(x, y, self.anchor_frequencies().to(x.device), num_classes=self.num_classes,
+                                              noise_multiplier=self.anchor_noise, generator=self._shared_gen)
+        else:
+            means = noisy_class_means(x, y, num_classes=self.num_classes, noise_multiplier=self.anchor_noise, generator=self._shared_gen)
         with torch.no_grad():
             self.anchor_targets.copy_(means.to(self.anchor_targets.device))
             self.anchor_measured.fill_(True)
@@ -505,12 +540,19 @@ class GPATE(PrivateGenerativeModel):
     def anchor_loss(self) -> torch.Tensor:
         """``½·Σ_pixels (class mean − anchor)²`` averaged over classes, on ``anchor_batch_size`` fresh images
         (the same units as the step's loss towards ``x̂``, which is per fake). The latents come from the shared
-        generator, as the fakes' do: every DDP rank computes the same term on its replica."""
+        generator, as the fakes' do: every DDP rank computes the same term on its replica. With ``anchor_features``:
+        ``½·ℓ²·‖mean embedding − anchor‖²`` averaged over classes (the same to first order)."""
+        hp = self.hparams
         d = self.anchor_targets[0].numel()
         gen = self._shared_gen
+        features, scale = None, 1.0
+        if hp.anchor_features:
+            frequencies = self.anchor_frequencies()
+            features = lambda x: fourier_features(x, frequencies)  # noqa: E731
+            scale = float(hp.anchor_length_scale) ** 2
         gap = class_mean_gap(lambda y: self.generator(self.latent(y.shape[0], generator=gen), y), self.anchor_targets,
-                             int(self.hparams.anchor_batch_size))
-        return 0.5 * d * gap.mean()
+                             int(hp.anchor_batch_size), features)
+        return 0.5 * scale * d * gap.mean()
 
     def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):
         """``(t0, t1, directions [t1 − t0, units, d])`` per chunk of this process's teachers: the teachers
