@@ -193,6 +193,47 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
     return lo
 
 
+def anchor_only(model, dm, a, out: Path, start: float, evaluate, cnn_now, curve: dict, *, record_anchor) -> int:
+    """``--anchor-only``: the anchor measured as the row measures it (on all 60,000 digits with
+    ``--records-per-teacher``), then ``--steps`` generator steps on ``anchor_weight`` times its term alone, with the
+    model's optimiser and weight average; a grid and the CNN as for a fit."""
+    import torch
+
+    from lightning_gpate.models.base import average_step
+    from lightning_gpate.sampling import image_grid, save_png
+
+    if record_anchor is None:
+        raise SystemExit("--anchor-only needs a G-PATE config with anchor_fraction > 0 (--set anchor_fraction=...)")
+    dm.setup("fit")
+    model.setup("fit")
+    model._measure_mean_images(*dm.model_space("train"))
+    opt = model.configure_optimizers()
+    hp = model.hparams
+    for step in range(1, a.steps + 1):
+        loss = hp.anchor_weight * model.anchor_loss()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if hp.ema_decay > 0:
+            average_step(model.generator_ema, model.generator, hp.ema_decay, step)
+        if step in a.eval_at:
+            curve[step] = evaluate(model)
+            print(f"step {step}: {curve[step]}", flush=True)
+    model.eval()
+    x, y = model.generate(100, labels=torch.arange(10).repeat_interleave(10), seed=1)  # as grids_every draws them
+    save_png(image_grid(x, y, 10, per_class=10), out / f"step{a.steps:06d}.png")
+    cnn = cnn_now(model)
+    record = {"name": a.name, "config": a.config, "anchor_only": True, "generator_steps": a.steps, "set": a.set, "seed": a.seed,
+              "fit_s": round(time.perf_counter() - start, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")},
+              "anchor_noise_multiplier": float(record_anchor), "anchor_records": MNIST_TRAIN if a.records_per_teacher else int(len(dm.splits["train"][1]))}
+    if curve:
+        record["curve"] = {str(k): v for k, v in sorted(curve.items())}
+    with open(a.results, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print("RESULT " + json.dumps(record), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--name", required=True)
@@ -215,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-ema", type=float, nargs="*", default=[], metavar="DECAY",
                    help="also evaluate EMAs of the generator with these decays (the run's ema_decay must be > 0)")
     p.add_argument("--warm-cache", default=None, metavar="DIR", help="reuse the teachers after their warm-up")
+    p.add_argument("--anchor-only", action="store_true",
+                   help="G-PATE with an anchor: train the generator on the anchor's term alone (no teachers, no votes) for "
+                        "--steps generator steps, with the config's optimiser and EMA: what the votes add")
     p.add_argument("--budget-of", action="store_true",
                    help="run the aggregations the config's budget allows at its own teachers and sigmas (ignores --steps)")
     p.add_argument("--out-dir", default=str(ROOT / "outputs" / "gpate_mnist_cpu"))
@@ -337,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"aggregation {step}: {curve[step]}", flush=True)
 
     start = time.perf_counter()
+    if a.anchor_only:
+        return anchor_only(model, dm, a, out, start, evaluate, cnn_now, curve, record_anchor=anchor_noise)
     trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          callbacks=[Curve(), grids_every(out, a.every)])
