@@ -477,6 +477,11 @@ def test_feature_anchor_measures_class_mean_embeddings_and_matches_the_mean_imag
     with torch.no_grad():
         assert float(model.anchor_loss()) < before / 3
 
+    with pytest.raises(ValueError, match="needs anchor_fraction > 0"):
+        _digits_gpate(epsilon=8.0, anchor_features=64)
+    with pytest.raises(ValueError, match="even integer"):
+        _digits_gpate(epsilon=8.0, anchor_fraction=0.1, anchor_features=63)
+
     torch.manual_seed(0)
     wide = _digits_gpate(epsilon=1e12, anchor_fraction=0.5, anchor_features=20000, anchor_length_scale=200.0)[1]
     pixels = _digits_gpate(epsilon=1e12, anchor_fraction=0.5)[1]

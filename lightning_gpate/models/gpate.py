@@ -313,6 +313,8 @@ class GPATE(PrivateGenerativeModel):
         if anchor_length_scale is None:
             anchor_length_scale = median_distance_of_uniform(dim)
         if anchor_features:
+            if not anchor_fraction > 0:
+                raise ValueError(f"anchor_features={anchor_features} chooses what the anchor measures: it needs anchor_fraction > 0")
             fourier_frequencies(anchor_features, 1, anchor_length_scale, 0)  # validates both
             if anchor_feature_seed is None:  # public: the random state seed_everything governs
                 anchor_feature_seed = int(torch.randint(2**31 - 1, (1,)))
