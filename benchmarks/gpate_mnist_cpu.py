@@ -35,7 +35,8 @@ runs exactly the aggregations the config's privacy budget allows at the config's
 σ (the data-independent guarantee the GPU row would stop on), not ``--steps``; ``--records-per-teacher 30``
 gives each teacher as few digits as at the paper's 2,000 teachers (the faithful proxy: the H200 run of
 ``gpate_eps10_gaussagg_guarantee`` reached 0.638 after 893 aggregations where the strong-teacher proxy had
-0.788 after 800).
+0.788 after 800); ``--anchor-only`` trains the generator on its anchor's term alone, without teachers (with
+``--set anchor_fraction=...``): the reference that says what the votes add to an anchor.
 
 Results: one JSON line per run appended to ``--results`` (default
 ``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``.
