@@ -194,14 +194,19 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
     return lo
 
 
+def write_record(results: str, record: dict) -> None:
+    """Append a run's record to the results (one JSON line) and print it."""
+    with open(results, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print("RESULT " + json.dumps(record), flush=True)
+
+
 def anchor_only(model, dm, a, out: Path, start: float, evaluate, cnn_now, curve: dict, *, record_anchor) -> int:
     """``--anchor-only``: the anchor measured as the row measures it (on all 60,000 digits with
     ``--records-per-teacher``), then ``--steps`` generator steps on ``anchor_weight`` times its term alone, with the
     model's optimiser and weight average; a grid and the CNN as for a fit."""
-    import torch
-
+    from image_utility import save_class_grid
     from lightning_gpate.models.base import average_step
-    from lightning_gpate.sampling import image_grid, save_png
 
     if record_anchor is None:
         raise SystemExit("--anchor-only needs a G-PATE config with anchor_fraction > 0 (--set anchor_fraction=...)")
@@ -221,17 +226,14 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, cnn_now, curve:
             curve[step] = evaluate(model)
             print(f"step {step}: {curve[step]}", flush=True)
     model.eval()
-    x, y = model.generate(100, labels=torch.arange(10).repeat_interleave(10), seed=1)  # as grids_every draws them
-    save_png(image_grid(x, y, 10, per_class=10), out / f"step{a.steps:06d}.png")
+    save_class_grid(model, out / f"step{a.steps:06d}.png")
     cnn = cnn_now(model)
     record = {"name": a.name, "config": a.config, "anchor_only": True, "generator_steps": a.steps, "set": a.set, "seed": a.seed,
               "fit_s": round(time.perf_counter() - start, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")},
               "anchor_noise_multiplier": float(record_anchor), "anchor_records": MNIST_TRAIN if a.records_per_teacher else int(len(dm.splits["train"][1]))}
     if curve:
         record["curve"] = {str(k): v for k, v in sorted(curve.items())}
-    with open(a.results, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    print("RESULT " + json.dumps(record), flush=True)
+    write_record(a.results, record)
     return 0
 
 
@@ -410,9 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if anchor_noise is not None:  # the class-mean anchor: its noise multiplier and the digits it was measured on
         record.update({"anchor_noise_multiplier": float(anchor_noise),
                        "anchor_records": MNIST_TRAIN if a.records_per_teacher else record["private_records"]})
-    with open(a.results, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    print("RESULT " + json.dumps(record), flush=True)
+    write_record(a.results, record)
     return 0
 
 

@@ -104,15 +104,20 @@ def build(config: dict[str, Any], *, model_overrides: dict | None = None, data_o
     return dm, model
 
 
-def grids_every(out: Path, every: int, describe=lambda trainer, module: ""):
-    """A Lightning callback that writes a 10×10 grid of the model's samples (a row per class, fixed
-    latents) to ``out/stepNNNNNN.png`` every ``every`` generator steps, printing ``describe(trainer, module)``."""
-    import pytorch_lightning as pl
+def save_class_grid(model, path: Path) -> None:
+    """A 10×10 grid of ``model``'s samples, a row per class, from fixed latents (``seed=1``), to ``path``."""
     import torch
 
     from lightning_gpate.sampling import image_grid, save_png
 
-    labels = torch.arange(10).repeat_interleave(10)
+    x, y = model.generate(100, labels=torch.arange(10).repeat_interleave(10), seed=1)
+    save_png(image_grid(x, y, 10, per_class=10), Path(path))
+
+
+def grids_every(out: Path, every: int, describe=lambda trainer, module: ""):
+    """A Lightning callback that writes :func:`save_class_grid` to ``out/stepNNNNNN.png`` every ``every``
+    generator steps, printing ``describe(trainer, module)``."""
+    import pytorch_lightning as pl
 
     class Grids(pl.Callback):
         last = None
@@ -121,8 +126,7 @@ def grids_every(out: Path, every: int, describe=lambda trainer, module: ""):
             step = trainer.global_step
             if step and step % every == 0 and self.last != step:
                 self.last = step
-                x, y = pl_module.generate(100, labels=labels, seed=1)
-                save_png(image_grid(x, y, 10, per_class=10), Path(out) / f"step{step:06d}.png")
+                save_class_grid(pl_module, Path(out) / f"step{step:06d}.png")
                 print(f"step {step}{describe(trainer, pl_module)}: grid written", flush=True)
 
     return Grids()

@@ -310,11 +310,11 @@ class GPATE(PrivateGenerativeModel):
         if anchor_fraction > 0 and (budget_accounting != "guarantee" or len(self.data_spec["shape"]) != 3):
             raise ValueError("anchor_fraction measures each class's mean image: images under budget_accounting: guarantee")
         dim = int(np.prod(self.data_spec["shape"]))
-        if anchor_length_scale is None:
-            anchor_length_scale = median_distance_of_uniform(dim)
         if anchor_features:
             if not anchor_fraction > 0:
                 raise ValueError(f"anchor_features={anchor_features} chooses what the anchor measures: it needs anchor_fraction > 0")
+            if anchor_length_scale is None:
+                anchor_length_scale = median_distance_of_uniform(dim)
             fourier_frequencies(anchor_features, 1, anchor_length_scale, 0)  # validates both
             if anchor_feature_seed is None:  # public: the random state seed_everything governs
                 anchor_feature_seed = int(torch.randint(2**31 - 1, (1,)))
@@ -347,7 +347,9 @@ class GPATE(PrivateGenerativeModel):
             if anchor_features:  # the features' public seed, in checkpoints: a resume redraws the frequencies it was measured with
                 self.register_buffer("anchor_seed", torch.tensor(int(anchor_feature_seed), dtype=torch.int64))
             self.register_buffer("anchor_measured", torch.zeros((), dtype=torch.bool))
-        self._anchor_frequency_cache: tuple[int, torch.Tensor] | None = None
+        # the frequencies drawn from anchor_seed, kept between steps; a loaded state (a resume) may bring another seed
+        self._anchor_frequencies: torch.Tensor | None = None
+        self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_anchor_frequencies", None))
 
     # ----------------------------------------------------------------- teachers
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
@@ -516,13 +518,12 @@ class GPATE(PrivateGenerativeModel):
 
     def anchor_frequencies(self) -> torch.Tensor:
         """The random Fourier features' frequencies ``[anchor_features/2, d]``, redrawn from the stored public seed."""
-        seed = int(self.anchor_seed)
-        cache = self._anchor_frequency_cache
-        if cache is None or cache[0] != seed or cache[1].device != self.device:
+        if self._anchor_frequencies is None or self._anchor_frequencies.device != self.device:
             hp = self.hparams
-            frequencies = fourier_frequencies(hp.anchor_features, int(np.prod(self.data_spec["shape"])), hp.anchor_length_scale, seed)
-            self._anchor_frequency_cache = (seed, frequencies.to(self.device))
-        return self._anchor_frequency_cache[1]
+            frequencies = fourier_frequencies(hp.anchor_features, int(np.prod(self.data_spec["shape"])), hp.anchor_length_scale,
+                                              int(self.anchor_seed))
+            self._anchor_frequencies = frequencies.to(self.device)
+        return self._anchor_frequencies
 
     def _measure_mean_images(self, x: torch.Tensor, y: torch.Tensor) -> bool:
         """:func:`~lightning_gpate.models.anchor.noisy_class_means` with the mechanisms' secret generator
