@@ -63,6 +63,11 @@ class _VoteUnits:
         return delta[self.inverse] if self.by_label else delta
 
 
+def _forget_anchor_frequencies(module: "GPATE", _incompatible_keys) -> None:
+    """Load-state-dict post hook: a loaded state may bring another ``anchor_seed``, so the cached frequencies go."""
+    module._anchor_frequencies = None
+
+
 class GPATE(PrivateGenerativeModel):
     """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), DataLens'
     TopAgg (Wang, Wu, Long et al. 2021) or the Gaussian sum of normalised directions as the aggregator.
@@ -349,7 +354,7 @@ class GPATE(PrivateGenerativeModel):
             self.register_buffer("anchor_measured", torch.zeros((), dtype=torch.bool))
         # the frequencies drawn from anchor_seed, kept between steps; a loaded state (a resume) may bring another seed
         self._anchor_frequencies: torch.Tensor | None = None
-        self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_anchor_frequencies", None))
+        self.register_load_state_dict_post_hook(_forget_anchor_frequencies)  # a module-level function: ddp_spawn pickles the module
 
     # ----------------------------------------------------------------- teachers
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
