@@ -22,6 +22,20 @@ if _THREADS.isdigit():
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+def pytest_configure(config):
+    """``--dist loadgroup`` keeps a module's tests that share one expensive fixture (``xdist_group``) on one worker
+    by suffixing their node ids; pytest 9 keeps the id where pytest-xdist 3.8 cannot change it, so every group's
+    fixture silently ran on every worker (minutes of CI). Refuse that pair rather than be slow."""
+    if hasattr(config, "workerinput") or config.getoption("dist", "no") != "loadgroup":
+        return
+    import xdist
+
+    pytest_major, xdist_version = int(pytest.__version__.split(".")[0]), tuple(int(p) for p in xdist.__version__.split(".")[:2])
+    if pytest_major >= 9 and xdist_version <= (3, 8):
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} loses xdist_group under "
+                                "--dist loadgroup; install the pinned set: pip install -c constraints.txt -e '.[test]'")
+
+
 REPOSITORY_STORE = Path(__file__).resolve().parents[1] / "mlruns"
 
 
