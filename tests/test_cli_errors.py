@@ -1,21 +1,21 @@
 """Bad input on the command line, run as a user runs it (subprocesses): one line, exit code 2, and
 the MLflow store as it was.
 
-All cases share one folder with a finished earlier run in its store; they run two at a time (each
-subprocess spends most of its time importing torch), then every case is checked on its own.
+All cases share one folder with a finished earlier run in its store; they run two at a time, each a process
+of its own forked from one that imported the CLI once (a fresh process spends most of its time importing
+torch), then every case is checked on its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from clitools import assert_one_line_error, run_cli, store_snapshot, tiny_gpate_config, write_tiny_table
+from clitools import assert_one_line_error, run_cli_many, store_snapshot, tiny_gpate_config, write_tiny_table
 
 # One module fixture runs every case's command once: keep its tests on one worker (pytest-xdist).
 pytestmark = pytest.mark.xdist_group("cli_errors")
@@ -92,9 +92,7 @@ def ran(tmp_path_factory):
     before = store_snapshot(folder / "mlruns")
     assert len(before["runs"]) == 1
     every = {**{k: v[0] for k, v in CASES.items()}, **OTHER_CASES}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_cli, *args, cwd=folder) for name, args in every.items()}
-        results = {name: f.result() for name, f in futures.items()}
+    results = run_cli_many(every, cwd=folder)
     return folder, before, store_snapshot(folder / "mlruns"), results
 
 
