@@ -441,6 +441,27 @@ def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_s
                       sigma_threshold=10.0, sigma_gnmax=5.0)
 
 
+class _SameAnchorOnEveryRank(pl.Callback):
+    """Gathers every rank's anchor release at the end of the fit: they must be one release."""
+
+    def on_train_end(self, trainer, pl_module):
+        gathered = pl_module.all_gather(pl_module.anchor_targets)
+        assert gathered.shape[0] == trainer.world_size and all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def test_two_ddp_processes_measure_one_feature_anchor_charged_once():
+    """Under DDP each rank measures the anchor on the whole split with the shared secret noise: every rank holds
+    the one release a single process measures (fixed noise seed, for the test), charged once."""
+    kw = dict(epsilon=8.0, anchor_fraction=0.25, anchor_features=64, anchor_feature_seed=1)
+    dm1, single = _digits_gpate(**kw)
+    _trainer(2).fit(single, dm1)
+    dm2, double = _digits_gpate(**kw)
+    _trainer(2, devices=2, strategy="ddp_spawn", callbacks=[_SameAnchorOnEveryRank()]).fit(double, dm2)
+    assert bool(double.anchor_measured) and torch.allclose(single.anchor_targets, double.anchor_targets, atol=1e-6)
+    assert single.accountant.counts == double.accountant.counts and double.accountant.counts["subsampled_gaussian_events"] == 1
+    assert math.isclose(single.accountant.epsilon(), double.accountant.epsilon(), rel_tol=1e-9)
+
+
 def test_class_mean_anchor_measures_the_class_means_and_pulls_the_generator_to_them():
     """With a negligible share of noise the measured anchor is each class's mean image, and the generator's term
     brings its class means towards them (the aggregation nearly noise-free: its step is a unit vote)."""
