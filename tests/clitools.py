@@ -69,8 +69,11 @@ for name, (args, out, err) in cases.items():
             os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
             sys.argv = ["lightning-gpate", *args]
             code = cli.main()
-        except SystemExit as stop:  # what the interpreter makes of sys.exit(...)
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else (print(stop.code, file=sys.stderr), 1)[1])
+        except SystemExit as stop:  # what the interpreter makes of sys.exit(...): an int, None (0), or a message and 1
+            if stop.code is None or isinstance(stop.code, int):
+                code = stop.code or 0
+            else:
+                print(stop.code, file=sys.stderr)
         except BaseException:
             traceback.print_exc()
         finally:
