@@ -14,7 +14,9 @@ from conftest import query_run
 from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.cli import main
 from lightning_gpate.models import GPATE
+from lightning_gpate.models.anchor import class_mean_gap
 from lightning_gpate.privacy import ConfidentGNMaxEvent
+from lightning_gpate.privacy.merf import kernel_curvature_scale
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -476,6 +478,48 @@ def test_class_mean_anchor_measures_the_class_means_and_pulls_the_generator_to_t
     _trainer(60).fit(model, dm)
     with torch.no_grad():
         assert float(model.anchor_loss()) < before / 3
+
+
+def test_unbiased_anchor_gap_has_the_squared_gap_of_the_true_class_means_as_its_expectation():
+    """class_mean_gap's plain estimate expects the squared gap plus the class's spread over its count (σ²/n per
+    coordinate), a pull towards one image a class; ``unbiased`` expects the squared gap alone. A "generator" of
+    known class means μ and spreads σ, averaged over many draws, against those formulas."""
+    torch.manual_seed(0)
+    mu, sigma = torch.tensor([[0.0, 1.0, -1.0], [0.5, 0.5, 0.0]]), torch.tensor([0.6, 1.0])
+    targets = torch.tensor([[0.2, 0.8, -1.0], [0.5, 0.0, 0.5]])
+    n, draws = 2, 4_000  # the bias σ²/n: 0.18 and 0.5; the means' standard error ~0.015
+
+    def generate(y):
+        return mu[y] + sigma[y, None] * torch.randn(len(y), 3)
+
+    plain = torch.stack([class_mean_gap(generate, targets, 2 * n) for _ in range(draws)]).mean(0)
+    unbiased = torch.stack([class_mean_gap(generate, targets, 2 * n, unbiased=True) for _ in range(draws)]).mean(0)
+    squared_gap = (mu - targets).pow(2).mean(1)
+    np.testing.assert_allclose(plain.numpy(), (squared_gap + sigma**2 / n).numpy(), atol=0.05)
+    np.testing.assert_allclose(unbiased.numpy(), squared_gap.numpy(), atol=0.05)
+    with pytest.raises(ValueError, match="at least 2 images a class"):
+        class_mean_gap(generate, targets, 2, unbiased=True)
+    with pytest.raises(ValueError, match="anchor_batch_size >= 20"):
+        _digits_gpate(epsilon=8.0, anchor_fraction=0.1, anchor_unbiased=True, anchor_batch_size=19)
+
+
+def test_several_length_scales_anchor_to_the_mean_kernel_at_its_curvature():
+    """anchor_length_scale [ℓ_1, …, ℓ_k]: the features' kernel is the mean of the k Gaussian kernels, and the term
+    is scaled by the ℓ² of the one Gaussian with its curvature at 0, 1 / mean(ℓ_k⁻²) (checked on the kernel
+    itself at a small distance)."""
+    scales, r = [5.0, 10.0, 20.0], 0.05
+    mixed = sum(math.exp(-r**2 / (2 * s**2)) for s in scales) / len(scales)
+    equivalent = kernel_curvature_scale(scales)
+    assert equivalent == pytest.approx(1 / ((1 / 25 + 1 / 100 + 1 / 400) / 3))
+    assert 1 - mixed == pytest.approx(r**2 / (2 * equivalent), rel=1e-4)
+    assert kernel_curvature_scale(10) == pytest.approx(100)
+    dm, model = _digits_gpate(epsilon=1e12, anchor_fraction=0.5, anchor_features=600, anchor_length_scale=[1.0, 4.0],
+                              anchor_feature_seed=2)
+    norms = model.anchor_frequencies().norm(dim=1)
+    assert norms[:150].mean() == pytest.approx(8.0, rel=0.1) and norms[150:].mean() == pytest.approx(2.0, rel=0.1)  # √64/ℓ
+    _trainer(2).fit(model, dm)
+    with torch.no_grad():
+        assert math.isfinite(float(model.anchor_loss()))
 
 
 def test_feature_anchor_measures_class_mean_embeddings_and_matches_the_mean_image_term_to_first_order():

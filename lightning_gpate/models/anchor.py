@@ -71,20 +71,33 @@ def noisy_class_feature_means(x: torch.Tensor, y: torch.Tensor, frequencies: tor
 
 
 def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, batch_size: int,
-                   features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                   features: Callable[[torch.Tensor], torch.Tensor] | None = None, *, unbiased: bool = False) -> torch.Tensor:
     """Per class, the mean over coordinates of the squared difference between the mean of the generator's images
-    of that class (``ceil(batch_size / classes)`` each) and the measured mean: ``[classes]``.
+    of that class (``n = ceil(batch_size / classes)`` each) and the measured mean: ``[classes]``.
+
+    The plain estimate is biased: its expectation is the squared gap of the generator's true class mean plus
+    ``S²/n``, the spread of the class's images over their count, so minimising it also shrinks the spread,
+    a pull towards one image per class that is strongest for few images a class. ``unbiased`` subtracts
+    the sample variance over ``n`` (``(1/(n(n−1)))·Σ_i (φ_i − mean)²``, the U-statistic of the squared gap:
+    Gretton et al., JMLR 2012, eq. 3), whose expectation is the squared gap alone.
 
     Args:
         generate: labels ``[m]`` → images ``[m, ...]`` (fresh latents; differentiable).
         targets: the measured means ``[classes, ...]`` (of ``features`` of the images when given).
-        batch_size: generated images per call, every class equally often.
+        batch_size: generated images per call, every class equally often (at least 2 a class when ``unbiased``).
         features: images ``[m, ...]`` → ``[m, f]`` (differentiable) whose class means are compared; ``None``: the pixels.
+        unbiased: subtract the spread term (see above).
     """
     k = targets.shape[0]
-    y = torch.arange(k, device=targets.device).repeat_interleave(-(-int(batch_size) // k))
+    n = -(-int(batch_size) // k)
+    if unbiased and n < 2:
+        raise ValueError(f"the unbiased gap needs at least 2 images a class: batch_size >= {2 * k}, got {batch_size}")
+    y = torch.arange(k, device=targets.device).repeat_interleave(n)
     x = generate(y)
     x = x.flatten(1) if features is None else features(x)
-    per_class = F.one_hot(y, k).to(x.dtype)
-    per_class = per_class / per_class.sum(0).clamp_min(1.0)  # images → their class's mean
-    return (per_class.t() @ x - targets.flatten(1).to(x.dtype)).pow(2).mean(1)
+    per_class = F.one_hot(y, k).to(x.dtype) / n  # images → their class's mean
+    means = per_class.t() @ x
+    gap = (means - targets.flatten(1).to(x.dtype)).pow(2).mean(1)
+    if unbiased:  # minus S²/n = Σ_i (φ_i − mean)² / (n(n − 1))
+        gap = gap - (per_class.t() @ (x - means[y]).pow(2)).mean(1) / (n - 1)
+    return gap

@@ -22,7 +22,7 @@ from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, Subsa
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
-from lightning_gpate.privacy.merf import fourier_features, fourier_frequencies, median_distance_of_uniform
+from lightning_gpate.privacy.merf import fourier_features, fourier_frequencies, kernel_curvature_scale, median_distance_of_uniform
 from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
@@ -197,12 +197,16 @@ class GPATE(PrivateGenerativeModel):
         anchor_weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²``
             averaged over classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
         anchor_batch_size: generated images (every class equally often) per generator step for that term.
+        anchor_unbiased: subtract from that term its bias, the spread of each class's generated images over their
+            count (:func:`~lightning_gpate.models.anchor.class_mean_gap`), which otherwise pulls a class's images
+            together (post-processing; needs ``anchor_batch_size`` of at least 2 a class). ``False``: the plain gap.
         anchor_features: 0 (default): the anchor is each class's mean image. An even number ``2M``: each class's
             mean embedding under ``2M`` random Fourier features of a Gaussian kernel instead (DP-MERF's release,
             Harder et al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the same z), whose higher orders carry the spread
             within a class; the term is then ``½·ℓ²·‖mean embedding − anchor‖²``, the mean-image term to first order.
         anchor_length_scale: ℓ of that kernel (public); ``None``: ``√(2d/3)``, the distance of two uniform points
-            of ``[-1, 1]^d``.
+            of ``[-1, 1]^d``; a list ``[ℓ_1, …, ℓ_k]``: the mean of k such kernels, the features shared equally
+            (:func:`~lightning_gpate.privacy.merf.fourier_frequencies`).
         anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG).
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
         generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
@@ -267,8 +271,9 @@ class GPATE(PrivateGenerativeModel):
         anchor_fraction: float = 0.0,
         anchor_weight: float = 1.0,
         anchor_batch_size: int = 100,
+        anchor_unbiased: bool = False,
         anchor_features: int = 0,
-        anchor_length_scale: float | None = None,
+        anchor_length_scale: float | list[float] | None = None,
         anchor_feature_seed: int | None = None,
         gf_dim: int = 64,
         fc_dim: int = 1024,
@@ -314,6 +319,9 @@ class GPATE(PrivateGenerativeModel):
                              f"got {anchor_fraction}, {anchor_weight}, {anchor_batch_size}")
         if anchor_fraction > 0 and (budget_accounting != "guarantee" or len(self.data_spec["shape"]) != 3):
             raise ValueError("anchor_fraction measures each class's mean image: images under budget_accounting: guarantee")
+        if anchor_unbiased and anchor_batch_size < 2 * self.num_classes:
+            raise ValueError(f"anchor_unbiased needs at least 2 generated images a class: anchor_batch_size >= "
+                             f"{2 * self.num_classes}, got {anchor_batch_size}")
         dim = int(np.prod(self.data_spec["shape"]))
         if anchor_features:
             if not anchor_fraction > 0:
@@ -549,7 +557,8 @@ class GPATE(PrivateGenerativeModel):
         """``½·Σ_pixels (class mean − anchor)²`` averaged over classes, on ``anchor_batch_size`` fresh images
         (the same units as the step's loss towards ``x̂``, which is per fake). The latents come from the shared
         generator, as the fakes' do: every DDP rank computes the same term on its replica. With ``anchor_features``:
-        ``½·ℓ²·‖mean embedding − anchor‖²`` averaged over classes (the same to first order)."""
+        ``½·ℓ²·‖mean embedding − anchor‖²`` averaged over classes (the same to first order; several ℓ: the ℓ² of
+        :func:`~lightning_gpate.privacy.merf.kernel_curvature_scale`)."""
         hp = self.hparams
         d = self.anchor_targets[0].numel()
         gen = self._shared_gen
@@ -557,9 +566,9 @@ class GPATE(PrivateGenerativeModel):
         if hp.anchor_features:
             frequencies = self.anchor_frequencies()
             features = lambda x: fourier_features(x, frequencies)  # noqa: E731
-            scale = float(hp.anchor_length_scale) ** 2
+            scale = kernel_curvature_scale(hp.anchor_length_scale)
         gap = class_mean_gap(lambda y: self.generator(self.latent(y.shape[0], generator=gen), y), self.anchor_targets,
-                             int(hp.anchor_batch_size), features)
+                             int(hp.anchor_batch_size), features, unbiased=hp.anchor_unbiased)
         return 0.5 * scale * d * gap.mean()
 
     def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):

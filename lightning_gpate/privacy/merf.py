@@ -66,6 +66,13 @@ def fourier_frequencies(num_features: int, dim: int, length_scale: float | Seque
     return frequencies / torch.tensor(scales)[share][:, None]
 
 
+def kernel_curvature_scale(length_scale: float | Sequence[float]) -> float:
+    """ℓ² of the one Gaussian kernel equal to the kernel of ``length_scale`` (one ℓ or the mean of several) to
+    second order at 0: ``mean_k exp(−r²/(2ℓ_k²)) ≈ 1 − (r²/2)·mean_k ℓ_k⁻²``, so ``1 / mean_k ℓ_k⁻²`` (ℓ² for one)."""
+    scales = [float(length_scale)] if isinstance(length_scale, (int, float)) else [float(s) for s in length_scale]
+    return 1.0 / (sum(s**-2 for s in scales) / len(scales))
+
+
 def fourier_features(x: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
     """φ(x) ``[n, 2M]`` of flattened rows ``x`` ``[n, d]``: cosines then sines over √M; every row has
     norm 1 (DP-MERF's ``rff_sphere``)."""
