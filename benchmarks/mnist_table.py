@@ -114,6 +114,9 @@ ROWS: tuple[Row, ...] = (
     # GaussAgg (lightning_gpate/privacy/gaussagg.py): the ladder rows' budgets spent on whole, noised directions
     Row("gpate_eps10_gaussagg_guarantee", "—", "≥ 0.80 (guarantee)", 120),
     Row("gpate_eps1_gaussagg_guarantee", "—", "≥ 0.60 (guarantee)", 90),
+    # the GaussAgg rows plus the random-feature anchor (DP-MERF's release, a share of ε paid first): the G-PATE + DP-MERF hybrid
+    Row("gpate_eps10_hybrid_guarantee", "—", "≥ 0.80 (guarantee)", 120),
+    Row("gpate_eps1_hybrid_guarantee", "—", "≥ 0.60 (guarantee)", 90),
     Row("gpate_noisefree", "—", "≥ 0.95 (no privacy)", 180, kind="paper"),
     # Bie et al.'s recipe (Private GANs, Revisited), ~40,000 discriminator steps: two calls of ~470 s training
     # each (END_S=570; benchmarks/results/dpgan_mnist_cpu.md), both rows side by side

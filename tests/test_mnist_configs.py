@@ -101,6 +101,14 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
     if "topagg" in name:
         assert model.hparams.aggregator == "topagg" and model.hparams.topk in (200, 300)
         assert (model.hparams.sigma_topagg, model.hparams.threshold_fraction) == ((5000.0, 0.7) if "eps1_" in name else (800.0, 0.2))
+    elif "hybrid" in name:  # its GaussAgg row plus the random-feature anchor, nothing else; the anchor's share is paid first
+        gaussagg = yaml.safe_load((path.parent / path.name.replace("hybrid", "gaussagg")).read_text())
+        anchor = {k: v for k, v in raw["model"]["init_args"].items() if k.startswith("anchor_")}
+        assert {k: v for k, v in raw["model"]["init_args"].items() if k not in anchor} == gaussagg["model"]["init_args"]
+        assert raw["data"] == gaussagg["data"] and raw["trainer"]["max_steps"] == gaussagg["trainer"]["max_steps"]
+        assert anchor["anchor_features"] == 10000 and anchor["anchor_length_scale"] == 10.0 and model.anchor_noise is not None
+        left = _budget_aggregations(raw["model"]["init_args"], teachers)
+        assert left == (1068 if "eps10_" in name else 300) and f"buys {left} aggregations" in path.read_text()
     elif "gaussagg" in name:  # as many aggregations as the ladder row it replaces the aggregator of
         assert model.hparams.aggregator == "gaussian" and model.hparams.gaussian_basis_dim is None
         ladder = yaml.safe_load((path.parent / path.name.replace("gaussagg", "ladder")).read_text())
@@ -142,8 +150,17 @@ def _budget_aggregations(init: dict, teachers: int) -> int:
     """The most aggregations the (ε, δ) budget allows when every aggregation is at its worst case (every
     Confident-GNMax query of the most vote units answered), from the papers' closed forms: Confident-GNMax
     ``λ/(2σ1²) + λ/σ2²`` per query (Papernot et al. 2018), TopAgg ``2kλ/σ²`` per sample (DataLens), the
-    Gaussian sum ``λΔ²/(2σ²)`` with Δ = 2 (Mironov 2017), converted with the accountant's conversion."""
+    Gaussian sum ``λΔ²/(2σ²)`` with Δ = 2 (Mironov 2017), converted with the accountant's conversion. With
+    ``anchor_fraction``: after the anchor's one Gaussian ``λ/(2z²)``, z the smallest whose ε alone is that share."""
     from lightning_gpate.privacy import DEFAULT_ORDERS, rdp_to_epsilon
+
+    spent = 0.0 * DEFAULT_ORDERS
+    if init.get("anchor_fraction", 0.0) > 0:
+        lo, hi = 1e-3, 1e3  # bisection on z: ε(z) falls as z grows
+        for _ in range(200):
+            z = (lo * hi) ** 0.5
+            lo, hi = (z, hi) if rdp_to_epsilon(DEFAULT_ORDERS / (2 * z**2), DEFAULT_ORDERS, init["delta"])[0] > init["anchor_fraction"] * init["epsilon"] else (lo, z)
+        spent = DEFAULT_ORDERS / (2 * hi**2)
 
     m = init.get("fake_batch_size", 32)
     units = min(m, 10) if init.get("group_fakes_by_label") else m
@@ -156,7 +173,7 @@ def _budget_aggregations(init: dict, teachers: int) -> int:
         queries = units * init.get("projection_dim", 10)
         per_step = queries * (DEFAULT_ORDERS / (2 * init["sigma_threshold"] ** 2) + DEFAULT_ORDERS / init["sigma_gnmax"] ** 2)
     n = 0
-    while rdp_to_epsilon((n + 1) * per_step, DEFAULT_ORDERS, init["delta"])[0] <= init["epsilon"]:
+    while rdp_to_epsilon(spent + (n + 1) * per_step, DEFAULT_ORDERS, init["delta"])[0] <= init["epsilon"]:
         n += 1
     return n
 
