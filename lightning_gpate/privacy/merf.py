@@ -48,6 +48,11 @@ def median_distance_of_uniform(dim: int) -> float:
     return math.sqrt(2.0 * dim / 3.0)
 
 
+def _length_scales(length_scale: float | Sequence[float]) -> list[float]:
+    """One length scale or several, as a list of floats."""
+    return [float(length_scale)] if isinstance(length_scale, (int, float)) else [float(s) for s in length_scale]
+
+
 def fourier_frequencies(num_features: int, dim: int, length_scale: float | Sequence[float], seed: int) -> torch.Tensor:
     """The ``[num_features/2, dim]`` frequencies ω ~ N(0, I/ℓ²) of a Gaussian kernel of length scale ℓ,
     drawn on the CPU from the public ``seed`` (the same on every machine and device).
@@ -55,7 +60,7 @@ def fourier_frequencies(num_features: int, dim: int, length_scale: float | Seque
     Several length scales ``[ℓ_1, …, ℓ_k]`` share the frequencies equally (ω of the k-th share ~
     N(0, I/ℓ_k²)): the kernel is then the mean of the k Gaussian kernels (a shift-invariant kernel
     whose spectral measure is the mixture), coarse and fine at once; ‖φ(x)‖ stays 1."""
-    scales = [float(length_scale)] if isinstance(length_scale, (int, float)) else [float(s) for s in length_scale]
+    scales = _length_scales(length_scale)
     if int(num_features) != num_features or num_features < 2 * len(scales) or num_features % 2:
         raise ValueError(f"num_features must be an even integer >= 2 per length scale (cosines and sines), got {num_features}")
     if not scales or not all(s > 0 and math.isfinite(s) for s in scales):
@@ -69,7 +74,7 @@ def fourier_frequencies(num_features: int, dim: int, length_scale: float | Seque
 def kernel_curvature_scale(length_scale: float | Sequence[float]) -> float:
     """ℓ² of the one Gaussian kernel equal to the kernel of ``length_scale`` (one ℓ or the mean of several) to
     second order at 0: ``mean_k exp(−r²/(2ℓ_k²)) ≈ 1 − (r²/2)·mean_k ℓ_k⁻²``, so ``1 / mean_k ℓ_k⁻²`` (ℓ² for one)."""
-    scales = [float(length_scale)] if isinstance(length_scale, (int, float)) else [float(s) for s in length_scale]
+    scales = _length_scales(length_scale)
     return 1.0 / (sum(s**-2 for s in scales) / len(scales))
 
 
