@@ -154,12 +154,16 @@ def _budget_aggregations(init: dict, teachers: int) -> int:
     ``anchor_fraction``: after the anchor's one Gaussian ``λ/(2z²)``, z the smallest whose ε alone is that share."""
     from lightning_gpate.privacy import DEFAULT_ORDERS, rdp_to_epsilon
 
-    spent = 0.0 * DEFAULT_ORDERS
+    spent = 0.0 * DEFAULT_ORDERS  # the RDP of what is paid before the first aggregation
     if init.get("anchor_fraction", 0.0) > 0:
-        lo, hi = 1e-3, 1e3  # bisection on z: ε(z) falls as z grows
+        share = init["anchor_fraction"] * init["epsilon"]
+        lo, hi = 1e-3, 1e3  # bisection on z (ε alone falls as z grows); hi stays within the share
         for _ in range(200):
             z = (lo * hi) ** 0.5
-            lo, hi = (z, hi) if rdp_to_epsilon(DEFAULT_ORDERS / (2 * z**2), DEFAULT_ORDERS, init["delta"])[0] > init["anchor_fraction"] * init["epsilon"] else (lo, z)
+            if rdp_to_epsilon(DEFAULT_ORDERS / (2 * z**2), DEFAULT_ORDERS, init["delta"])[0] > share:
+                lo = z
+            else:
+                hi = z
         spent = DEFAULT_ORDERS / (2 * hi**2)
 
     m = init.get("fake_batch_size", 32)
