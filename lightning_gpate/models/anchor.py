@@ -91,7 +91,7 @@ def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: to
     k = targets.shape[0]
     n = -(-int(batch_size) // k)
     if unbiased and n < 2:
-        raise ValueError(f"the unbiased gap needs at least 2 images a class: batch_size >= {2 * k}, got {batch_size}")
+        raise ValueError(f"the unbiased gap needs at least 2 images a class (ceil(batch_size / {k})): batch_size > {k}, got {batch_size}")
     y = torch.arange(k, device=targets.device).repeat_interleave(n)
     x = generate(y)
     x = x.flatten(1) if features is None else features(x)
