@@ -56,6 +56,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 MNIST_TRAIN = 60_000  # the official training digits (a public count)
+HEADLINE = ("cnn_accuracy_final", "cnn_accuracy_val_selected", "cnn_accuracy_best_on_test_paper_style")
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -201,7 +202,7 @@ def write_record(results: str, record: dict) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
-def anchor_only(model, dm, a, out: Path, start: float, evaluate, cnn_now, curve: dict, *, record_anchor) -> int:
+def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, curve: dict, *, record_anchor) -> int:
     """``--anchor-only``: the anchor measured as the row measures it (on all 60,000 digits with
     ``--records-per-teacher``), then ``--steps`` generator steps on ``anchor_weight`` times its term alone, with the
     model's optimiser and weight average; a grid and the CNN as for a fit."""
@@ -222,14 +223,16 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, cnn_now, curve:
         opt.step()
         if hp.ema_decay > 0:
             average_step(model.generator_ema, model.generator, hp.ema_decay, step)
+        for decay, ema in extra.items():
+            average_step(ema, model.generator, decay, step)
         if step in a.eval_at:
             curve[step] = evaluate(model)
             print(f"step {step}: {curve[step]}", flush=True)
     model.eval()
     save_class_grid(model, out / f"step{a.steps:06d}.png")
-    cnn = cnn_now(model)
+    fit_s = round(time.perf_counter() - start, 1)
     record = {"name": a.name, "config": a.config, "anchor_only": True, "generator_steps": a.steps, "set": a.set, "seed": a.seed,
-              "fit_s": round(time.perf_counter() - start, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")},
+              "fit_s": fit_s, "num_samples": a.num_samples[0], **evaluate(model, HEADLINE),
               "anchor_noise_multiplier": float(record_anchor), "anchor_records": MNIST_TRAIN if a.records_per_teacher else int(len(dm.splits["train"][1]))}
     if curve:
         record["curve"] = {str(k): v for k, v in sorted(curve.items())}
@@ -258,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-at", type=int, nargs="*", default=[], metavar="N", help="also a CNN after N aggregations")
     p.add_argument("--extra-ema", type=float, nargs="*", default=[], metavar="DECAY",
                    help="also evaluate EMAs of the generator with these decays (the run's ema_decay must be > 0)")
+    p.add_argument("--num-samples", type=int, nargs="+", default=[5000], metavar="N",
+                   help="generated digits the CNN trains on: the first is the headline figure, the others are recorded "
+                        "beside it (the GPU table, mnist_table.py, uses 10,000; rows 1-53 used 5,000)")
     p.add_argument("--warm-cache", default=None, metavar="DIR", help="reuse the teachers after their warm-up")
     p.add_argument("--anchor-only", action="store_true",
                    help="G-PATE with an anchor: train the generator on the anchor's term alone (no teachers, no votes) for "
@@ -340,31 +346,38 @@ def main(argv: list[str] | None = None) -> int:
     curve = {}
     extra = {}  # decay -> EMA generator (the model's own EMA is ema_decay's)
 
-    def cnn_now(pl_module, decay=None):
+    def cnn_now(pl_module, decay=None, n=None):
+        n = n or a.num_samples[0]
         was_training = pl_module.training
         pl_module.eval()
         if decay is None:
-            x, y = pl_module.generate(5000, seed=0)
+            x, y = pl_module.generate(n, seed=0)
         else:  # sample from the extra EMA in the model's place
             own = copy.deepcopy(pl_module.generator_ema.state_dict())
             pl_module.generator_ema.load_state_dict(extra[decay].state_dict())
-            x, y = pl_module.generate(5000, seed=0)
+            x, y = pl_module.generate(n, seed=0)
             pl_module.generator_ema.load_state_dict(own)
         pl_module.train(was_training)
         return cnn_utility((x, y), dm.model_space("test"), num_classes=10, seed=0, device="cpu")
 
-    def evaluate(pl_module) -> dict:
+    def evaluate(pl_module, headline_keys=("cnn_accuracy_final", "cnn_accuracy_val_selected")) -> dict:
+        """The CNN on the model's generator at the first ``--num-samples`` (the headline keys), then on each extra
+        EMA and at each further count (``ema0.995``, ``n10000``, ``ema0.995_n10000``: final and selected)."""
         keys = ("cnn_accuracy_final", "cnn_accuracy_val_selected")
-        out = {k: v for k, v in cnn_now(pl_module).items() if k in keys}
-        for decay in extra:
-            out[f"ema{decay:g}"] = {k: v for k, v in cnn_now(pl_module, decay).items() if k in keys}
+        out = {}
+        for decay in [None, *extra]:
+            for n in a.num_samples:
+                cnn = cnn_now(pl_module, decay, n)
+                if decay is None and n == a.num_samples[0]:
+                    out.update({k: v for k, v in cnn.items() if k in headline_keys})
+                    continue
+                label = f"ema{decay:g}" if decay is not None else ""
+                if n != a.num_samples[0]:
+                    label = f"{label}_n{n}" if label else f"n{n}"
+                out[label] = {k: v for k, v in cnn.items() if k in keys}
         return out
 
     class Curve(pl.Callback):  # extra EMAs, the warm-up cache and the learning curve (grids_every draws the grids)
-        def on_train_start(self, trainer, pl_module) -> None:
-            for decay in a.extra_ema:
-                extra[decay] = copy.deepcopy(pl_module.generator).requires_grad_(False)
-
         def on_train_batch_end(self, trainer, pl_module, *args) -> None:
             if trainer.global_step != getattr(self, "averaged", 0):  # after each generator update, as the model's average
                 self.averaged = trainer.global_step
@@ -383,24 +396,23 @@ def main(argv: list[str] | None = None) -> int:
                 curve[step] = evaluate(pl_module)
                 print(f"aggregation {step}: {curve[step]}", flush=True)
 
+    for decay in a.extra_ema:  # from the generator's initial weights, as the model's own average
+        extra[decay] = copy.deepcopy(model.generator).requires_grad_(False)
     start = time.perf_counter()
     if a.anchor_only:
-        return anchor_only(model, dm, a, out, start, evaluate, cnn_now, curve, record_anchor=anchor_noise)
+        return anchor_only(model, dm, a, out, start, evaluate, extra, curve, record_anchor=anchor_noise)
     trainer = pl.Trainer(max_steps=a.steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          callbacks=[Curve(), grids_every(out, a.every)])
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
-    cnn = cnn_now(model)
-    ema_results = {f"ema{decay:g}": evaluate_extra for decay, evaluate_extra in
-                   ((d, {k: v for k, v in cnn_now(model, d).items() if k.startswith("cnn_accuracy")}) for d in extra)}
+    results = evaluate(model, HEADLINE)
     record = {"name": a.name, "config": a.config, "teachers": a.teachers, "aggregations": int(trainer.global_step),
               "records_per_teacher": a.records_per_teacher or None, "private_records": int(len(dm.splits["train"][1])),
               "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "seed": a.seed,
-              "fit_s": round(fit_s, 1), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
+              "fit_s": round(fit_s, 1), "num_samples": a.num_samples[0], **results}
     if curve:
         record["curve"] = {str(k): v for k, v in sorted(curve.items())}
-    record.update(ema_results)
     if pretrain is not None:
         record.update(gswgan_record(config, model, a, int(trainer.global_step)))
     if pategan:  # the row's accounting (λ, the anchor), not a guarantee for the proxy's teachers when --noise-of
