@@ -7,7 +7,8 @@ aggregations. Runs noise-free (σ ≈ 0, no budget) or with the noise scaled to 
 at its own teacher count (``--noise-of``: the same σ per teacher, so the votes' signal-to-noise ratio
 matches; the ε is *not* that config's guarantee). Each run: a fit of ``--steps`` aggregations from a
 ``configs/mnist`` config with ``--set`` overrides, a 10×10 grid every ``--every`` aggregations, then a
-CNN trained on 5,000 generated digits and tested on the 10,000 real test digits.
+CNN trained on 5,000 generated digits (``--num-samples``: more counts scored beside it; the GPU
+table's is 10,000) and tested on the 10,000 real test digits.
 
 PATE-GAN configs (``configs/mnist/pategan_*``) keep their privacy budget: it plans λ and the per-class mean
 image's noise, and stops the votes after the row's planned queries; ``--noise-of`` scales the Laplace noise
@@ -396,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 curve[step] = evaluate(pl_module)
                 print(f"aggregation {step}: {curve[step]}", flush=True)
 
+    if a.extra_ema and not model.hparams.get("ema_decay", 0) > 0:  # the extra averages sample in generator_ema's place
+        raise SystemExit("--extra-ema needs a config (or --set ema_decay=...) with ema_decay > 0")
     for decay in a.extra_ema:  # from the generator's initial weights, as the model's own average
         extra[decay] = copy.deepcopy(model.generator).requires_grad_(False)
     start = time.perf_counter()
