@@ -204,6 +204,13 @@ def write_record(results: str, record: dict) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
+def report_progress(what: str, step: int, steps: int, start: float, *, every: int = 50) -> None:
+    """Every ``every`` steps, a line in a long run's log: seconds per step and the minutes left."""
+    if step % every == 0:
+        spent = time.perf_counter() - start
+        print(f"{what} {step} of {steps}: {spent / step:.2f} s each, ~{spent / step * (steps - step) / 60:.0f} min left", flush=True)
+
+
 def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, curve: dict, *, record_anchor) -> int:
     """``--anchor-only``: the anchor measured as the row measures it (on all 60,000 digits with
     ``--records-per-teacher``), then ``--steps`` generator steps on ``anchor_weight`` times its term alone, with the
@@ -227,6 +234,7 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
             average_step(model.generator_ema, model.generator, hp.ema_decay, step)
         for decay, ema in extra.items():
             average_step(ema, model.generator, decay, step)
+        report_progress("generator step", step, a.steps, start)
         if step in a.eval_at:
             curve[step] = evaluate(model)
             print(f"step {step}: {curve[step]}", flush=True)
@@ -388,11 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                 warm_path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(pl_module._local_teacher_state(), warm_path)
             step = trainer.global_step
-            if step and step % 50 == 0 and step != getattr(self, "reported", 0):  # progress of a long run in its log
+            if step and step != getattr(self, "reported", 0):
                 self.reported = step
-                spent = time.perf_counter() - start
-                print(f"aggregation {step} of {a.steps}: {spent / step:.2f} s each, ~{spent / step * (a.steps - step) / 60:.0f} min left",
-                      flush=True)
+                report_progress("aggregation", step, a.steps, start)
             if step in a.eval_at and step not in curve:
                 curve[step] = evaluate(pl_module)
                 print(f"aggregation {step}: {curve[step]}", flush=True)
