@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 warm_path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(pl_module._local_teacher_state(), warm_path)
             step = trainer.global_step
-            if step and step != getattr(self, "reported", 0):
+            if step and step != getattr(self, "reported", 0):  # once per generator step: the hook runs on every batch
                 self.reported = step
                 report_progress("aggregation", step, a.steps, start)
             if step in a.eval_at and step not in curve:
