@@ -333,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
                                                  orders=model.accountant.orders, conversion=model.accountant.conversion,
                                                  neighbouring=model.neighbouring_relation)
     anchor_noise = getattr(model, "marginal_noise", None) if pategan else getattr(model, "anchor_noise", None)
+    if anchor_noise is not None:  # said at the start: a run meant at the row's noise once ran noise-free unnoticed (row 57)
+        whose = ("the row's, from its share of the config's ε" if pategan or a.noise_of
+                 else "noise-free: the proxy's budget is unbounded without --noise-of")
+        print(f"anchor noise multiplier {float(anchor_noise):.3g} ({whose})", flush=True)
     if a.records_per_teacher and anchor_noise is not None:
         # The row measures each class's mean image on the whole training split (its teachers hold all 60,000
         # digits); the proxy's teachers hold 750-1,500, and the noise on means of so few would be 40-80x the
