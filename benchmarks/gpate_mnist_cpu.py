@@ -40,7 +40,8 @@ gives each teacher as few digits as at the paper's 2,000 teachers (the faithful 
 ``--set anchor_fraction=...``): the reference that says what the votes add to an anchor.
 
 Results: one JSON line per run appended to ``--results`` (default
-``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``.
+``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``. ``--plot PNG --runs NAME[=LABEL] ...
+[--targets ACC[=LABEL] ...]`` runs nothing: it draws recorded runs' learning curves in one picture.
 """
 
 from __future__ import annotations
@@ -204,6 +205,52 @@ def write_record(results: str, record: dict) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
+def learning_curve(record: dict) -> tuple[list[int], list[float]]:
+    """A record's CNN accuracy selected on synthetic validation (its first ``--num-samples``) at each ``--eval-at``
+    step and at its end, against generator steps (aggregations for a fit)."""
+    points = {int(k): v["cnn_accuracy_val_selected"] for k, v in record.get("curve", {}).items()}
+    points[int(record.get("aggregations") or record["generator_steps"])] = record["cnn_accuracy_val_selected"]
+    steps = sorted(points)
+    return steps, [points[s] for s in steps]
+
+
+def plot_curves(results: str, runs: list[str], path: Path, targets: list[str]) -> Path:
+    """The named runs' learning curves in one picture (``NAME`` or ``NAME=LABEL``; a name run twice: its last
+    record), with the targets (``ACC`` or ``ACC=LABEL``) as dotted lines: where a ladder stands at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = {}
+    with open(results) as f:
+        for line in f:
+            record = json.loads(line)
+            records[record["name"]] = record
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for run in runs:
+        name, _, label = run.partition("=")
+        if name not in records:
+            raise SystemExit(f"--plot: no run named {name!r} in {results}")
+        steps, accuracy = learning_curve(records[name])
+        ax.plot(steps, accuracy, marker="o", label=label or name)
+    for target in targets:
+        accuracy, _, label = target.partition("=")
+        ax.axhline(float(accuracy), linestyle=":", color="grey", linewidth=1)
+        if label:
+            ax.annotate(label, (0, float(accuracy)), xycoords=("axes fraction", "data"), xytext=(3, 2),
+                        textcoords="offset points", fontsize=7, color="grey")
+    ax.set_xlabel("generator steps (aggregations)")
+    ax.set_ylabel("CNN accuracy on the real test digits\n(selected on synthetic validation)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def report_progress(what: str, step: int, steps: int, start: float, *, every: int = 50) -> None:
     """Every ``every`` steps, a line in a long run's log: seconds per step and the minutes left."""
     if step % every == 0:
@@ -252,7 +299,7 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", help="the run's name (required unless --plot)")
     p.add_argument("--config", default="configs/mnist/gpate_eps10_nearest_guarantee.yaml")
     p.add_argument("--teachers", type=int, default=25)
     p.add_argument("--steps", type=int, default=150, help="aggregations")
@@ -282,7 +329,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the aggregations the config's budget allows at its own teachers and sigmas (ignores --steps)")
     p.add_argument("--out-dir", default=str(ROOT / "outputs" / "gpate_mnist_cpu"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "gpate_mnist_cpu.jsonl"))
+    p.add_argument("--plot", default=None, metavar="PNG", help="no run: draw the learning curves of --runs from --results")
+    p.add_argument("--runs", nargs="*", default=[], metavar="NAME[=LABEL]", help="--plot: the runs, in the legend's order")
+    p.add_argument("--targets", nargs="*", default=[], metavar="ACC[=LABEL]", help="--plot: dotted lines at these accuracies")
     a = p.parse_args(argv)
+    if a.plot:
+        if not a.runs:
+            p.error("--plot needs --runs NAME[=LABEL] ...")
+        for target in a.targets:
+            try:
+                float(target.partition("=")[0])
+            except ValueError:
+                p.error(f"--targets: {target!r} is not ACC or ACC=LABEL")
+        print(plot_curves(a.results, a.runs, Path(a.plot), a.targets))
+        return 0
+    if not a.name:
+        p.error("--name is required")
 
     import pytorch_lightning as pl
     import torch
