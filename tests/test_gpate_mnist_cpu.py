@@ -1,0 +1,51 @@
+"""The CPU proxy's learning-curve picture (``benchmarks/gpate_mnist_cpu.py --plot``): it draws what was recorded."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _record(name: str, selected: float, curve: dict, **steps) -> dict:
+    return {"name": name, "cnn_accuracy_val_selected": selected, "cnn_accuracy_final": 0.0,
+            "curve": {str(k): {"cnn_accuracy_val_selected": v, "cnn_accuracy_final": 0.0} for k, v in curve.items()}, **steps}
+
+
+def test_a_curve_is_the_selected_accuracy_at_each_evaluation_then_at_the_end():
+    from gpate_mnist_cpu import learning_curve
+
+    anchor = _record("a", 0.90, {300: 0.86, 150: 0.80}, generator_steps=400)
+    fit = _record("f", 0.70, {100: 0.40}, aggregations=250, generator_steps=None)
+    assert learning_curve(anchor) == ([150, 300, 400], [0.80, 0.86, 0.90])
+    assert learning_curve(fit) == ([100, 250], [0.40, 0.70])
+
+
+def test_plot_draws_the_last_record_of_each_run_and_refuses_an_unknown_one_in_one_line(tmp_path, monkeypatch):
+    import gpate_mnist_cpu
+
+    results = tmp_path / "runs.jsonl"
+    records = [_record("a", 0.10, {}, generator_steps=100), _record("a", 0.90, {150: 0.8}, generator_steps=300),
+               _record("b", 0.60, {}, aggregations=50)]
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn = {}
+    import matplotlib.axes
+
+    draw = matplotlib.axes.Axes.plot
+
+    def plot(self, x, y, **kwargs):  # what each run's line is drawn from
+        drawn[kwargs["label"]] = (list(x), list(y))
+        return draw(self, x, y, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    png = tmp_path / "out" / "curves.png"
+    assert gpate_mnist_cpu.main(["--plot", str(png), "--results", str(results), "--runs", "a=anchor", "b",
+                                 "--targets", "0.8=target", "0.6"]) == 0
+    assert png.stat().st_size > 0
+    assert drawn == {"anchor": ([150, 300], [0.8, 0.90]), "b": ([50], [0.60])}
+    with pytest.raises(SystemExit, match="no run named 'c'"):
+        gpate_mnist_cpu.main(["--plot", str(png), "--results", str(results), "--runs", "c"])
