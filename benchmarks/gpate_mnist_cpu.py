@@ -214,19 +214,16 @@ def learning_curve(record: dict) -> tuple[list[int], list[float]]:
     return steps, [points[s] for s in steps]
 
 
-def plot_curves(results: str, runs: list[str], path: Path, targets: list[str]) -> Path:
+def plot_curves(results: str, runs: list[str], path: Path, targets: list[tuple[float, str]]) -> Path:
     """The named runs' learning curves in one picture (``NAME`` or ``NAME=LABEL``; a name run twice: its last
-    record), with the targets (``ACC`` or ``ACC=LABEL``) as dotted lines: where a ladder stands at a glance."""
+    record), with the targets (accuracy, label or "") as dotted lines: where a ladder stands at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = {}
-    with open(results) as f:
-        for line in f:
-            record = json.loads(line)
-            records[record["name"]] = record
+    lines = Path(results).read_text().splitlines()
+    records = {record["name"]: record for record in (json.loads(line) for line in lines if line.strip())}
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for run in runs:
         name, _, label = run.partition("=")
@@ -234,11 +231,10 @@ def plot_curves(results: str, runs: list[str], path: Path, targets: list[str]) -
             raise SystemExit(f"--plot: no run named {name!r} in {results}")
         steps, accuracy = learning_curve(records[name])
         ax.plot(steps, accuracy, marker="o", label=label or name)
-    for target in targets:
-        accuracy, _, label = target.partition("=")
-        ax.axhline(float(accuracy), linestyle=":", color="grey", linewidth=1)
+    for accuracy, label in targets:
+        ax.axhline(accuracy, linestyle=":", color="grey", linewidth=1)
         if label:
-            ax.annotate(label, (0, float(accuracy)), xycoords=("axes fraction", "data"), xytext=(3, 2),
+            ax.annotate(label, (0, accuracy), xycoords=("axes fraction", "data"), xytext=(3, 2),
                         textcoords="offset points", fontsize=7, color="grey")
     ax.set_xlabel("generator steps (aggregations)")
     ax.set_ylabel("CNN accuracy on the real test digits\n(selected on synthetic validation)")
@@ -336,12 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.plot:
         if not a.runs:
             p.error("--plot needs --runs NAME[=LABEL] ...")
+        targets = []
         for target in a.targets:
+            accuracy, _, label = target.partition("=")
             try:
-                float(target.partition("=")[0])
+                targets.append((float(accuracy), label))
             except ValueError:
                 p.error(f"--targets: {target!r} is not ACC or ACC=LABEL")
-        print(plot_curves(a.results, a.runs, Path(a.plot), a.targets))
+        print(plot_curves(a.results, a.runs, Path(a.plot), targets))
         return 0
     if not a.name:
         p.error("--name is required")
