@@ -49,3 +49,16 @@ def test_plot_draws_the_last_record_of_each_run_and_refuses_an_unknown_one_in_on
     assert drawn == {"anchor": ([150, 300], [0.8, 0.90]), "b": ([50], [0.60])}
     with pytest.raises(SystemExit, match="no run named 'c'"):
         gpate_mnist_cpu.main(["--plot", str(png), "--results", str(results), "--runs", "c"])
+
+
+def test_device_cuda_without_a_gpu_refuses_in_one_line_before_reading_anything(tmp_path):
+    import torch
+
+    import gpate_mnist_cpu
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        gpate_mnist_cpu.main(["--name", "x", "--device", "cuda", "--results", str(tmp_path / "r.jsonl"),
+                              "--data-root", str(tmp_path / "absent")])
+    assert not (tmp_path / "r.jsonl").exists()
