@@ -29,6 +29,7 @@ Usage::
     python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 500 1000 2000 4000
     python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 2000 --impls vectorized --fit --precision bf16
     python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 2000 --impls vectorized --conv-impl bmm
+    python benchmarks/teacher_throughput.py --device cuda --kinds conv --teachers 2000 --impls vectorized --conv-impl cpu --cudnn-benchmark
 
 Output, one line per case::
 
@@ -290,7 +291,7 @@ def run_fit_case(kind: str, T: int, a: argparse.Namespace) -> dict:
 
     clock = Clock()
     steps = a.warmup + a.repeats + 1
-    trainer = pl.Trainer(max_steps=steps, accelerator=device.type, devices=1, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=steps, accelerator=device.type, devices=1, benchmark=a.cudnn_benchmark, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])
     trainer.fit(model, dm)
     gaps = [t1 - t0 for t0, t1 in zip(clock.stamps[:-1], clock.stamps[1:])][a.warmup:]
@@ -327,16 +328,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="32", choices=["32", "bf16"], help="vectorized teachers under bf16 autocast (with vote agreement)")
     p.add_argument("--conv-impl", default="auto", choices=CONV_IMPLS,
                    help="the conv teachers' kernels (ConvTeacherEnsemble's conv_impl; 'bmm': im2col + batched matmuls)")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="torch.backends.cudnn.benchmark = True (cuDNN times its algorithms on the warm-up iterations and "
+                        "keeps the fastest for these fixed shapes; Lightning's Trainer(benchmark=True), a config's "
+                        "trainer.benchmark)")
     p.add_argument("--fit", action="store_true", help="also time one iteration inside a real Trainer.fit of GPATE")
     p.add_argument("--_case", nargs=3, default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     if a._case:
         kind, T, impl = a._case
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark
         print(json.dumps(run_fit_case(kind, int(T), a) if impl == "fit" else run_case(kind, int(T), impl, a)))
         return
     print(f"# device={a.device} threads={a.threads} torch={torch.__version__} warmup={a.warmup} repeats={a.repeats} "
-          f"precision={a.precision} conv_impl={a.conv_impl}", flush=True)
+          f"precision={a.precision} conv_impl={a.conv_impl} cudnn_benchmark={int(a.cudnn_benchmark)}", flush=True)
     for kind in a.kinds:
         for T in a.teachers:
             res = {impl: _case_in_subprocess(kind, T, impl, argv) for impl in a.impls + (["fit"] if a.fit else [])}
