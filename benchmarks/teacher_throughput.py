@@ -291,7 +291,7 @@ def run_fit_case(kind: str, T: int, a: argparse.Namespace) -> dict:
 
     clock = Clock()
     steps = a.warmup + a.repeats + 1
-    trainer = pl.Trainer(max_steps=steps, accelerator=device.type, devices=1, benchmark=a.cudnn_benchmark, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=steps, accelerator=device.type, devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])
     trainer.fit(model, dm)
     gaps = [t1 - t0 for t0, t1 in zip(clock.stamps[:-1], clock.stamps[1:])][a.warmup:]
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a._case:
         kind, T, impl = a._case
-        torch.backends.cudnn.benchmark = a.cudnn_benchmark
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark  # --fit's Trainer(benchmark=None) keeps this session's value
         print(json.dumps(run_fit_case(kind, int(T), a) if impl == "fit" else run_case(kind, int(T), impl, a)))
         return
     print(f"# device={a.device} threads={a.threads} torch={torch.__version__} warmup={a.warmup} repeats={a.repeats} "
