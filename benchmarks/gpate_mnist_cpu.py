@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         return anchor_only(model, dm, a, out, start, evaluate, extra, curve, record_anchor=anchor_noise)
     trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if a.device == "cuda" else "cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                         callbacks=[Curve(), grids_every(out, a.every)])
+                         benchmark=config["trainer"].get("benchmark"), callbacks=[Curve(), grids_every(out, a.every)])
     trainer.fit(model, dm)
     fit_s = time.perf_counter() - start
     results = evaluate(model, HEADLINE)

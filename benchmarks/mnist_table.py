@@ -251,10 +251,11 @@ class RowBudget(pl.Callback):
         return statistics.median(gaps) if gaps else None
 
 
-def _trainer(a, *, max_steps: int, callbacks: list):
+def _trainer(a, *, max_steps: int, callbacks: list, benchmark: bool | None = None):
+    """The row's plain ``Trainer``; ``benchmark`` is its config's ``trainer.benchmark`` (cuDNN's algorithm search)."""
     return pl.Trainer(max_steps=max_steps, accelerator=a.device, devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=a.progress, enable_model_summary=False, num_sanity_val_steps=0,
-                      limit_val_batches=0, callbacks=callbacks)
+                      limit_val_batches=0, callbacks=callbacks, benchmark=benchmark)
 
 
 def privacy_record(model) -> dict[str, Any]:
@@ -337,7 +338,7 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None) ->
     pl.seed_everything(int(config.get("seed_everything", 0)), verbose=False)
     dm, model = build(config, model_overrides=model_over, data_overrides=data_over)
     budget = RowBudget(seconds, sync)
-    trainer = _trainer(a, max_steps=max_steps, callbacks=[budget])
+    trainer = _trainer(a, max_steps=max_steps, callbacks=[budget], benchmark=config["trainer"].get("benchmark"))
     fit_start, fit_cpu = time.perf_counter(), time.process_time()
     trainer.fit(model, dm, ckpt_path=str(resume) if resume else None)
     sync()
