@@ -40,7 +40,8 @@ gives each teacher as few digits as at the paper's 2,000 teachers (the faithful 
 ``--set anchor_fraction=...``): the reference that says what the votes add to an anchor.
 
 Results: one JSON line per run appended to ``--results`` (default
-``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``. ``--plot PNG --runs NAME[=LABEL] ...
+``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``; a run stopped early (Ctrl-C, ``kill``,
+``timeout``) after an ``--eval-at`` point still writes one, its curve so far with ``"stopped"`` saying where. ``--plot PNG --runs NAME[=LABEL] ...
 [--targets ACC[=LABEL] ...]`` runs nothing: it draws recorded runs' learning curves in one picture.
 """
 
@@ -50,6 +51,7 @@ import argparse
 import copy
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -205,11 +207,27 @@ def write_record(results: str, record: dict) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
+def stopped_record(a, curve: dict, step: int, unit: str, why: BaseException) -> None:
+    """A run stopped before its end (Ctrl-C, SIGTERM) keeps what it measured: its ``--eval-at`` points, without the
+    final figures it never reached (nothing is written when it measured nothing)."""
+    if not curve:
+        return
+    write_record(a.results, {"name": a.name, "config": a.config, unit: step, "set": a.set, "seed": a.seed,
+                             "num_samples": a.num_samples[0], "noise_of": a.noise_of,
+                             "stopped": f"{type(why).__name__} after {step} {unit.replace('_', ' ')} of {a.steps}",
+                             "curve": {str(k): v for k, v in sorted(curve.items())}})
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def learning_curve(record: dict) -> tuple[list[int], list[float]]:
     """A record's CNN accuracy selected on synthetic validation (its first ``--num-samples``) at each ``--eval-at``
-    step and at its end, against generator steps (aggregations for a fit)."""
+    step and at its end (a stopped run's record has no end), against generator steps (aggregations for a fit)."""
     points = {int(k): v["cnn_accuracy_val_selected"] for k, v in record.get("curve", {}).items()}
-    points[int(record.get("aggregations") or record["generator_steps"])] = record["cnn_accuracy_val_selected"]
+    if "cnn_accuracy_val_selected" in record:
+        points[int(record.get("aggregations") or record["generator_steps"])] = record["cnn_accuracy_val_selected"]
     steps = sorted(points)
     return steps, [points[s] for s in steps]
 
@@ -268,19 +286,24 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
     model._measure_mean_images(*(t.to(model.device) for t in dm.model_space("train")))
     opt = model.configure_optimizers()
     hp = model.hparams
-    for step in range(1, a.steps + 1):
-        loss = hp.anchor_weight * model.anchor_loss()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if hp.ema_decay > 0:
-            average_step(model.generator_ema, model.generator, hp.ema_decay, step)
-        for decay, ema in extra.items():
-            average_step(ema, model.generator, decay, step)
-        report_progress("generator step", step, a.steps, start)
-        if step in a.eval_at:
-            curve[step] = evaluate(model)
-            print(f"step {step}: {curve[step]}", flush=True)
+    step = 0
+    try:
+        for step in range(1, a.steps + 1):
+            loss = hp.anchor_weight * model.anchor_loss()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if hp.ema_decay > 0:
+                average_step(model.generator_ema, model.generator, hp.ema_decay, step)
+            for decay, ema in extra.items():
+                average_step(ema, model.generator, decay, step)
+            report_progress("generator step", step, a.steps, start)
+            if step in a.eval_at:
+                curve[step] = evaluate(model)
+                print(f"step {step}: {curve[step]}", flush=True)
+    except KeyboardInterrupt as stop:
+        stopped_record(a, curve, step - 1, "generator_steps", stop)  # the step it was in did not finish
+        return 1
     model.eval()
     save_class_grid(model, out / f"step{a.steps:06d}.png")
     fit_s = round(time.perf_counter() - start, 1)
@@ -473,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                 curve[step] = evaluate(pl_module)
                 print(f"aggregation {step}: {curve[step]}", flush=True)
 
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            stopped_record(a, curve, int(trainer.global_step), "aggregations", exception)
+
     if a.extra_ema and not model.hparams.get("ema_decay", 0) > 0:  # the extra averages sample in generator_ema's place
         raise SystemExit("--extra-ema needs a config (or --set ema_decay=...) with ema_decay > 0")
     for decay in a.extra_ema:  # from the generator's initial weights, as the model's own average
@@ -486,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = pl.Trainer(max_steps=a.steps, accelerator="gpu" if a.device == "cuda" else "cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          benchmark=config["trainer"].get("benchmark"), callbacks=[Curve(), grids_every(out, a.every)])
-    trainer.fit(model, dm)
+    trainer.fit(model, dm)  # stopped early: Lightning calls on_exception, then exits with 1
     fit_s = time.perf_counter() - start
     results = evaluate(model, HEADLINE)
     record = {"name": a.name, "config": a.config, "teachers": a.teachers, "aggregations": int(trainer.global_step),
@@ -511,4 +537,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # kill / timeout stop a run as Ctrl-C does: see stopped_record
     sys.exit(main())

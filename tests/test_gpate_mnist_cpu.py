@@ -62,3 +62,43 @@ def test_device_cuda_without_a_gpu_refuses_in_one_line_before_reading_anything(t
         gpate_mnist_cpu.main(["--name", "x", "--device", "cuda", "--results", str(tmp_path / "r.jsonl"),
                               "--data-root", str(tmp_path / "absent")])
     assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.mark.parametrize("anchor_only", [True, False], ids=["anchor-only", "fit"])
+def test_a_run_stopped_early_keeps_its_measured_points_in_one_record(tmp_path, monkeypatch, anchor_only):
+    """Ctrl-C (and kill / timeout, which the script turns into it) after an ``--eval-at`` point: the run's record
+    holds its curve so far and says where it stopped, with no final figures, and its learning curve draws it."""
+    import image_utility
+    import mnist_table
+
+    import gpate_mnist_cpu
+
+    data = mnist_table.smoke_data(tmp_path / "none", tmp_path / "digits")  # random digits, not the official files
+    build = image_utility.build
+    monkeypatch.setattr(image_utility, "build", lambda config, *, model_overrides, data_overrides: build(
+        config, model_overrides=model_overrides, data_overrides={**data_overrides, "verify_checksums": False}))
+
+    def progress(what, step, steps, start, **kwargs):  # the user's Ctrl-C, in the third step
+        if step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpate_mnist_cpu, "report_progress", progress)
+    import lightning_gpate.evaluation.image as evaluation  # its CNN is not what is tested: a fixed score, at once
+
+    monkeypatch.setattr(evaluation, "cnn_utility", lambda *args, **kwargs: {"cnn_accuracy_final": 0.25, "cnn_accuracy_val_selected": 0.5})
+    results = tmp_path / "r.jsonl"
+    argv = ["--name", "stopped", "--config", "configs/mnist/gpate_eps10_hybrid_guarantee.yaml", "--steps", "50",
+            "--eval-at", "2", "--threads", "1", "--num-samples", "20", "--teachers", "2", "--data-root", str(data),
+            "--results", str(results), "--out-dir", str(tmp_path / "out"),
+            "--set", "anchor_batch_size=20", "anchor_features=64", "teacher_warmup_steps=0", "fake_batch_size=8"]
+    if anchor_only:
+        assert gpate_mnist_cpu.main([*argv, "--anchor-only"]) == 1
+    else:
+        with pytest.raises(SystemExit) as stop:  # Lightning's own exit after a KeyboardInterrupt
+            gpate_mnist_cpu.main(argv)
+        assert stop.value.code == 1
+    [record] = [json.loads(line) for line in results.read_text().splitlines()]
+    unit = "generator steps" if anchor_only else "aggregations"
+    assert record["stopped"] == f"KeyboardInterrupt after {2 if anchor_only else 3} {unit} of 50"
+    assert set(record["curve"]) == {"2"} and "cnn_accuracy_val_selected" not in record
+    assert gpate_mnist_cpu.learning_curve(record) == ([2], [0.5])
