@@ -207,12 +207,12 @@ def write_record(results: str, record: dict) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
-def stopped_record(a, curve: dict, step: int, unit: str, why: BaseException) -> None:
+def stopped_record(a, curve: dict, step: int, unit: str, why: BaseException, **run) -> None:
     """A run stopped before its end (Ctrl-C, SIGTERM) keeps what it measured: its ``--eval-at`` points, without the
     final figures it never reached (nothing is written when it measured nothing)."""
     if not curve:
         return
-    write_record(a.results, {"name": a.name, "config": a.config, unit: step, "set": a.set, "seed": a.seed,
+    write_record(a.results, {"name": a.name, "config": a.config, **run, unit: step, "set": a.set, "seed": a.seed,
                              "num_samples": a.num_samples[0], "noise_of": a.noise_of,
                              "stopped": f"{type(why).__name__} after {step} {unit.replace('_', ' ')} of {a.steps}",
                              "curve": {str(k): v for k, v in sorted(curve.items())}})
@@ -302,7 +302,7 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
                 curve[step] = evaluate(model)
                 print(f"step {step}: {curve[step]}", flush=True)
     except KeyboardInterrupt as stop:
-        stopped_record(a, curve, step - 1, "generator_steps", stop)  # the step it was in did not finish
+        stopped_record(a, curve, step - 1, "generator_steps", stop, anchor_only=True)  # the step it was in did not finish
         return 1
     model.eval()
     save_class_grid(model, out / f"step{a.steps:06d}.png")
@@ -497,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"aggregation {step}: {curve[step]}", flush=True)
 
         def on_exception(self, trainer, pl_module, exception) -> None:
-            stopped_record(a, curve, int(trainer.global_step), "aggregations", exception)
+            stopped_record(a, curve, int(trainer.global_step), "aggregations", exception, teachers=a.teachers,
+                           records_per_teacher=a.records_per_teacher or None)
 
     if a.extra_ema and not model.hparams.get("ema_decay", 0) > 0:  # the extra averages sample in generator_ema's place
         raise SystemExit("--extra-ema needs a config (or --set ema_decay=...) with ema_decay > 0")

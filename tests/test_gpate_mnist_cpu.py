@@ -101,4 +101,5 @@ def test_a_run_stopped_early_keeps_its_measured_points_in_one_record(tmp_path, m
     unit = "generator steps" if anchor_only else "aggregations"
     assert record["stopped"] == f"KeyboardInterrupt after {2 if anchor_only else 3} {unit} of 50"
     assert set(record["curve"]) == {"2"} and "cnn_accuracy_val_selected" not in record
+    assert record.get("anchor_only", False) == anchor_only and record.get("teachers", 2) == 2
     assert gpate_mnist_cpu.learning_curve(record) == ([2], [0.5])
