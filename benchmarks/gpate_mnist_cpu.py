@@ -41,8 +41,9 @@ gives each teacher as few digits as at the paper's 2,000 teachers (the faithful 
 
 Results: one JSON line per run appended to ``--results`` (default
 ``benchmarks/results/gpate_mnist_cpu.jsonl``), grids under ``--out-dir``; a run stopped early (Ctrl-C, ``kill``,
-``timeout``) after an ``--eval-at`` point still writes one, its curve so far with ``"stopped"`` saying where. ``--plot PNG --runs NAME[=LABEL] ...
-[--targets ACC[=LABEL] ...]`` runs nothing: it draws recorded runs' learning curves in one picture.
+``timeout``) after an ``--eval-at`` point still writes one, its curve so far with ``"stopped"`` saying where.
+``--plot PNG --runs NAME[=LABEL] ... [--targets ACC[=LABEL] ...]`` runs nothing: it draws recorded runs' learning
+curves in one picture.
 """
 
 from __future__ import annotations
