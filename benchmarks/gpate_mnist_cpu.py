@@ -208,6 +208,11 @@ def write_record(results: str, record: dict) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
+def recorded_curve(curve: dict) -> dict:
+    """The ``--eval-at`` points as a record holds them (what :func:`learning_curve` reads back): by step, as text."""
+    return {str(k): v for k, v in sorted(curve.items())}
+
+
 def stopped_record(a, curve: dict, step: int, unit: str, why: BaseException, **run) -> None:
     """A run stopped before its end (Ctrl-C, SIGTERM) keeps what it measured: its ``--eval-at`` points, without the
     final figures it never reached (nothing is written when it measured nothing)."""
@@ -216,7 +221,7 @@ def stopped_record(a, curve: dict, step: int, unit: str, why: BaseException, **r
     write_record(a.results, {"name": a.name, "config": a.config, **run, unit: step, "set": a.set, "seed": a.seed,
                              "num_samples": a.num_samples[0], "noise_of": a.noise_of,
                              "stopped": f"{type(why).__name__} after {step} {unit.replace('_', ' ')} of {a.steps}",
-                             "curve": {str(k): v for k, v in sorted(curve.items())}})
+                             "curve": recorded_curve(curve)})
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:
@@ -312,7 +317,7 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
               "fit_s": fit_s, "num_samples": a.num_samples[0], **evaluate(model, HEADLINE),
               "anchor_noise_multiplier": float(record_anchor), "anchor_records": MNIST_TRAIN if a.records_per_teacher else int(len(dm.splits["train"][1]))}
     if curve:
-        record["curve"] = {str(k): v for k, v in sorted(curve.items())}
+        record["curve"] = recorded_curve(curve)
     write_record(a.results, record)
     return 0
 
@@ -522,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
               "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "seed": a.seed,
               "fit_s": round(fit_s, 1), "num_samples": a.num_samples[0], **results}
     if curve:
-        record["curve"] = {str(k): v for k, v in sorted(curve.items())}
+        record["curve"] = recorded_curve(curve)
     if pretrain is not None:
         record.update(gswgan_record(config, model, a, int(trainer.global_step)))
     if pategan:  # the row's accounting (λ, the anchor), not a guarantee for the proxy's teachers when --noise-of
