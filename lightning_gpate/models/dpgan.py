@@ -77,6 +77,9 @@ from lightning_gpate.nets.discriminators import (
 from lightning_gpate.nets.generators import ConditionalConvGenerator, ConditionalMLPGenerator
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.disclosure import private_diagnostics_allowed
+from lightning_gpate.privacy.dpsgd import (
+    HooklessModule, clip_factors, padded_batches, per_sample_gradients, physical_batch_size_for,
+)
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 ARCHITECTURES = ("mlp", "dcgan", "conv")
@@ -85,6 +88,10 @@ OPTIMIZERS = ("rmsprop", "adam")
 #: The values the adaptive n_D moves through (Bie et al.'s ``D_STEPS_RATE_OPTIONS``).
 D_STEPS_LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 ACCOUNTANTS = ("rdp", "pld")
+#: How the critic's DP-SGD step computes per-sample gradients (see ``dp_sgd_impl``).
+DP_SGD_IMPLS = ("functorch", "opacus")
+#: ``compile_critic_step`` values: torch.compile modes, "auto" and "none".
+COMPILE_MODES = ("auto", "none", "default", "reduce-overhead", "max-autotune")
 #: PLD ε is reported for step counts rounded up to a multiple of this (an upper bound: ε grows with steps).
 PLD_STEP_GRID = 10
 OPACUS_ACCOUNTANT_KEY = "opacus_rdp_accountant"
@@ -133,6 +140,74 @@ def buffers_restored(module: nn.Module):
         with torch.no_grad():
             for b, value in zip(module.buffers(), saved):
                 b.copy_(value)
+
+
+def critic_losses(loss: str, real_scores: torch.Tensor, fake_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample critic losses ``(ℓ_real(s), ℓ_fake(s))``: ``(−s, s)`` (``"wasserstein"``) or
+    ``(−log σ(s), −log(1 − σ(s)))`` (``"nonsaturating"``, computed stably)."""
+    if loss == "nonsaturating":
+        return F.softplus(-real_scores), F.softplus(fake_scores)
+    return -real_scores, fake_scores
+
+
+def critic_gradient_function(critic: nn.Module, *, loss: str, max_grad_norm: float, fake_count: int):
+    """The critic's DP-SGD gradient on one physical batch, as one function of fixed-shape tensors (what
+    :meth:`DPGAN.functorch_discriminator_step` compiles):
+    ``f(params, buffers, x, y, mask, fakes, fake_labels) -> (real_sum, fake_term, real_scores, fake_scores)``.
+
+    The real rows ``x`` and the fakes go through one ``vmap`` of ``grad`` (:func:`per_sample_gradients`):
+    ``real_sum = Σ_i mask_i · clip_C(∇_w ℓ_real(D(x_i, y_i)))`` (masked padding rows add exactly 0) and
+    ``fake_term = (1/M) Σ_j clip_C(∇_w ℓ_fake(D(fake_j, label_j)))`` with ``M = fake_count`` (the fake
+    term of :meth:`DPGAN.critic_per_sample_gradients`: each fake's gradient clipped to C, no noise),
+    both flat in the order of ``params``; the scores are the critic's outputs (no gradient). With no
+    fakes (a second physical batch of the same step) ``fake_term`` is 0."""
+    def sample_loss(score: torch.Tensor, is_fake: torch.Tensor) -> torch.Tensor:
+        real, fake = critic_losses(loss, score, score)
+        return torch.where(is_fake, fake, real)
+
+    def gradient(params, buffers, x, y, mask, fakes, fake_labels):
+        n, m = x.shape[0], fakes.shape[0]
+        is_fake = torch.cat([torch.zeros(n, dtype=torch.bool, device=x.device), torch.ones(m, dtype=torch.bool, device=x.device)])
+        grads, scores = per_sample_gradients(critic, sample_loss, params, buffers, torch.cat([x, fakes]),
+                                             torch.cat([y, fake_labels]), is_fake)
+        per_sample = list(grads.values())
+        factor = clip_factors(per_sample, max_grad_norm)
+        weights = torch.stack([torch.cat([factor[:n] * mask, factor.new_zeros(m)]),
+                               torch.cat([factor.new_zeros(n), factor[n:] / fake_count])])  # [2, n + m]
+        sums = torch.cat([torch.einsum("ki,i...->k...", weights, g).reshape(2, -1) for g in per_sample], dim=1)
+        return sums[0], sums[1], scores[:n], scores[n:]
+
+    return gradient
+
+
+def compiled_or_eager(function, mode: str):
+    """``torch.compile(function, mode=mode, dynamic=False)`` (one graph per input shape: the shapes of a
+    fixed-shape step never change), running ``function`` eagerly instead, with a one-line warning, where
+    compilation fails (no compiler, an unsupported platform). ``function`` must be pure (it may run twice)."""
+    import warnings
+
+    state = {"call": None}
+
+    def call(*args):
+        if state["call"] is None:
+            try:
+                state["call"] = torch.compile(function, mode=mode, dynamic=False, fullgraph=True)
+            except Exception as error:  # noqa: BLE001 - any failure to compile means: run eagerly
+                return fallback(error, *args)
+        if state["call"] is function:
+            return function(*args)
+        try:
+            return state["call"](*args)
+        except Exception as error:  # noqa: BLE001
+            return fallback(error, *args)
+
+    def fallback(error: Exception, *args):
+        warnings.warn(f"torch.compile is unavailable here ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                      f"the DP-SGD step runs eagerly", stacklevel=3)
+        state["call"] = function
+        return function(*args)
+
+    return call
 
 
 def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str, float]:
@@ -204,6 +279,20 @@ class DPGAN(PrivateGenerativeModel):
             estimate; non-saturating: the logit gap) on the real batch and the
             Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
             the estimate on rank 0's shard, the size of the whole batch).
+        dp_sgd_impl: how the critic step gets its per-sample gradients (the same mechanism and accounting
+            either way): ``"functorch"`` (``torch.func``: ``vmap`` of ``grad`` over one fixed-shape padded
+            physical batch, the step one function that ``torch.compile`` can compile once;
+            :meth:`functorch_discriminator_step`) or ``"opacus"`` (opacus' hooks and ``DPOptimizer``: the
+            reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
+        physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut
+            into physical batches of this size, the last padded with masked rows (every drawn record is
+            used). ``None``: ``B + 3√B`` of this process's expected batch B, rounded up to a multiple of 8
+            (one physical batch but about once in 700 steps).
+        compile_critic_step: with ``functorch``, the ``torch.compile`` mode of the critic step:
+            ``"auto"`` (``"reduce-overhead"``, i.e. CUDA graphs, on a GPU; eager on a CPU, where the
+            compiled step measured slower: ``benchmarks/results/dpgan_mnist_cpu.md``), a mode
+            (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``) or ``"none"`` (eager). Where
+            compilation fails the step runs eagerly, with a one-line warning.
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
@@ -239,6 +328,9 @@ class DPGAN(PrivateGenerativeModel):
         secure_mode: bool = False,
         accountant: str = "rdp",
         log_private_diagnostics: bool = False,
+        dp_sgd_impl: str = "opacus",
+        physical_batch_size: int | None = None,
+        compile_critic_step: str = "auto",
         noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
@@ -271,6 +363,12 @@ class DPGAN(PrivateGenerativeModel):
             adaptive_d_steps = check_adaptive_d_steps(adaptive_d_steps, d_steps)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+        if dp_sgd_impl not in DP_SGD_IMPLS:
+            raise ValueError(f"dp_sgd_impl must be one of {DP_SGD_IMPLS}, got {dp_sgd_impl!r}")
+        if physical_batch_size is not None and physical_batch_size < 1:
+            raise ValueError(f"physical_batch_size must be >= 1 or null (B + 3*sqrt(B)), got {physical_batch_size}")
+        if compile_critic_step not in COMPILE_MODES:
+            raise ValueError(f"compile_critic_step must be one of {COMPILE_MODES}, got {compile_critic_step!r}")
         if architecture not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
         if architecture != "mlp" and not self.is_image:
@@ -290,7 +388,12 @@ class DPGAN(PrivateGenerativeModel):
         if ema_decay > 0:  # the sampled generator (generator_module): an average of the generator's iterates
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
-        self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
+        # (functorch: the same holder without hooks, so that checkpoints move between the implementations)
+        if dp_sgd_impl == "opacus":
+            self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
+        else:
+            self.discriminator = HooklessModule(critic)
+        self._critic_step_fn = None  # the functorch step (compiled on first use)
         # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's
         # average of raw gradients: DDP ignores the critic (its weights are broadcast once at the start).
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_parameters() if n.startswith("discriminator.")] + [
@@ -494,9 +597,7 @@ class DPGAN(PrivateGenerativeModel):
     # ----------------------------------------------------------------- steps
     def critic_losses(self, real_scores: torch.Tensor, fake_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample critic losses ``(ℓ_real(D(x_i)), ℓ_fake(D(G(z_j))))`` of the configured ``loss``."""
-        if self.hparams.loss == "nonsaturating":  # −log σ(s), −log(1 − σ(s)), stably
-            return F.softplus(-real_scores), F.softplus(fake_scores)
-        return -real_scores, fake_scores
+        return critic_losses(self.hparams.loss, real_scores, fake_scores)
 
     def generator_loss(self, fake_scores: torch.Tensor) -> torch.Tensor:
         """The generator's loss on the critic's scores of its fakes: ``mean −log σ(s)`` (non-saturating)
@@ -552,6 +653,8 @@ class DPGAN(PrivateGenerativeModel):
         """One DP-SGD critic step on a Poisson batch (already paid for) and ``fakes`` (default: drawn
         here), then weight clipping where configured. Returns ``mean D(real) − mean D(fake)`` on this process's rows (WGAN: the critic's
         Wasserstein estimate; non-saturating: the logit gap; private: a diagnostic only)."""
+        if self.hparams.get("dp_sgd_impl", "opacus") == "functorch":
+            return self.functorch_discriminator_step(real_x, real_y, fakes)
         dp_opt = self.optimizers()[1].optimizer
         dp_opt.zero_grad()  # clears the last step's per-sample gradients
         fake_term, real_scores, fake_scores = self.critic_per_sample_gradients(real_x, real_y, fakes)
@@ -567,6 +670,83 @@ class DPGAN(PrivateGenerativeModel):
                 for p in self.discriminator.parameters():
                     p.clamp_(-c, c)
         return real_scores.sum() / max(len(real_y), 1) - fake_scores.mean()
+
+    @property
+    def physical_batch_size(self) -> int:
+        """Rows of one physical batch of the functorch step (``physical_batch_size``, or ``B + 3√B`` of
+        this process's expected share B of the Poisson batch, rounded up to a multiple of 8)."""
+        if self.hparams.get("physical_batch_size") is not None:
+            return int(self.hparams.physical_batch_size)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        return physical_batch_size_for(self.expected_batch_size / world)
+
+    def critic_gradient_step(self):
+        """:func:`critic_gradient_function` for this critic, compiled as ``compile_critic_step`` says
+        (built on first use; falls back to eager, with a one-line warning, where compilation fails)."""
+        if self._critic_step_fn is None:
+            hp = self.hparams
+            eager = critic_gradient_function(self.discriminator._module, loss=hp.loss, max_grad_norm=float(hp.max_grad_norm),
+                                             fake_count=self.fake_batch_size)
+            mode = hp.get("compile_critic_step", "auto")
+            if mode == "auto":
+                mode = "reduce-overhead" if self.device.type == "cuda" else "none"
+            self._critic_step_fn = eager if mode == "none" else compiled_or_eager(eager, mode)
+        return self._critic_step_fn
+
+    def functorch_discriminator_step(self, real_x: torch.Tensor, real_y: torch.Tensor,
+                                     fakes: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """:meth:`discriminator_step` with ``dp_sgd_impl: functorch``: the same mechanism as the opacus path
+        (Abadi et al. 2016, Alg. 1 on the real rows; the clipped fake term added without noise):
+
+        the Poisson batch (every drawn record) is cut into :attr:`physical_batch_size` rows, the last
+        padded with masked rows (:func:`~lightning_gpate.privacy.dpsgd.padded_batches`); the first
+        physical batch and the fakes go through :meth:`critic_gradient_step` (one fixed shape: compiled
+        once), any further one (a Poisson batch above B + 3√B) through the same function without
+        fakes; then N(0, σ²C²I) from the DP optimizer's secret generator is added once to the clipped
+        sum (under DDP on rank 0, then the sum is all-reduced:
+        :func:`~lightning_gpate.privacy.distributed.sum_with_noise_once`), the sum divided by the
+        expected batch B, the fake term added, and the wrapped optimizer steps. Opacus' RDP accountant
+        is told of the step, as its optimizer hook is on the opacus path (the cross-check)."""
+        from opacus.optimizers.optimizer import _generate_noise
+
+        from lightning_gpate.privacy.distributed import sum_with_noise_once
+
+        dp_opt = self.optimizers()[1].optimizer
+        fakes, labels = fakes if fakes is not None else self.public_fakes()
+        critic = self.discriminator._module
+        params = [(k, p) for k, p in critic.named_parameters() if p.requires_grad]
+        named = {k: p.detach() for k, p in params}
+        buffers = {k: b.detach() for k, b in critic.named_buffers()}
+        step = self.critic_gradient_step()
+        n = len(real_y)
+        chunks = padded_batches(real_x.to(fakes.dtype), real_y.to(labels.dtype), self.physical_batch_size)
+        real_sum, fake_term, real_scores, fake_scores = step(named, buffers, *chunks[0], fakes, labels)
+        # a CUDA graph's outputs are overwritten by its next replay and are not written in place: own them
+        estimate = (real_scores * chunks[0][2]).sum(), fake_scores.mean()
+        real_sum, fake_term = real_sum.clone(), (fake_term.clone() if len(chunks) > 1 else fake_term)
+        for x, y, mask in chunks[1:]:
+            more, _, scores, _ = step(named, buffers, x, y, mask, fakes[:0], labels[:0])
+            real_sum += more
+            estimate = estimate[0] + (scores * mask).sum(), estimate[1]
+
+        def add_noise() -> None:  # one draw from the secret generator, the std of opacus' DPOptimizer
+            real_sum.add_(_generate_noise(std=dp_opt.noise_multiplier * dp_opt.max_grad_norm, reference=real_sum,
+                                          generator=dp_opt.generator, secure_mode=dp_opt.secure_mode))
+
+        sum_with_noise_once([real_sum], add_noise)
+        grad = torch.add(fake_term, real_sum, alpha=1.0 / dp_opt.expected_batch_size)
+        offset = 0
+        for _, p in params:
+            p.grad = grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        dp_opt.original_optimizer.step()  # uncounted: Lightning counts generator steps
+        self.opacus_accountant.step(noise_multiplier=dp_opt.noise_multiplier, sample_rate=self.sampling_rate)
+        c = self.hparams.weight_clip
+        if c is not None:
+            with torch.no_grad():
+                for p in self.discriminator.parameters():
+                    p.clamp_(-c, c)
+        return estimate[0] / max(n, 1) - estimate[1]
 
     def generator_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One generator step through the (DP) critic, then the weight average. Returns the generator's

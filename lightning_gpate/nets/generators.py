@@ -10,7 +10,10 @@ from torch import nn
 
 
 def one_hot(y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    return F.one_hot(y.long(), num_classes).float()
+    """``[*y.shape, num_classes]`` float one-hot rows of the labels ``y`` (a comparison, not
+    ``F.one_hot``, so that it runs under ``torch.func.vmap`` and ``torch.compile``: DP-SGD's per-sample
+    gradients of the conditional critics; labels are checked where they enter, by the DataModule)."""
+    return (y.long().unsqueeze(-1) == torch.arange(num_classes, device=y.device)).float()
 
 
 def concat_label_maps(h: torch.Tensor, y_onehot: torch.Tensor) -> torch.Tensor:
