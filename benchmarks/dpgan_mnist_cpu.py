@@ -8,6 +8,12 @@ settings are chosen without one. Three commands:
   machine: a few generator steps of ``d_steps`` critic steps each, timed after a warm-up step, in wall
   time and in this process's CPU time (which other processes' load does not inflate), with the load
   average at the time (the machine may be shared: say so beside any figure).
+  With ``--critic-step``: milliseconds per critic step of each DP-SGD path (``--paths``: ``opacus``,
+  the reference's hooks and ``DPOptimizer``; ``functorch``, ``torch.func`` per-sample gradients over
+  fixed-shape padded Poisson batches, eager; ``compiled``, the same step through ``torch.compile``)
+  for each critic ``--critics WIDTH:BATCH``, all in one process, the paths' steps interleaved (so that
+  a shared machine's load falls on all of them alike), on one Poisson batch of the training digits and
+  the same public fakes; on CUDA also the kernel launches per step (``torch.profiler``).
 * ``fit``: a guaranteed-ε run at reduced scale: ``--critic-steps`` T critic steps at the config's
   batch, the noise multiplier σ chosen by the project's accountant so that T steps spend ``--epsilon``
   (the budget then stops the run), smaller nets through ``--set``; then a CNN trained on 5,000 generated
@@ -22,6 +28,7 @@ settings are chosen without one. Three commands:
 Usage::
 
     python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/dpgan_eps10_guarantee.yaml --set gf_dim=32 df_dim=32
+    python benchmarks/dpgan_mnist_cpu.py speed --critic-step --critics 8:128 48:512 --paths opacus functorch compiled
     python benchmarks/dpgan_mnist_cpu.py fit --name nd10_dim32 --critic-steps 20000 --set gf_dim=32 df_dim=32 d_steps=10
     python benchmarks/dpgan_mnist_cpu.py schedules --epsilon 10 --batch 128 256 512 --critic-steps 25000 50000 100000
 """
@@ -79,9 +86,110 @@ def _build(a, model_over: dict):
     return config, dm, model
 
 
+PATHS = {"opacus": {"dp_sgd_impl": "opacus"}, "functorch": {"dp_sgd_impl": "functorch", "compile_critic_step": "none"},
+         "compiled": {"dp_sgd_impl": "functorch", "compile_critic_step": "default"},
+         "compiled_cudagraphs": {"dp_sgd_impl": "functorch", "compile_critic_step": "reduce-overhead"}}
+
+
+def _launches_per_step(step, device) -> dict:
+    """Kernel launches (runtime calls: ``cudaLaunchKernel`` & co., a CUDA graph's launch counted once) and
+    kernels run on the device in one ``step()``, by ``torch.profiler``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize(device)
+    launches = kernels = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels += 1
+        elif "LaunchKernel" in e.name or "GraphLaunch" in e.name:
+            launches += 1
+    return {"launches": launches, "kernels": kernels}
+
+
+def critic_step_speed(a) -> int:
+    """Milliseconds per critic step of each DP-SGD path, same process, interleaved (see the module's docstring)."""
+    import pytorch_lightning as pl
+    import torch
+    from image_utility import _import, load_config, parse_sets
+
+    torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    config = load_config(a.config)
+    records = []
+    for critic in a.critics:
+        width, batch = (int(v) for v in critic.split(":"))
+        data_args = {**config["data"].get("init_args", {}), "root": a.data_root, "download": False, "batch_size": batch,
+                     **parse_sets(a.data_set)}
+        dm = _import(config["data"]["class_path"])(**data_args)
+        models, steps = {}, {}
+        pl.seed_everything(0, verbose=False)
+        for path in a.paths:
+            init = {**config["model"]["init_args"], "epsilon": 1e6, "gf_dim": width, "df_dim": width,
+                    "sampling_rate": batch / MNIST_TRAIN, "d_steps": 1, **parse_sets(a.set), **PATHS[path]}
+            torch.manual_seed(0)  # the same initial critic for every path
+            model = _import(config["model"]["class_path"])(data_spec=dm.spec, **init)
+            pl.Trainer(max_steps=0, accelerator=device.type, devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False).fit(model, dm)
+            models[path] = model.to(device)
+        x, y = dm.model_space("train")
+        rows = torch.nonzero(torch.rand(len(y), generator=torch.Generator().manual_seed(1)) < batch / MNIST_TRAIN).flatten()
+        real = (x[rows].to(device), y[rows].to(device))  # one Poisson batch (a benchmark's: not a mechanism's draw)
+        first = next(iter(models.values()))
+        fakes = tuple(t.to(device) for t in first.public_fakes())
+        for path, model in models.items():
+            steps[path] = (lambda m: lambda: m.discriminator_step(*real, fakes))(model)
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        compile_s = {}
+        for path, step in steps.items():  # warm-up (and compilation)
+            start = time.perf_counter()
+            for _ in range(3):
+                step()
+            sync()
+            compile_s[path] = round(time.perf_counter() - start, 1)
+        load_before = _load_average()
+        wall, cpu = {p: [] for p in steps}, {p: [] for p in steps}
+        for _ in range(a.reps):
+            for path, step in steps.items():
+                w, c = time.perf_counter(), time.process_time()
+                for _ in range(a.inner):
+                    step()
+                sync()
+                wall[path].append((time.perf_counter() - w) * 1000 / a.inner)
+                cpu[path].append((time.process_time() - c) * 1000 / a.inner)
+        for path, model in models.items():
+            record = {"command": "speed --critic-step", "path": path, "width": width, "expected_batch": batch,
+                      "real_rows": len(rows), "physical_batch": model.physical_batch_size if path != "opacus" else None,
+                      "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                      "threads": a.threads, "reps": a.reps, "inner": a.inner,
+                      "ms_per_step_wall": round(statistics.median(wall[path]), 2),
+                      "ms_per_step_cpu": round(statistics.median(cpu[path]), 2),
+                      "warmup_s_3_steps": compile_s[path], "critic_params": sum(p.numel() for p in model.discriminator.parameters()),
+                      "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}
+            if device.type == "cuda":
+                record.update(_launches_per_step(steps[path], device))
+            records.append(record)
+            _append(a.results, record)
+            print("RESULT " + json.dumps(record), flush=True)
+    base = {r["width"]: r for r in records if r["path"] == "opacus"}
+    print("| critic (width, expected batch) | path | ms per step (CPU time) | ms per step (wall) | × opacus (CPU time) |"
+          + (" launches / kernels |" if device.type == "cuda" else ""))
+    for r in records:
+        ref = base.get(r["width"])
+        ratio = f"{ref['ms_per_step_cpu'] / r['ms_per_step_cpu']:.2f}" if ref else "-"
+        print(f"| {r['width']}, {r['expected_batch']} | {r['path']} | {r['ms_per_step_cpu']} | {r['ms_per_step_wall']} | {ratio} |"
+              + (f" {r['launches']} / {r['kernels']} |" if device.type == "cuda" else ""))
+    return 0
+
+
 def speed(a) -> int:
     """Critic steps per second: median over the timed generator steps (each ``d_steps`` critic steps
     and one generator step, data included), after one warm-up step."""
+    if a.critic_step:
+        return critic_step_speed(a)
     import pytorch_lightning as pl
     import torch
     from image_utility import parse_sets
@@ -199,7 +307,15 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "mnist"))
         s.add_argument("--threads", type=int, default=1)
         s.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "dpgan_mnist_cpu.jsonl"))
-    sub.choices["speed"].add_argument("--steps", type=int, default=3, help="generator steps timed (after one warm-up)")
+    sp = sub.choices["speed"]
+    sp.add_argument("--steps", type=int, default=3, help="generator steps timed (after one warm-up)")
+    sp.add_argument("--critic-step", action="store_true", help="ms per critic step of each DP-SGD path instead")
+    sp.add_argument("--critics", nargs="+", default=["8:128", "48:512"], metavar="WIDTH:BATCH",
+                    help="critic width (gf_dim = df_dim) and expected Poisson batch")
+    sp.add_argument("--paths", nargs="+", default=["opacus", "functorch", "compiled"], choices=sorted(PATHS))
+    sp.add_argument("--reps", type=int, default=5, help="timed rounds (median), each path's steps interleaved")
+    sp.add_argument("--inner", type=int, default=3, help="critic steps per path and round")
+    sp.add_argument("--device", default="cpu", help="cpu or cuda")
     f = sub.choices["fit"]
     f.add_argument("--name", required=True)
     f.add_argument("--epsilon", type=float, default=10.0)

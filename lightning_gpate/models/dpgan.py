@@ -392,6 +392,8 @@ class DPGAN(PrivateGenerativeModel):
         if dp_sgd_impl == "opacus":
             self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
         else:
+            if hasattr(critic, "label_taps"):  # the same function; its per-sample gradients without label maps
+                critic.label_taps = True
             self.discriminator = HooklessModule(critic)
         self._critic_step_fn = None  # the functorch step (compiled on first use)
         # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's

@@ -88,10 +88,33 @@ class ConditionalConvDiscriminator(nn.Module):
             raise ValueError(f"images of at least 4x4 pixels, got {h}x{w}")
         self.out = nn.Conv2d(4 * df_dim, 1, (side(h), side(w)))
         self.act = nn.LeakyReLU(0.2)
+        #: compute ``label_in`` of the one-hot maps by :meth:`label_response` (the same function, about
+        #: ten times fewer operations, and a sample's gradient a small einsum instead of a convolution):
+        #: set by DP-SGD paths that compute per-sample gradients with ``torch.func`` (opacus' hooks need
+        #: ``label_in`` called).
+        self.label_taps = False
+        # V[k, p] = 1 where tap k of label_in's kernel falls inside the image at output position p
+        kh, kw = self.label_in.kernel_size
+        taps = nn.functional.conv2d(torch.ones(1, 1, h, w), torch.eye(kh * kw).view(kh * kw, 1, kh, kw),
+                                    stride=self.label_in.stride, padding=self.label_in.padding)
+        self.register_buffer("label_tap_mask", taps[0].flatten(1), persistent=False)  # [kh·kw, H'·W']
+        self._label_side = taps.shape[2:]
+
+    def label_response(self, y: torch.Tensor) -> torch.Tensor:
+        """``label_in`` applied to the constant one-hot label maps, without building them: at each output
+        position, the bias plus the kernel taps of the label's channel that fall inside the image,
+        ``b + (onehot(y) · W) V``; ``[n, d/2, H', W']``."""
+        weight = self.label_in.weight.flatten(2)  # [d/2, classes, kh·kw]
+        per_label = torch.einsum("nc,ock->nok", one_hot(y, self.num_classes).to(weight.dtype), weight)
+        out = torch.matmul(per_label, self.label_tap_mask.to(weight.dtype)) + self.label_in.bias[:, None]
+        return out.view(len(y), -1, *self._label_side)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        maps = one_hot(y, self.num_classes)[:, :, None, None].expand(-1, -1, x.shape[2], x.shape[3])
-        h = torch.cat([self.act(self.image_in(x)), self.act(self.label_in(maps))], 1)
+        if self.label_taps:
+            labels = self.label_response(y)
+        else:
+            labels = self.label_in(one_hot(y, self.num_classes)[:, :, None, None].expand(-1, -1, x.shape[2], x.shape[3]))
+        h = torch.cat([self.act(self.image_in(x)), self.act(labels)], 1)
         return self.out(self.body(h)).flatten()
 
 
