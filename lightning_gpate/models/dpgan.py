@@ -78,7 +78,7 @@ from lightning_gpate.nets.generators import ConditionalConvGenerator, Conditiona
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.disclosure import private_diagnostics_allowed
 from lightning_gpate.privacy.dpsgd import (
-    HooklessModule, clip_factors, padded_batches, per_sample_gradients, physical_batch_size_for,
+    HooklessModule, clip_factors, padded_batches, per_sample_gradients, physical_batch_size_for, use_patch_grad_convs,
 )
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
@@ -394,6 +394,7 @@ class DPGAN(PrivateGenerativeModel):
         else:
             if hasattr(critic, "label_taps"):  # the same function; its per-sample gradients without label maps
                 critic.label_taps = True
+            use_patch_grad_convs(critic)  # the same function; wide convolutions' per-sample gradients as matmuls
             self.discriminator = HooklessModule(critic)
         self._critic_step_fn = None  # the functorch step (compiled on first use)
         # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's
