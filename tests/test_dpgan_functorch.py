@@ -242,3 +242,57 @@ def test_checkpoints_move_between_the_implementations(tmp_path):
     assert torch.equal(_flat(opacus.discriminator.parameters()), _flat(model.discriminator.parameters()))
     with pytest.raises(ValueError, match="dp_sgd_impl must be one of"):
         DPGAN(dm.spec, epsilon=1.0, dp_sgd_impl="jax", **RECIPES["wgan_mlp"])
+
+
+def test_patch_gradient_convolutions_give_each_samples_own_gradient():
+    """PatchGradConv2d (the wide critics' convolutions on the functorch path) keeps the function and
+    gives, under vmap, each sample's own weight gradient, and in a plain backward the batch's gradients
+    (weights and input), as nn.Conv2d does."""
+    from lightning_gpate.nets.discriminators import ConditionalConvDiscriminator
+    from lightning_gpate.privacy.dpsgd import PatchGradConv2d, use_patch_grad_convs
+
+    torch.manual_seed(0)
+    critic = ConditionalConvDiscriminator(in_shape=(1, 12, 12), num_classes=10, df_dim=6)
+    x, y = torch.randn(4, 1, 12, 12, requires_grad=True), torch.tensor([0, 3, 3, 9])
+    params = list(critic.parameters())
+    loop = [_flat(torch.autograd.grad(critic(x[i:i + 1], y[i:i + 1]).sum() ** 2, params)) for i in range(4)]
+    batch = torch.autograd.grad((critic(x, y) ** 2).sum(), [*params, x])
+    before = critic(x, y).detach()
+    assert use_patch_grad_convs(critic, min_patch=1) == 5  # every convolution (label_in too)
+    assert all(type(m) is PatchGradConv2d for m in critic.modules() if isinstance(m, torch.nn.Conv2d))
+    assert torch.allclose(critic(x, y), before, atol=1e-6)
+    named = {k: p.detach() for k, p in critic.named_parameters()}
+    grads, _ = per_sample_gradients(critic, lambda s, f: s ** 2, named, dict(critic.named_buffers()), x.detach(), y,
+                                    torch.zeros(4, dtype=torch.bool))
+    vmapped = torch.cat([g.reshape(4, -1) for g in grads.values()], dim=1)
+    for i in range(4):
+        assert torch.allclose(vmapped[i], loop[i], atol=1e-6, rtol=1e-4)
+    patched = torch.autograd.grad((critic(x, y) ** 2).sum(), [*params, x])
+    for a, b in zip(patched, batch):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_functorch_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
+    """DDP on the functorch path (Bie et al.'s recipe, small, adaptive n_D): each process clips its shard
+    of the Poisson batch in its own padded physical batches, rank 0 adds the noise once, the sums are
+    all-reduced: the release and ε of one process (with the noise seed fixed), up to the order of the sums."""
+    from conftest import query_run
+    from lightning_gpate.cli import main
+    from test_cli_ddp import DPGAN_REVISITED, _artifact_tensors, _one_process_under_ddp, _two_processes
+
+    from clitools import assert_same_tensors
+
+    args = [*DPGAN_REVISITED, "--model.init_args.dp_sgd_impl", "functorch"]
+    _, run_two = _two_processes(args, "two", tmp_path)
+    with _one_process_under_ddp() as ddp_one:
+        assert main([*args, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
+    run_one, client = query_run("one")
+    for run in (run_one, run_two):
+        assert run.info.status == "FINISHED" and run.data.tags["stop_reason"] == "max_steps=3 reached"
+        assert run.data.params["dp_sgd_impl"] == "functorch"
+        history = [m.value for m in client.get_metric_history(run.info.run_id, "d_steps")]
+        assert history == [1.0, 2.0, 5.0]
+    assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
+    assert math.isclose(run_one.data.metrics["epsilon_opacus"], run_two.data.metrics["epsilon_opacus"], rel_tol=1e-9)
+    one, two = (_artifact_tensors(run.data.tags["release_artifact"]) for run in (run_one, run_two))
+    assert_same_tensors(one, two, atol=1e-3)

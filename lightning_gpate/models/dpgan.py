@@ -202,7 +202,8 @@ def compiled_or_eager(function, mode: str):
             return fallback(error, *args)
 
     def fallback(error: Exception, *args):
-        warnings.warn(f"torch.compile is unavailable here ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+        detail = str(error).splitlines()[0][:160] if str(error) else ""
+        warnings.warn(f"torch.compile is unavailable here ({type(error).__name__}: {detail}); "
                       f"the DP-SGD step runs eagerly", stacklevel=3)
         state["call"] = function
         return function(*args)
@@ -394,7 +395,6 @@ class DPGAN(PrivateGenerativeModel):
         else:
             if hasattr(critic, "label_taps"):  # the same function; its per-sample gradients without label maps
                 critic.label_taps = True
-            use_patch_grad_convs(critic)  # the same function; wide convolutions' per-sample gradients as matmuls
             self.discriminator = HooklessModule(critic)
         self._critic_step_fn = None  # the functorch step (compiled on first use)
         # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's
@@ -693,6 +693,8 @@ class DPGAN(PrivateGenerativeModel):
             mode = hp.get("compile_critic_step", "auto")
             if mode == "auto":
                 mode = "reduce-overhead" if self.device.type == "cuda" else "none"
+            if mode == "none":  # eager: wide convolutions' per-sample gradients as matmuls (dynamo cannot trace them)
+                use_patch_grad_convs(self.discriminator._module)
             self._critic_step_fn = eager if mode == "none" else compiled_or_eager(eager, mode)
         return self._critic_step_fn
 
