@@ -34,10 +34,12 @@ def _flat(tensors):
 
 #: The two recipes: Xie et al.'s WGAN critic (MLP, weight clipping) and Bie et al.'s non-saturating loss
 #: with the all-convolutional DCGAN critic (no weight clipping, Adam).
+#: The reference DP-SGD path (opacus' hooks and DPOptimizer): these tests read its per-sample gradients;
+#: tests/test_dpgan_functorch.py checks the functorch path against the same references.
 RECIPES = {
-    "wgan_mlp": dict(noise_multiplier=1.0, max_grad_norm=0.05, **SMALL),
+    "wgan_mlp": dict(noise_multiplier=1.0, max_grad_norm=0.05, dp_sgd_impl="opacus", **SMALL),
     "nonsaturating_conv": dict(noise_multiplier=1.0, max_grad_norm=0.05, loss="nonsaturating", optimizer="adam",
-                               weight_clip=None, architecture="conv", gf_dim=8, df_dim=8, **SMALL),
+                               weight_clip=None, architecture="conv", gf_dim=8, df_dim=8, dp_sgd_impl="opacus", **SMALL),
 }
 
 
@@ -124,7 +126,7 @@ def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignor
 def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
     dm = ImageDataModule("digits", batch_size=32)
     model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, sampling_rate=Q, z_dim=8,
-                  generator_hidden=(16,), discriminator_hidden=(64, 64))
+                  generator_hidden=(16,), discriminator_hidden=(64, 64), dp_sgd_impl="opacus")
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
     assert isinstance(dp_opt, DPSumOptimizer)  # under DDP: noise once, on rank 0 (test_cli_ddp checks it on 2 processes)

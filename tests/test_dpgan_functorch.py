@@ -241,7 +241,7 @@ def test_checkpoints_move_between_the_implementations(tmp_path):
     assert type(opacus.discriminator).__name__ == "GradSampleModule"
     assert torch.equal(_flat(opacus.discriminator.parameters()), _flat(model.discriminator.parameters()))
     with pytest.raises(ValueError, match="dp_sgd_impl must be one of"):
-        DPGAN(dm.spec, epsilon=1.0, dp_sgd_impl="jax", **RECIPES["wgan_mlp"])
+        DPGAN(dm.spec, epsilon=1.0, **{**RECIPES["wgan_mlp"], "dp_sgd_impl": "jax"})
 
 
 def test_patch_gradient_convolutions_give_each_samples_own_gradient():

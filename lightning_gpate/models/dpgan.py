@@ -28,9 +28,13 @@ What makes the accounting a guarantee:
   too (no noise), so that both halves keep one scale (as in Bie et al., whose fakes share the clipped
   sum). (Clipping pairs of fake i and real row i instead would let one record move every later
   pairing, the number of fakes drawn and, through the generator's BatchNorm, every other fake: a
-  sensitivity far above C.) Real rows and fakes go through the critic in one forward and backward
-  pass (opacus' grad sampler: every layer's per-sample gradients from its activations and output
-  gradients, vectorised); the per-sample gradients are then split by row.
+  sensitivity far above C.) Real rows and fakes go through the critic in one vectorised per-sample
+  gradient computation, split by row: by default (``dp_sgd_impl: functorch``) ``torch.func``'s ``vmap`` of
+  ``grad`` over a Poisson batch cut into fixed-shape physical batches, the last padded with masked rows
+  that add exactly 0 (every drawn record used: the sampling is still Poisson at rate q), the step one
+  function ``torch.compile`` compiles once on a GPU (:mod:`lightning_gpate.privacy.dpsgd`); or opacus'
+  grad sampler (``dp_sgd_impl: opacus``, the reference: every layer's per-sample gradients from its
+  activations and output gradients, by hooks).
 * **Poisson sampling** (opacus' ``UniformWithReplacementSampler``, served by the DataModule when the
   model declares ``train_sampling = {"kind": "poisson", ...}``): the subsampled Gaussian analysis
   assumes it. Its rate q is a **declared public** hyperparameter (``sampling_rate``), never
@@ -283,8 +287,9 @@ class DPGAN(PrivateGenerativeModel):
         dp_sgd_impl: how the critic step gets its per-sample gradients (the same mechanism and accounting
             either way): ``"functorch"`` (``torch.func``: ``vmap`` of ``grad`` over one fixed-shape padded
             physical batch, the step one function that ``torch.compile`` can compile once;
-            :meth:`functorch_discriminator_step`) or ``"opacus"`` (opacus' hooks and ``DPOptimizer``: the
-            reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
+            :meth:`functorch_discriminator_step`; the default: 3.7x faster than opacus per critic step at
+            width 8, 1.5x at the MNIST configs' width 48, on a CPU) or ``"opacus"`` (opacus' hooks and
+            ``DPOptimizer``: the reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
         physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut
             into physical batches of this size, the last padded with masked rows (every drawn record is
             used). ``None``: ``B + 3√B`` of this process's expected batch B, rounded up to a multiple of 8
@@ -329,7 +334,7 @@ class DPGAN(PrivateGenerativeModel):
         secure_mode: bool = False,
         accountant: str = "rdp",
         log_private_diagnostics: bool = False,
-        dp_sgd_impl: str = "opacus",
+        dp_sgd_impl: str = "functorch",
         physical_batch_size: int | None = None,
         compile_critic_step: str = "auto",
         noise_seed: int | None = None,
