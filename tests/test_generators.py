@@ -51,3 +51,15 @@ def test_gpate_release_rebuilds_the_nearest_generator():
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="generator_upsample must be one of"):
         GPATE(spec, epsilon=10.0, generator_upsample="bilinear")
+
+
+def test_generating_an_unknown_class_is_refused_in_one_line():
+    """The generators' one-hot is a comparison (it runs under vmap), so a label outside the classes would
+    silently condition on no class: ``generate`` refuses it."""
+    spec = {**ImageDataModule("digits").spec, "num_teachers": 4}
+    model = GPATE(spec, epsilon=10.0, z_dim=8, gf_dim=8, fc_dim=16, fake_batch_size=4, noise_seed=0)
+    images, labels = model.generate(3, labels=torch.tensor([0, 9, 4]))
+    assert images.shape[0] == 3 and labels.tolist() == [0, 9, 4]
+    for bad in ([0, 10], [-1, 2]):
+        with pytest.raises(ValueError, match=r"labels must be classes 0\.\.9"):
+            model.generate(2, labels=torch.tensor(bad))

@@ -176,6 +176,9 @@ class GenerativeModel(pl.LightningModule):
         gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         if labels is None:
             labels = self.sample_labels(n, generator=gen)
+        elif len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+            # the generators' one-hot is a comparison (it runs under vmap): an unknown label would give a zero row
+            raise ValueError(f"labels must be classes 0..{self.num_classes - 1}, got {int(labels.min())}..{int(labels.max())}")
         from lightning_gpate.progress import progress
 
         net = self.generator_module
