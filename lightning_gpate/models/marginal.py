@@ -68,6 +68,7 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 NUMERIC, BINARY, CATEGORICAL = 0, 1, 2
 BIN_TOLERANCE = 1e-4  # in bins: the float32 data tensor puts an integer on a bin edge up to ~1e-6 below it
 LABEL_PARENT, NO_PARENT = -1, -2
+INDEPENDENT_SHARE = 1e-3  # of the independent table mixed into each edge's before IPF (estimate_tree)
 
 
 # ============================================================================ the generator
@@ -518,8 +519,10 @@ def estimate_tree(one_way: list[np.ndarray], one_way_var: list[np.ndarray], two_
     tables = {}
     for (a, b), table in zip(edges, two_way):
         fitted = _simplex(table.ravel(), n_hat).reshape(table.shape)
-        # a little of the independent table (1%) so that IPF can reach every count the columns have
-        fitted = 0.99 * fitted + 0.01 * np.outer(counts[a], counts[b]) / n_hat
+        # a little of the independent table so that IPF can reach every count the columns have; 0.1%: at 1%
+        # the pull towards independence was most of an edge's error on cardio (split seed 0, mean TVD of the
+        # edge tables from the true ones 0.0013 at ε = 10, 0.0029 at ε = 1; at 0.1%: 0.0005, 0.0024)
+        fitted = (1.0 - INDEPENDENT_SHARE) * fitted + INDEPENDENT_SHARE * np.outer(counts[a], counts[b]) / n_hat
         tables[(a, b)] = _ipf(fitted, counts[a], counts[b])
         tables[(b, a)] = tables[(a, b)].T
     return n_hat, counts, tables
