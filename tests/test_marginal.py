@@ -3,6 +3,7 @@
 label drives and reproduces the tables, and the usual private-model contract (one fit spends the
 budget, a second refuses, checkpoints sample the same)."""
 
+import copy
 import math
 
 import numpy as np
@@ -201,3 +202,66 @@ def test_needs_a_table_read_whole_without_teachers():
                            num_teachers=4, test_fraction=0.0, val_fraction=0.0)
     with pytest.raises(DataError, match="num_teachers: 0"):
         _fit(MarginalTree(dm.spec, epsilon=1.0, delta=1e-5), dm)
+
+
+def test_estimate_is_one_consistent_distribution():
+    # noisy measurements of a chain 0 - 1 - 2 (cards 3, 4, 2), some cells noisy below zero
+    from lightning_gpate.models.marginal import estimate_tree
+
+    rng = np.random.default_rng(0)
+    cards, edges, sigma = [3, 4, 2], [(0, 1), (1, 2)], 5.0
+    one_way = [rng.integers(0, 40, c) + rng.normal(0, sigma, c) - 10 for c in cards]
+    two_way = [rng.integers(0, 15, (cards[a], cards[b])) + rng.normal(0, sigma, (cards[a], cards[b])) - 5 for a, b in edges]
+    assert min(t.min() for t in one_way + two_way) < 0
+    n_hat, counts, tables = estimate_tree(one_way, [np.full(c, sigma ** 2) for c in cards], two_way, [sigma] * 2, edges,
+                                          one_way_totals=[(y.sum(), len(y) * sigma ** 2) for y in one_way])
+    for v in range(3):  # every column's counts: non-negative, summing to the one total
+        assert (counts[v] >= 0).all() and counts[v].sum() == pytest.approx(n_hat)
+    for a, b in edges:
+        p = tables[(a, b)] / n_hat  # a distribution: cells >= 0, sum 1
+        assert (p >= 0).all() and p.sum() == pytest.approx(1.0)
+        np.testing.assert_allclose(tables[(b, a)], tables[(a, b)].T)
+        # adjacent cliques agree on the column they share, and with its one-way estimate
+        np.testing.assert_allclose(tables[(a, b)].sum(1), counts[a], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(tables[(a, b)].sum(0), counts[b], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tables[(0, 1)].sum(0), tables[(1, 2)].sum(1), rtol=1e-6, atol=1e-6)
+
+
+def test_estimation_reads_only_the_noisy_measurements(monkeypatch):
+    # The estimation is post-processing: it is handed the noisy measurements and public noise scales, no
+    # data. Its inputs differ from the true marginals by noise, and its output (the generator's tables) is
+    # a function of those inputs alone: the same inputs give the same tables with the private data gone.
+    import lightning_gpate.models.marginal as marginal
+
+    calls = []
+    original = marginal.estimate_tree
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(marginal, "estimate_tree", spy)
+    frame = _table()
+    dm = _datamodule(frame)
+    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, noise_seed=2, compress=False)
+    _fit(model, dm)
+    assert len(calls) == 1
+    (one_way, one_way_var, two_way, sigmas, edges), kwargs = calls[0]
+    assert set(kwargs) == {"one_way_totals"}
+    for value in (*one_way, *two_way):  # integers + Gaussian noise: none of the inputs is an exact count
+        assert isinstance(value, np.ndarray) and value.dtype == np.float64
+        assert np.abs(value - np.round(value)).max() > 1e-3
+    # the label's true counts vs what the estimation got: they differ by noise
+    label = len(one_way) - 1
+    true_label = np.bincount(frame["y"].to_numpy(), minlength=2)
+    assert not np.allclose(one_way[label], true_label)
+    # no array the estimation got is the private data (rows), only tables the size of the columns' domains
+    assert all(value.size <= 10 * 10 for value in (*one_way, *two_way))
+    # the same noisy inputs, no data anywhere: the same model
+    n_hat, counts, tables = original(*calls[0][0], **kwargs)
+    again = original(*copy.deepcopy(calls[0][0]), **copy.deepcopy(kwargs))
+    for key in tables:
+        np.testing.assert_array_equal(tables[key], again[2][key])
+    label_ratio = model.generator.label_ratio.double().numpy()
+    np.testing.assert_allclose(label_ratio, counts[label] / counts[label].sum(), rtol=1e-5)
+
