@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -34,86 +39,232 @@ def cli_env(cwd: Path) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the CLI to its end; past ``timeout`` it is killed with every process it started (DDP ranks)."""
-    proc = subprocess.Popen([*cli_command(), *args], cwd=cwd, env=cli_env(cwd), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"lightning-gpate {' '.join(args)} did not finish in {timeout} s:\n{err[-3000:]}") from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-# A process that imports the CLI once, then forks one child per command line: each child is a process of its
-# own (its exit code, everything it writes to fds 1 and 2), without the ~10 s of imports a fresh one pays.
-_FORKING_RUNNER = r"""
-import json, os, sys, traceback
+# ----------------------------------------------------------------------------- the command line's processes
+# A fresh ``lightning-gpate`` process spends ~10 s importing (pytorch_lightning imports torchmetrics, which imports
+# torchvision and torch._dynamo) before it parses its first option: most of a small fit. The tests therefore start
+# the command from a *fork server*: one process per pytest process that imports what the console script imports,
+# once, then forks one child per command line. Each child is what the console script is after its imports: it
+# becomes a process of its own (its own session, working folder, environment, stdin, stdout and stderr files, and
+# an OS-seeded ``random`` / ``numpy`` state as a fresh interpreter has; the objects of the imports stay out of its
+# garbage collections, as Python's docs advise a forking server), sets ``sys.argv`` and ``__main__`` as
+# the script's run does (so that Lightning's DDP launcher re-executes ``python <script> <args>`` for the other
+# ranks, and a spawn Pool imports the script, exactly as for a user), and leaves through ``sys.exit(main())``:
+# the same argv parsing, the same ``main()``, the same interpreter exit (atexit handlers, SystemExit's code).
+# Its exit status is the process's (``-9`` after SIGKILL). LIGHTNING_GPATE_TEST_SUBPROCESS=1 runs every
+# command line in a fresh process instead.
+_FORK_SERVER = r"""
+import json, os, select, signal, sys
 import lightning_gpate.cli as cli
-import callbacks, datamodules, lightning_gpate.models, mlflow, pytorch_lightning.cli, sklearn  # what a command imports anyway: once
-cases, parallel = json.loads(sys.stdin.read()), int(sys.argv[1])
-codes, running = {}, {}
-def reap():
-    pid, status = os.wait()
-    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-for name, (args, out, err) in cases.items():
-    while len(running) >= parallel:
-        reap()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-            sys.argv = ["lightning-gpate", *args]
-            code = cli.main()
-        except SystemExit as stop:  # what the interpreter makes of sys.exit(...): an int, None (0), or a message and 1
-            if stop.code is None or isinstance(stop.code, int):
-                code = stop.code or 0
-            else:
-                print(stop.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-        finally:
+import callbacks, datamodules, lightning_gpate.models, mlflow, pytorch_lightning.cli, sklearn  # what a command imports anyway
+import alembic, cryptography.fernet, git, mlflow.store.tracking.sqlalchemy_store  # ... and what its MLflow run does (~1 s)
+import gc
+gc.freeze()  # the imports' objects, in every child, live to its end: its collections skip them instead of copying their pages (~1.5 s of CPU a child)
+
+def serve():
+    # -> the request of a forked child; the server itself never returns
+    children, pending = {}, b""
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.05)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            path = children.pop(pid)
+            with open(path + ".tmp", "w") as f:
+                f.write(str(os.waitstatus_to_exitcode(status)))
+            os.replace(path + ".tmp", path)
+        if not ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:  # the pytest process is gone: so are the command lines it started
+            for pid in children:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            os._exit(0)
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
             sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    running[pid] = name
-while running:
-    reap()
-print(json.dumps(codes))
+            pid = os.fork()
+            if pid == 0:
+                return request
+            children[pid] = request["status"]
+            sys.stdout.write(f"{pid}\n")
+            sys.stdout.flush()
+
+request = serve()
+os.setsid()
+os.chdir(request["cwd"])
+os.environ.clear()
+os.environ.update(request["env"])
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.dup2(out, 1)
+os.dup2(os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if request["err"] != request["out"] else out, 2)
+import random, numpy, torch, __main__
+random.seed()  # a fresh interpreter's are OS-seeded
+numpy.random.seed()
+if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # what torch reads as it loads
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+script = request["script"]
+if script:  # `lightning-gpate ...`: __main__ is the console script, sys.path starts at its folder
+    __main__.__file__ = script
+    sys.path[0] = os.path.dirname(script)
+else:  # `python -m lightning_gpate.cli ...`: sys.path starts at the working folder
+    import importlib.util
+    __main__.__spec__ = importlib.util.find_spec("lightning_gpate.cli")
+    __main__.__file__ = script = cli.__file__
+    sys.path[0] = os.getcwd()
+sys.argv = [script, *request["args"]]
+del request, out
+sys.exit(cli.main())
 """
+
+
+class _ForkServer:
+    """The fork server of this pytest process (started on first use, ended with it)."""
+
+    _current: "_ForkServer | None" = None
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="lightning-gpate-forks-"))
+        self.count = 0
+        env = cli_env(self.folder)
+        env.pop("MLFLOW_TRACKING_URI")  # each command line's own
+        self.log = open(self.folder / "server.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-c", _FORK_SERVER], cwd=self.folder, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the CLI's fork server did not start:\n{(self.folder / 'server.log').read_text()[-3000:]}")
+        atexit.register(self.close)
+
+    @classmethod
+    def get(cls) -> "_ForkServer":
+        if cls._current is None or cls._current.proc.poll() is not None:
+            cls._current = cls()
+        return cls._current
+
+    def start(self, args: Sequence[str], *, cwd: Path, out: Path, err: Path) -> "ForkedCLI":
+        self.count += 1
+        status = self.folder / f"{self.count}.status"
+        script = cli_command()
+        request = {"args": list(args), "cwd": str(cwd), "env": cli_env(Path(cwd)), "out": str(out), "err": str(err),
+                   "status": str(status), "script": script[0] if len(script) == 1 else ""}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        pid = int(self.proc.stdout.readline())
+        return ForkedCLI(pid, [*script, *args], status)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class ForkedCLI:
+    """A command line started by the fork server, with :class:`subprocess.Popen`'s ``pid``, ``args``,
+    ``returncode``, ``poll``, ``wait`` and ``kill``."""
+
+    def __init__(self, pid: int, args: list[str], status: Path) -> None:
+        self.pid, self.args, self._status, self.returncode = pid, args, status, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._status.exists():
+            self.returncode = int(self._status.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _forking() -> bool:
+    return hasattr(os, "fork") and os.environ.get("LIGHTNING_GPATE_TEST_SUBPROCESS", "") in ("", "0")
+
+
+def _start(args: Sequence[str], *, cwd: Path, out: Path, err: Path):
+    """The command line ``args`` started in ``cwd`` (its own session), stdout / stderr to the files ``out`` / ``err``
+    (the same file for both if equal)."""
+    if _forking():
+        return _ForkServer.get().start(args, cwd=cwd, out=out, err=err)
+    with open(out, "w") as stdout, (open(err, "w") if err != out else contextlib.nullcontext(stdout)) as stderr:
+        return subprocess.Popen([*cli_command(), *args], cwd=cwd, env=cli_env(Path(cwd)), stdout=stdout, stderr=stderr,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _finish(proc, args: Sequence[str], out: Path, err: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for ``proc``; past ``timeout`` it is killed with every process it started (DDP ranks)."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"lightning-gpate {' '.join(args)} did not finish in {timeout} s:\n{err.read_text()[-3000:]}") from None
+    result = subprocess.CompletedProcess([*cli_command(), *args], proc.returncode, out.read_text(), err.read_text())
+    shutil.rmtree(out.parent)
+    return result
+
+
+def _log_files(name: str) -> tuple[Path, Path]:
+    """Two new files for a command's stdout and stderr, outside the folder it runs in (in a folder of their own,
+    removed once read)."""
+    folder = Path(tempfile.mkdtemp(prefix="lightning-gpate-cli-"))
+    return folder / f"{name}.out", folder / f"{name}.err"
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the CLI to its end, as a user runs ``lightning-gpate ARGS`` in ``cwd``; past ``timeout`` it is killed
+    with every process it started (DDP ranks)."""
+    out, err = _log_files("cli")
+    return _finish(_start(args, cwd=cwd, out=out, err=err), args, out, err, timeout)
 
 
 def run_cli_many(commands: dict[str, Sequence[str]], *, cwd: Path, parallel: int = 2,
                  timeout: float = 600) -> dict[str, subprocess.CompletedProcess]:
-    """Run many command lines as :func:`run_cli` does, each in a process of its own, ``parallel`` at a time,
-    forked from one process that imported the CLI once (what a console script does, without paying its
-    imports per command). Returns each name's ``CompletedProcess``."""
-    logs = cwd / ".cli_many"
-    logs.mkdir(exist_ok=True)
-    cases = {name: [list(args), str(logs / f"{name}.out"), str(logs / f"{name}.err")] for name, args in commands.items()}
-    proc = subprocess.Popen([sys.executable, "-c", _FORKING_RUNNER, str(parallel)], cwd=cwd, env=cli_env(cwd),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(json.dumps(cases), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise AssertionError(f"the command lines {sorted(commands)} did not finish in {timeout} s") from None
-    assert proc.returncode == 0, err[-3000:]
-    codes = json.loads(out.strip().splitlines()[-1])
-    return {name: subprocess.CompletedProcess([*cli_command(), *args], codes[name], Path(o).read_text(), Path(e).read_text())
-            for name, (args, o, e) in cases.items()}
+    """Run many command lines as :func:`run_cli` does, each in a process of its own, ``parallel`` at a time.
+    Returns each name's ``CompletedProcess``."""
+    deadline = time.monotonic() + timeout
+    waiting, running, done = list(commands.items()), {}, {}
+    while waiting or running:
+        while waiting and len(running) < parallel:
+            name, args = waiting.pop(0)
+            out, err = _log_files(name)
+            running[name] = (_start(args, cwd=cwd, out=out, err=err), args, out, err)
+        for name, (proc, args, out, err) in list(running.items()):
+            if proc.poll() is not None:
+                done[name] = _finish(proc, args, out, err, 0)
+                del running[name]
+        if time.monotonic() > deadline:
+            for proc, *_ in running.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"the command lines {sorted(commands)} did not finish in {timeout} s")
+        time.sleep(0.02)
+    return {name: done[name] for name in commands}
 
 
-def start_cli(*args: str, cwd: Path, log: Path) -> subprocess.Popen:
-    """Start the CLI in the background, its output to the file ``log`` (a pipe nobody reads could fill up and block it)."""
-    with open(log, "w") as out:
-        return subprocess.Popen([*cli_command(), *args], cwd=cwd, env=cli_env(cwd), stdout=out, stderr=subprocess.STDOUT)
+def start_cli(*args: str, cwd: Path, log: Path):
+    """Start the CLI in the background, its stdout and stderr to the file ``log``; returns a process handle
+    (``poll``, ``wait``, ``kill``, ``pid``)."""
+    return _start(args, cwd=cwd, out=log, err=log)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, command: str, *fragments: str) -> str:

@@ -1,5 +1,5 @@
-"""Functions run in processes that tests start themselves (``torch.multiprocessing.spawn``): kept in a
-module that imports little, since every process imports it again."""
+"""Functions run in processes that tests start themselves (``torch.multiprocessing.start_processes``, forked): kept
+in a module that imports little, should a start method import it again."""
 
 from __future__ import annotations
 

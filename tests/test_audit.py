@@ -3,9 +3,6 @@ Clopper–Pearson's, the features count what they say, and the command runs, res
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,7 @@ import pytest
 import torch
 from scipy.stats import beta
 
+from clitools import run_cli
 from lightning_gpate.audit import (
     clopper_pearson_lower,
     clopper_pearson_upper,
@@ -157,8 +155,7 @@ def test_audit_command_trains_both_worlds_resumes_and_reports_to_mlflow(tmp_path
     assert sorted(p.name for p in fits.glob("*.json")) == ["w0_00000.json", "w0_00001.json", "w1_00000.json", "w1_00001.json"]
     stamp = (fits / "w0_00000.csv").stat().st_mtime_ns
     # the command line, continuing the folder in two worker processes
-    second = subprocess.run([sys.executable, "-m", "lightning_gpate.cli", *_audit_args(tmp_path, "--runs", "4", "--jobs", "2", "--attack", "groundhog")],
-                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    second = run_cli(*_audit_args(tmp_path, "--runs", "4", "--jobs", "2", "--attack", "groundhog"), cwd=tmp_path, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (fits / "w0_00000.csv").stat().st_mtime_ns == stamp  # finished fits are not trained again
     infos = [json.loads(p.read_text()) for p in sorted(fits.glob("*.json"))]

@@ -159,7 +159,9 @@ def test_dpgan_noise_is_added_once_per_step_on_two_processes(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     sigma, clip = 1.3, 0.7
-    torch.multiprocessing.spawn(noise_of_one_dpgan_step, args=(2, port, str(tmp_path), sigma, clip, 32.0), nprocs=2)
+    # forked: fresh interpreters would import torch and opacus again; the mechanism's generator is OS-seeded either way
+    torch.multiprocessing.start_processes(noise_of_one_dpgan_step, args=(2, port, str(tmp_path), sigma, clip, 32.0), nprocs=2,
+                                          start_method="fork")
     noise = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
     assert torch.equal(noise[0], noise[1])  # every process applies the same noisy gradient
     d = noise[0].numel()

@@ -16,12 +16,26 @@ import torch
 from clitools import ROOT
 
 
+# GNU OpenMP reads its settings once, as torch's extension loads it: the process can end there (the rest of
+# the CLI's imports, ~4 s of each process, cannot change what it read).
+_END_ONCE_TORCH_IS_LOADED = """
+import builtins, os, sys
+_import = builtins.__import__
+def _import_then_end_once_torch_is_loaded(*args, **kwargs):
+    module = _import(*args, **kwargs)
+    if "torch._C" in sys.modules:
+        os._exit(0)
+    return module
+builtins.__import__ = _import_then_end_once_torch_is_loaded
+"""
+
+
 def _spin_count(code: str, **env: str) -> str:
     """How many times an idle OpenMP thread spins before it sleeps in a fresh process running ``code``
     (GNU OpenMP prints its settings as it loads)."""
     clean = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     clean.update(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_DISPLAY_ENV="verbose", **env)
-    out = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _END_ONCE_TORCH_IS_LOADED + code], env=clean, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     found = re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr)
     if found is None:

@@ -212,7 +212,9 @@ def test_under_ddp_who_can_replay_the_noise_is_what_the_docs_say(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     steps = 4
-    torch.multiprocessing.spawn(mechanism_noise_of_ranks, args=(2, port, str(tmp_path), steps), nprocs=2)
+    # forked, not spawned (no imports again): the ranks then also share this process's `random` and numpy states,
+    # which can only make a rank's noise easier to replay
+    torch.multiprocessing.start_processes(mechanism_noise_of_ranks, args=(2, port, str(tmp_path), steps), nprocs=2, start_method="fork")
     ranks = [torch.load(tmp_path / f"{r}.pt")["gswgan"] for r in (0, 1)]
     choices = [[k for k, _ in r["drawn"]] for r in ranks]
     assert choices[0] == choices[1] and len(choices[0]) == steps  # every rank drew the same discriminators

@@ -160,7 +160,9 @@ def test_two_ddp_processes_train_the_same_generator_as_one(aggregator):
     single = _ddp_model(dm1, **aggregator)
     _trainer(4).fit(single, dm1)
     double = _ddp_model(dm2, **aggregator)
-    _trainer(4, devices=2, strategy="ddp_spawn").fit(double, dm2)
+    # ddp_fork: Lightning's launcher of ddp_spawn, with ranks forked from this process instead of fresh interpreters
+    # that import torch and Lightning again (~6 s of CPU each)
+    _trainer(4, devices=2, strategy="ddp_fork").fit(double, dm2)
     for (name, a), b in zip(single.generator.state_dict().items(), double.generator.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-5), name
     assert math.isclose(single.accountant.epsilon(), double.accountant.epsilon(), rel_tol=1e-9)
@@ -458,7 +460,7 @@ def test_two_ddp_processes_measure_one_feature_anchor_charged_once():
     dm1, single = _digits_gpate(**kw)
     _trainer(2).fit(single, dm1)
     dm2, double = _digits_gpate(**kw)
-    _trainer(2, devices=2, strategy="ddp_spawn", callbacks=[_SameAnchorOnEveryRank()]).fit(double, dm2)
+    _trainer(2, devices=2, strategy="ddp_fork", callbacks=[_SameAnchorOnEveryRank()]).fit(double, dm2)
     assert bool(double.anchor_measured) and torch.allclose(single.anchor_targets, double.anchor_targets, atol=1e-6)
     assert single.accountant.counts == double.accountant.counts and double.accountant.counts["subsampled_gaussian_events"] == 1
     assert math.isclose(single.accountant.epsilon(), double.accountant.epsilon(), rel_tol=1e-9)

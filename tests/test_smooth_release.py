@@ -316,7 +316,7 @@ def test_two_ddp_processes_release_the_same_value_as_one():
     trainer(3).fit(single, dm1)
     torch.manual_seed(0)
     double = GPATE(dm2.spec, **kw)
-    trainer(3, devices=2, strategy="ddp_spawn").fit(double, dm2)
+    trainer(3, devices=2, strategy="ddp_fork").fit(double, dm2)  # ddp_spawn's launcher, the ranks forked: no imports again
     a, b = single.smooth_sensitivity.released, double.smooth_sensitivity.released
     assert b is not None and b.num_queries == a.num_queries
     assert b.noisy_rdp == pytest.approx(a.noisy_rdp, rel=1e-9) and b.epsilon == pytest.approx(a.epsilon, rel=1e-9)
