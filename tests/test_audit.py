@@ -200,6 +200,33 @@ def test_audit_input_errors(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_a_malformed_dataset_file_is_refused_in_one_line_that_quotes_none_of_it(tmp_path, capsys):
+    """The audit reads a dataset file with the DataModules' reader: a malformed private file (a row with a field
+    too many, a non-UTF-8 file) ends in one line that names the file and what to check, never the line
+    number or the content of the offending row (pandas' own message names both). A malformed --target row
+    (the user's own input) is refused in one line too."""
+    from lightning_gpate.cli import main
+
+    config = tmp_path / "gan.yaml"
+    config.write_text("trainer: {max_steps: 2}\nmodel: {class_path: lightning_gpate.models.GAN, init_args: {z_dim: 4}}\n"
+                      "data: {class_path: datamodules.TabularDataModule, init_args: {label: y, batch_size: 4}}\n")
+    data = tmp_path / "private.csv"
+    data.write_text("x1,x2,y\n0,1,0\n1,0,1\n0,0,1,SECRET-4242\n1,1,0\n")
+    args = ["audit", "--config", str(config), "--runs", "2", "--no_progress", "--output", str(tmp_path / "a"), "--target", "0"]
+    assert main([*args, "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-gpate audit: error: could not read") and str(data) in err and len(err.strip().splitlines()) == 1
+    assert "SECRET" not in err and "line 4" not in err and "Traceback" not in err
+    data.write_bytes(b"x1,x2,y\n0,1,0\n\xff\xfe,0,1\n")
+    assert main([*args, "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "not UTF-8" in err and len(err.strip().splitlines()) == 1
+    data.write_text("x1,x2,y\n0,1,0\n1,0,1\n")
+    assert main([*args[:-1], "0,1,1,2", "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "must give one value per column" in err and len(err.strip().splitlines()) == 1
+
+
 def test_every_fit_draws_fresh_mechanism_noise_and_each_private_audit_config_trains(monkeypatch):
     # The audit must measure each model as deployed: the public seed repeats, the secret noise does not.
     import lightning_gpate.evaluation.report as report

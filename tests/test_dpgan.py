@@ -230,6 +230,93 @@ def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_
         DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **SMALL)
 
 
+def _rdp_epsilon(q, sigma, steps, orders, delta=1e-5):
+    """dp-accounting's own RDP accountant: ``steps`` Poisson-subsampled Gaussian steps, on ``orders``."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    reference = RdpAccountant([float(a) for a in orders])
+    reference.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count=steps)
+    return reference.get_epsilon(delta)
+
+
+def _pld_epsilon(q, sigma, steps, delta=1e-5):
+    """dp-accounting's own PLD accountant (interval 1e-3, as the model's): ``steps`` Poisson-subsampled Gaussians."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+    reference.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return reference.get_epsilon(delta)
+
+
+def test_the_adaptive_schedules_worst_case_is_its_fastest_climb_and_the_reviews_example_costs_3_83():
+    """The worst case of an adaptive n_D, per generator step, is what the schedule's own code serves when the
+    critic's signal allows every move (fake accuracy 0 after every step), for integer and fractional graces.
+    The privacy review's example: ``dpgan_eps10_guarantee`` (n_D from 1, grace 200, σ 1.135, q = 512/60000)
+    ended after 1,000 generator steps of a schedule that never moved took 1,000 critic steps (RDP ε 1.376,
+    what was reported) where the schedule allowed 7,600: its guarantee is dp-accounting's ε of 7,600, 3.827."""
+    dm = ImageDataModule("digits", batch_size=32)
+    config = dict(delta=1e-5, sampling_rate=0.0085333, noise_multiplier=1.135, loss="nonsaturating", d_steps=1,
+                  architecture="conv", gf_dim=4, df_dim=4, z_dim=8)
+    for grace, steps in ((200, 1300), (2.5, 40), (1, 15)):
+        climbing = DPGAN(dm.spec, epsilon=10.0, adaptive_d_steps={"threshold": 0.6, "grace": grace, "decay": 0.99}, **config)
+        fastest = []
+        for _ in range(steps):
+            fastest.append(int(climbing.d_steps_now))
+            climbing.adapt_d_steps(0.0)
+        assert [climbing.most_critic_steps(t) for t in range(steps)] == fastest, grace
+        assert [climbing.most_critic_steps_in(t) for t in range(steps + 1)] == [sum(fastest[:t]) for t in range(steps + 1)]
+    assert fastest[-1] == 5000 and fastest[:4] == [1, 2, 5, 10]  # grace 1: one rung a step, up to the ladder's top
+
+    model = DPGAN(dm.spec, epsilon=10.0, adaptive_d_steps={"threshold": 0.6, "grace": 200, "decay": 0.99}, **config)
+    assert model.most_critic_steps_in(1000) == 200 * (1 + 2 + 5 + 10 + 20)
+    for _ in range(1000):
+        assert model.pay_for_generator_step(1)  # n_D stayed 1: the schedule never moved
+    worst, taken = _rdp_epsilon(0.0085333, 1.135, 7600, model.accountant.orders), _rdp_epsilon(0.0085333, 1.135, 1000, model.accountant.orders)
+    assert round(worst, 3) == 3.827 and round(taken, 3) == 1.376
+    assert math.isclose(model.guarantee_epsilon(), worst, rel_tol=1e-9)  # what the run reports
+    assert math.isclose(model.spent_epsilon(), worst, rel_tol=1e-9)
+    assert math.isclose(model.realised_epsilon(), taken, rel_tol=1e-9)  # what the budget's filter compares
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_a_run_whose_adaptive_schedule_never_moved_reports_the_worst_case(accountant, tmp_path):
+    """A critic that catches every fake keeps the adaptive n_D at 5 (grace 2): six generator steps take 30 critic
+    steps where the schedule allowed 5 + 5 + 10 + 10 + 20 + 20 = 70. The run (ended by max_steps) reports and logs
+    the ε of 70 steps by dp-accounting's own accountant (RDP; PLD with ``accountant: pld``), not that of the 30
+    taken; under RDP the filter's figure, logged beside it, is the 30 steps'. A checkpoint written before
+    ``generator_steps_paid`` existed loads with a count that does not understate the schedule's position."""
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=50.0, d_steps=5, adaptive_d_steps={"threshold": 0.6, "grace": 2, "decay": 0.5},
+                  accountant=accountant, **RECIPES["nonsaturating_conv"])
+    adapt = model.adapt_d_steps
+    model.adapt_d_steps = lambda fake_accuracy: adapt(1.0)  # every fake caught: the average never falls to 0.6
+    trainer = pl.Trainer(max_steps=6, logger=GPATEMLFlowLogger(experiment_name=f"dpgan-worst-{accountant}"), enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1, default_root_dir=tmp_path)
+    trainer.fit(model, dm)
+    assert int(model.d_steps_now) == 5 and int(model.critic_steps_taken) == 30 and int(model.generator_steps_paid) == 6
+    assert not model.budget_exhausted and model.critic_steps_worst_case() == 70
+    if accountant == "rdp":
+        worst, taken = (_rdp_epsilon(Q, 1.0, n, model.accountant.orders) for n in (70, 30))
+        assert math.isclose(model.guarantee_epsilon(), worst, rel_tol=1e-9)
+        assert math.isclose(model.realised_epsilon(), taken, rel_tol=1e-9)
+    else:
+        worst, taken = _pld_epsilon(Q, 1.0, 70), _pld_epsilon(Q, 1.0, 30)
+        assert math.isclose(model.guarantee_epsilon(), worst, rel_tol=1e-6)
+        assert math.isclose(model.accountant.epsilon_worst_case(), _rdp_epsilon(Q, 1.0, 70, model.accountant.orders), rel_tol=1e-9)
+    assert worst > 1.15 * taken  # today's code reported the taken steps' ε
+    run, _ = query_run(f"dpgan-worst-{accountant}")
+    assert math.isclose(run.data.metrics["epsilon_final"], worst, rel_tol=1e-6)
+    if accountant == "rdp":
+        assert math.isclose(run.data.metrics["epsilon_final_budget_spent_by_filter"], taken, rel_tol=1e-6)
+        trainer.save_checkpoint(tmp_path / "m.ckpt")
+        checkpoint = torch.load(tmp_path / "m.ckpt", weights_only=False)
+        del checkpoint["state_dict"]["generator_steps_paid"]  # as written before the count existed
+        torch.save(checkpoint, tmp_path / "old.ckpt")
+        assert int(DPGAN.load_from_checkpoint(tmp_path / "old.ckpt").generator_steps_paid) == 30  # >= the 6 taken
+
+
 def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
     dm = ImageDataModule("digits", batch_size=32)
     model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, architecture="dcgan", gf_dim=4, df_dim=4, fc_dim=8,

@@ -60,6 +60,38 @@ def test_one_teacher_moves_the_sum_by_at_most_two():
     assert worst <= 2.0 + 1e-5 and worst > 1.5
 
 
+def test_a_teacher_with_an_inf_or_nan_coordinate_votes_zero_and_the_release_stays_finite():
+    """One teacher's direction with an inf coordinate, one with a NaN (a diverged teacher): each votes zero as a
+    whole, the sum and the release are finite (before: NaN everywhere), the finite teachers' votes are their own
+    unit directions, and one teacher turning non-finite moves the sum by at most 1 (its vote gone), within the
+    sensitivity 2. A huge but finite vote keeps norm 1 (no overflow to a zero vote)."""
+    g = torch.Generator().manual_seed(3)
+    grads = torch.randn(5, 3, 4, generator=g)
+    grads[1, 2, 0] = float("inf")
+    grads[3, 0, 3] = float("nan")
+    grads[4] *= 1e37  # its squared norm overflows float32
+    votes = normalized_votes(grads)
+    assert torch.isfinite(votes).all()
+    assert torch.equal(votes[1], torch.zeros(3, 4)) and torch.equal(votes[3], torch.zeros(3, 4))
+    for t in (0, 2, 4):
+        torch.testing.assert_close(votes[t], (grads[t].double() / grads[t].double().norm()).float())
+    release = gaussian_sum_release(votes.sum(0), sigma=1.0, num_teachers=5, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(release).all()
+    clean = grads.clone()
+    clean[1], clean[3] = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    for t in (1, 3):  # teacher t alone turned non-finite: its unit vote leaves the sum, nothing else moves
+        one_bad = clean.clone()
+        one_bad[t] = grads[t]
+        move = (normalized_votes(clean).sum(0) - normalized_votes(one_bad).sum(0)).norm()
+        assert math.isclose(float(move), 1.0, rel_tol=1e-5)
+    voting = torch.ones(5, 3, dtype=torch.bool)
+    voting[1, 2] = False  # the inf is on a unit teacher 1 abstains from: the rest of its vote counts
+    masked = normalized_votes(grads, voting)
+    kept = grads[1].clone()
+    kept[2] = 0.0
+    torch.testing.assert_close(masked[1], kept / kept.norm())
+
+
 def test_release_is_the_mean_vote_plus_gaussian_noise_of_sigma_over_teachers():
     total = torch.full((400, 250), 3.0)
     release = gaussian_sum_release(total, sigma=2.0, num_teachers=4, generator=torch.Generator().manual_seed(1))

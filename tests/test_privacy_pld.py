@@ -65,3 +65,32 @@ def test_dpgan_with_pld_takes_more_steps_and_reports_the_pld_epsilon():
             assert run.data.metrics["epsilon_final"] == pytest.approx(model.guarantee_epsilon())
             assert run.data.metrics["epsilon_final_rdp"] == pytest.approx(model.accountant.epsilon())
     assert steps["pld"] > 1.2 * steps["rdp"]
+
+
+@pytest.mark.parametrize("change", [{"noise_multiplier": 0.3}, {"sampling_rate": 0.1}, {"accountant": "rdp"},
+                                    {"d_steps": 2}])
+def test_a_resume_with_another_noise_rate_accountant_or_schedule_is_refused(change, tmp_path):
+    """The PLD bound composes every critic step of the run at one σ and q (and the adaptive worst case counts
+    them under one schedule): a resume from Python that asks for another σ, q, accountant or n_D is refused in
+    one line naming both values, before any step (the review's resume reported 0.061 where its steps cost 1.644)."""
+    from lightning_gpate.models.base import CheckpointError
+
+    dm = ImageDataModule("digits", batch_size=32)
+    kw = dict(epsilon=5.0, delta=1e-5, noise_multiplier=1.2, sampling_rate=32 / 1150, z_dim=8, generator_hidden=(16,),
+              discriminator_hidden=(16, 16), accountant="pld")
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(DPGAN(dm.spec, **kw), dm)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    resumed = DPGAN(dm.spec, **{**kw, **change})
+    with pytest.raises(CheckpointError) as refused:
+        pl.Trainer(max_steps=4, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tmp_path).fit(resumed, dm, ckpt_path=tmp_path / "m.ckpt")
+    (name, value), = change.items()
+    message = str(refused.value)
+    assert "\n" not in message and f"asks for {name}={value!r}" in message and f"pins {name}=" in message
+    assert int(resumed.critic_steps_taken) == 0 and resumed.accountant.epsilon() == 0.0  # nothing ran
+    same = DPGAN(dm.spec, **kw)  # the same settings resume
+    pl.Trainer(max_steps=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=tmp_path).fit(same, dm, ckpt_path=tmp_path / "m.ckpt")
+    steps = int(same.critic_steps_taken)
+    assert steps == 15 and math.isclose(same.guarantee_epsilon(), _independent(same.sampling_rate, 1.2, 20, 1e-5), rel_tol=1e-6)

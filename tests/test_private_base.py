@@ -127,3 +127,18 @@ def test_private_hyperparameters_keep_no_private_count_or_ratio(tmp_path, mixed_
         assert "num_train" not in spec and spec["class_ratio"] == [0.5, 0.5]
     assert torch.allclose(model.class_ratio, torch.tensor([0.5, 0.5]))
     assert "num_train" in dm.spec  # the DataModule's own spec is untouched
+
+
+@pytest.mark.parametrize("kind", ["dpmerf", "dpgan", "marginal"])
+def test_a_model_whose_only_analysis_is_its_guarantee_refuses_paper_accounting(kind):
+    """DP-MERF, DP-GAN and MarginalTree have no paper-style analysis: under ``budget_accounting: paper`` they
+    spent the guarantee's ε at the guarantee's σ and were tagged not a guarantee. Refused in one line; models
+    with a paper analysis (GS-WGAN's per-sample composition) still take it."""
+    import small_models
+
+    with pytest.raises(ValueError, match="has no paper-style analysis besides its guarantee") as refused:
+        small_models.build(kind, budget_accounting="paper")
+    assert "\n" not in str(refused.value) and "budget_accounting: guarantee" in str(refused.value)
+    model, _ = small_models.build(kind)
+    assert model.budget_accounting == "guarantee"
+    assert small_models.build("gswgan", budget_accounting="paper")[0].budget_accounting == "paper"

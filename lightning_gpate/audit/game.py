@@ -93,8 +93,10 @@ def file_data(path: str | Path, target: str, config_data: dict[str, Any]) -> Aud
     options = {k: config_data[k] for k in FILE_DATA_OPTIONS if k in config_data}
     if "label" not in options:
         raise AuditError("the config's data section names no label column (data.init_args.label)")
+    from datamodules.base import read_data_csv  # (imports torch: only for a file dataset)
+
     read = dict(sep=options.get("sep", ","), na_values=options.get("na_values"))
-    frame = pd.read_csv(path, **read)
+    frame = read_data_csv(path, **read)  # the DataModules' reader: its errors quote no line of the private file
     target = str(target).strip()
     if target.lstrip("-").isdigit():
         index = int(target)
@@ -104,8 +106,13 @@ def file_data(path: str | Path, target: str, config_data: dict[str, Any]) -> Aud
         with_target, row = frame, frame.iloc[index].to_dict()
     else:
         header = read["sep"].join(frame.columns)
-        row_frame = pd.read_csv(io.StringIO(f"{header}\n{target.replace(',', read['sep'])}"), **read)
-        if row_frame.shape != (1, frame.shape[1]):
+        row_frame = None
+        if len(target.split(",")) == frame.shape[1]:  # counted here: pandas takes a field too many as an index
+            try:
+                row_frame = pd.read_csv(io.StringIO(f"{header}\n{target.replace(',', read['sep'])}"), **read)
+            except pd.errors.ParserError:
+                pass
+        if row_frame is None or row_frame.shape != (1, frame.shape[1]):
             raise AuditError(f"--target {target!r} must give one value per column of {path}: {list(frame.columns)}")
         row_frame = row_frame.astype(frame.dtypes.to_dict(), errors="ignore")
         without, with_target = frame, pd.concat([frame, row_frame], ignore_index=True)

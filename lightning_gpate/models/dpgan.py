@@ -54,6 +54,13 @@ What makes the accounting a guarantee:
   (``d_steps`` compositions) *before* the first of them is applied (budget stop; one charge per
   generator step keeps the accountant off the critic's hot loop), and opacus' own ``RDPAccountant``
   follows every critic step as a cross-check (logged as ``epsilon_opacus``).
+* **an adaptive n_D is charged its worst case** (``adaptive_d_steps``): how many critic steps a
+  generator step takes is chosen from released outputs (the DP critic's scores of public fakes), so
+  a run's cost is itself random. Every generator step is also recorded with the most critic steps the
+  public schedule lets that step take (:meth:`DPGAN.most_critic_steps`), as G-PATE records its
+  queries all answered: a run ended by ``max_steps``, time or a signal is guaranteed the cost of that
+  worst case (capped by the budget the stop kept), never the cost of the steps it happened to take.
+  σ, q and the schedule are pinned by a training checkpoint (:data:`MECHANISM_HPARAMS`).
 * **no BatchNorm in the critic** (per-sample gradients need per-sample normalisation): the FC
   critic [784, 64, 64, 1] of the G-PATE baseline, the DCGAN critic with GroupNorm/LayerNorm, or the
   all-convolutional critic without normalisation.
@@ -74,6 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lightning_gpate.models.base import refuse_changed_on_resume
 from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
 from lightning_gpate.nets.discriminators import (
     ConditionalConvDiscriminator, ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator,
@@ -99,6 +107,10 @@ COMPILE_MODES = ("auto", "none", "default", "reduce-overhead", "max-autotune")
 #: PLD ε is reported for step counts rounded up to a multiple of this (an upper bound: ε grows with steps).
 PLD_STEP_GRID = 10
 OPACUS_ACCOUNTANT_KEY = "opacus_rdp_accountant"
+#: What each critic step's cost and the worst case of a generator step are computed from: a training checkpoint
+#: pins them (a resume from Python that asks for others is refused, as the CLI refuses any change), so that every
+#: critic step of a run is the same Poisson-subsampled Gaussian and the schedule's worst case is fixed in advance.
+MECHANISM_HPARAMS = ("noise_multiplier", "sampling_rate", "accountant", "d_steps", "adaptive_d_steps")
 
 
 class FlatImageGenerator(nn.Module):
@@ -246,7 +258,7 @@ class DPGAN(PrivateGenerativeModel):
             expected batch size q·N the noisy gradient sum is divided by (a public constant).
         noise_multiplier: σ of DP-SGD (noise std σ·C on the summed clipped gradients).
         max_grad_norm: C, the L2 bound of each real record's critic gradient (of ``ℓ_real(D(x_i, y_i))``).
-        budget_accounting: ``"guarantee"`` (DP-SGD's accounting is a guarantee either way).
+        budget_accounting: ``"guarantee"`` (DP-SGD's accounting is its only analysis: ``"paper"`` is refused).
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
         latent_prior: ``"normal"`` or ``"uniform"``.
@@ -257,7 +269,8 @@ class DPGAN(PrivateGenerativeModel):
             grace: 200, decay: 0.99}``: after every generator step, an average (decay ``decay``) of the
             fraction of that step's fresh fakes the critic scores as fake (``D < 0``); once ``grace``
             generator steps have passed at the current n_D and the average is at most ``threshold``, n_D
-            moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``.
+            moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``. The
+            reported ε is that of the schedule's worst case (:meth:`most_critic_steps`), capped by the budget.
         weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step
             (WGAN: 0.1); ``None``: no weight clipping (the non-saturating loss needs none).
         loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or
@@ -303,6 +316,8 @@ class DPGAN(PrivateGenerativeModel):
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
     """
+
+    HAS_PAPER_ANALYSIS = False  # DP-SGD's RDP / PLD bounds are guarantees: there is no paper-style analysis
 
     def __init__(
         self,
@@ -414,6 +429,8 @@ class DPGAN(PrivateGenerativeModel):
         self.register_buffer("d_steps_now", torch.tensor(d_steps, dtype=torch.long))
         self.register_buffer("fake_accuracy_average", torch.tensor(float("nan")))
         self.register_buffer("generator_steps_at_d_steps", torch.zeros((), dtype=torch.long))
+        # generator steps paid for over the whole run (resumes included): what the worst case of the next one is
+        self.register_buffer("generator_steps_paid", torch.zeros((), dtype=torch.long))
 
     # ----------------------------------------------------------------- sampling rate
     @property
@@ -496,6 +513,58 @@ class DPGAN(PrivateGenerativeModel):
         return SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.sampling_rate,
                                        steps=int(self.d_steps_now) if steps is None else steps)
 
+    def most_critic_steps(self, generator_step: int) -> int:
+        """The most critic steps that generator step ``generator_step`` (0-based, counted over the whole run,
+        resumes included) can take under the public schedule: the highest rung of :data:`D_STEPS_LADDER` it
+        can reach, or ``d_steps`` without ``adaptive_d_steps``.
+
+        Why this is the highest reachable rung: n_D starts at ``d_steps`` (rung i₀) and changes only in
+        :meth:`adapt_d_steps`, after a paid generator step, by one rung up, and only once the count of
+        generator steps at the current rung has reached ``grace`` (the count then restarts at 0); the
+        averaged fake accuracy (the only input read from the critic, i.e. from the private data) can at
+        most always allow the move. So each move needs g = ⌈grace⌉ steps at the rung before it, the k-th
+        move comes after step k·g − 1 at the earliest, and step t runs at a rung ≤ i₀ + ⌊t / g⌋, capped at
+        the ladder's top. The batches a step is served never exceed the current n_D (after a move the
+        DataModule may serve the old count once more, never a higher one). The bound is a function of
+        ``d_steps``, ``grace`` and t alone: public and fixed before the run (:data:`MECHANISM_HPARAMS` are
+        pinned on resume; t is the buffer ``generator_steps_paid``, kept in checkpoints).
+        """
+        d_steps, options = int(self.hparams.d_steps), self.hparams.adaptive_d_steps
+        if options is None:
+            return d_steps
+        rung = D_STEPS_LADDER.index(d_steps) + int(generator_step) // math.ceil(options["grace"])
+        return D_STEPS_LADDER[min(rung, len(D_STEPS_LADDER) - 1)]
+
+    def most_critic_steps_in(self, generator_steps: int) -> int:
+        """The most critic steps the first ``generator_steps`` generator steps can take: the sum of
+        :meth:`most_critic_steps` over them (``dpgan_eps10_guarantee``, n_D from 1 with a grace of 200:
+        7,600 in 1,000 generator steps, 200 at each of n_D 1, 2, 5, 10 and 20)."""
+        total, t, steps = 0, 0, int(generator_steps)
+        options = self.hparams.adaptive_d_steps
+        grace = math.ceil(options["grace"]) if options is not None else steps
+        while t < steps:  # one rung at a time: t stays a multiple of the grace below the top
+            n_d = self.most_critic_steps(t)
+            n = steps - t if options is None or n_d == D_STEPS_LADDER[-1] else min(grace, steps - t)
+            total, t = total + n * n_d, t + n
+        return total
+
+    def critic_steps_worst_case(self) -> int:
+        """The most critic steps the generator steps paid so far could have taken (at least those taken):
+        what the run's guarantee counts (:meth:`guarantee_epsilon`)."""
+        return max(int(self.critic_steps_taken), self.most_critic_steps_in(int(self.generator_steps_paid)))
+
+    def pay_for_generator_step(self, critic_steps: int) -> bool:
+        """Charge the next generator step's ``critic_steps`` critic steps (the batches it was served) before any
+        is applied, recorded with the step's worst case (:meth:`most_critic_steps`) in the accountant's
+        worst-case curve. The budget stop compares what was taken (a privacy filter; with ``accountant: pld``
+        a deterministic cap on the critic steps); the guarantee is that of the worst case, capped by the
+        budget. Returns ``False`` (nothing recorded, the trainer asked to stop) when the budget cannot pay."""
+        worst = self.generator_step_event(self.most_critic_steps(int(self.generator_steps_paid)))
+        if not self.charge(self.generator_step_event(critic_steps), worst_case=worst):
+            return False
+        self.generator_steps_paid += 1
+        return True
+
     def check_affords_a_step(self) -> None:
         """Refuse a run whose budget cannot pay for a single generator step (it would end with an
         untrained generator and ε spent 0), saying what one costs and what would fit."""
@@ -565,14 +634,22 @@ class DPGAN(PrivateGenerativeModel):
                 delta=self.delta, pure_epsilon=float(self.accountant.counts["pure_dp_epsilon"]))
         return cache[key]
 
+    def _pld_bound(self, steps: int) -> float:
+        """PLD ε of ``steps`` critic steps and the metadata's pure ε, for speed at the step count rounded up
+        to a multiple of ``PLD_STEP_GRID`` (an upper bound) unless that passes the budget's maximum."""
+        rounded = -(-int(steps) // PLD_STEP_GRID) * PLD_STEP_GRID
+        return self._pld_epsilon(steps if rounded > self._pld_max_steps() else rounded)
+
     def guarantee_epsilon(self) -> float:
-        """RDP ε, or (``accountant: pld``) the PLD ε of the critic steps taken and the metadata's pure
-        ε; for speed at a step count rounded up to a multiple of ``PLD_STEP_GRID`` (an upper bound)."""
+        """RDP: the base's min(budget, ε of the worst-case curve). ``accountant: pld``: the PLD ε of
+        min(N_worst, N_max) critic steps, N_worst the most the paid generator steps could have taken
+        (:meth:`critic_steps_worst_case`) and N_max the most the budget stop lets a run take (it stops
+        before the critic steps taken would pass it): every critic step is the same Poisson-subsampled
+        Gaussian (σ, q pinned), so a run whose number of steps is chosen adaptively but never exceeds a
+        count fixed in advance is post-processing of that many steps, whatever stopped it."""
         if not self._pld_in_force():
             return super().guarantee_epsilon()
-        steps = int(self.critic_steps_taken)
-        rounded = -(-steps // PLD_STEP_GRID) * PLD_STEP_GRID
-        return self._pld_epsilon(steps if rounded > self._pld_max_steps() else rounded)
+        return self._pld_bound(min(self.critic_steps_worst_case(), self._pld_max_steps()))
 
     def _pld_in_force(self) -> bool:
         """Whether :meth:`guarantee_epsilon` is the PLD bound (``accountant: pld``, during a fit)."""
@@ -583,20 +660,20 @@ class DPGAN(PrivateGenerativeModel):
         return None if self._pld_in_force() else super().guarantee_order()
 
     def stop_rule_filters_rdp(self) -> bool:
-        """With ``accountant: pld`` the budget stop compares the PLD ε: the RDP bound beside it is the
-        plain RDP ε of the steps taken (every DP-GAN cost is fixed in advance), not capped by the budget."""
+        """With ``accountant: pld`` the budget stop compares the PLD ε: the RDP bound beside it is the RDP ε
+        of the worst-case curve (:meth:`most_critic_steps` per generator step), not capped by the budget."""
         return self.hparams.get("accountant", "rdp") == "rdp" and super().stop_rule_filters_rdp()
 
     def _charged_epsilon(self) -> float:
-        """What the budget stop says it compares: with ``accountant: pld`` the PLD ε of the steps taken
-        (the stop message said the RDP ε, e.g. "from 11.84 to 10.0004")."""
-        return self.guarantee_epsilon() if self._pld_in_force() and self.budget_accounting != "paper" else super()._charged_epsilon()
+        """What the budget stop says it compares: with ``accountant: pld`` the PLD ε of the critic steps
+        taken (the stop message said the RDP ε, e.g. "from 11.84 to 10.0004")."""
+        return self._pld_bound(int(self.critic_steps_taken)) if self._pld_in_force() else super()._charged_epsilon()
 
     def epsilon_if(self, event) -> float:
         """ε after ``event`` under the budget's accountant. With PLD, a step count within the budget's
         maximum reports the ε of that maximum (an upper bound, computed once), so that each step does
         not recompose the PLD."""
-        if self.hparams.get("accountant", "rdp") == "rdp" or self.budget_accounting == "paper":
+        if self.hparams.get("accountant", "rdp") == "rdp":
             return super().epsilon_if(event)
         after = int(self.critic_steps_taken) + int(event.steps)
         cap = self._pld_max_steps()
@@ -785,7 +862,7 @@ class DPGAN(PrivateGenerativeModel):
         applied; then one generator step. (n_D is the number of batches the DataModule served, a public
         count: after an adaptive change, the count of the next item it serves, or of the one after where
         the loader fetched ahead.)"""
-        if not self.charge(self.generator_step_event(len(batch))):
+        if not self.pay_for_generator_step(len(batch)):
             return None  # budget reached: none of these critic steps, nor the generator step, is applied
         # the fakes of every critic step at once (the generator does not change in between): one forward
         m = self.fake_batch_size
@@ -845,6 +922,20 @@ class DPGAN(PrivateGenerativeModel):
         checkpoint[OPACUS_ACCOUNTANT_KEY] = self.opacus_accountant.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Also refuse a resume that asks for another σ, q, accountant or n_D schedule
+        (:data:`MECHANISM_HPARAMS`): the PLD bound and the worst case count the run's critic steps as one
+        mechanism under one schedule."""
+        refuse_changed_on_resume("the checkpoint", checkpoint.get("hyper_parameters") or {}, self.hparams, MECHANISM_HPARAMS)
         super().on_load_checkpoint(checkpoint)
         if checkpoint.get(OPACUS_ACCOUNTANT_KEY, {}).get("history"):
             self.opacus_accountant.load_state_dict(checkpoint[OPACUS_ACCOUNTANT_KEY])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        """A checkpoint written before ``generator_steps_paid`` existed: count its generator steps as its
+        critic steps over ``d_steps`` (fixed n_D: exact), or as its critic steps (adaptive n_D: each generator
+        step took at least one, so the later steps' worst case is not understated)."""
+        key, taken = prefix + "generator_steps_paid", state_dict.get(prefix + "critic_steps_taken")
+        if key not in state_dict and taken is not None:
+            per_step = 1 if self.hparams.adaptive_d_steps is not None else int(self.hparams.d_steps)
+            state_dict[key] = torch.div(taken, per_step, rounding_mode="floor")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

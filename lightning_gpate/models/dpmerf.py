@@ -65,7 +65,7 @@ class DPMERF(PrivateGenerativeModel):
             split once per step (``num_teachers: 0``).
         epsilon: privacy budget ε; the one release spends it (the noise is calibrated to it).
         delta: δ.
-        budget_accounting: ``"guarantee"`` (the Gaussian mechanism's RDP; ``"paper"`` gives the same).
+        budget_accounting: ``"guarantee"`` (the Gaussian mechanism's RDP, its only analysis: ``"paper"`` is refused).
         conversion: RDP → (ε, δ) conversion.
         noise_multiplier: σ of the release (noise std on every entry of the summed embedding, whose
             sensitivity is 1). ``None`` (default): the smallest σ whose ε fits the budget.
@@ -97,6 +97,7 @@ class DPMERF(PrivateGenerativeModel):
     """
 
     single_process_only = "it reads the training split once and then trains its generator on the released embedding alone"
+    HAS_PAPER_ANALYSIS = False  # one Gaussian release: its RDP is the only analysis
 
     def __init__(
         self,

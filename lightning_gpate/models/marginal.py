@@ -191,7 +191,7 @@ class MarginalTree(PrivateGenerativeModel):
         data_spec: the DataModule's spec (tabular).
         epsilon: privacy budget ε.
         delta: δ.
-        budget_accounting: ``"guarantee"`` (the only analysis: Gaussian and exponential mechanisms).
+        budget_accounting: ``"guarantee"`` (the only analysis: Gaussian and exponential mechanisms; ``"paper"`` is refused).
         conversion: RDP → (ε, δ) conversion.
         num_bins: equal-width bins of a numeric column's declared range.
         label_edges: the tree's first edges, chosen among the label's pairs (the rest of the tree
@@ -207,6 +207,7 @@ class MarginalTree(PrivateGenerativeModel):
     """
 
     single_process_only = "it reads the whole training split once, in one step: more processes would not speed it up"
+    HAS_PAPER_ANALYSIS = False  # Gaussian and exponential mechanisms: their RDP is the only analysis
 
     def __init__(
         self,

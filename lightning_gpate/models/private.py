@@ -81,6 +81,10 @@ class PrivateGenerativeModel(GenerativeModel):
 
     #: Whether ``budget_accounting: smooth_sensitivity`` applies to this model (PATE vote mechanisms).
     SUPPORTS_SMOOTH_SENSITIVITY = False
+    #: Whether this model has a paper-style analysis besides its guarantee (PATE's data-dependent ε,
+    #: GS-WGAN's per-sample composition). Without one, ``budget_accounting: paper`` is refused: it would
+    #: spend the same ε as the guarantee and tag the run "not a guarantee" (DP-GAN, DP-MERF, MarginalTree).
+    HAS_PAPER_ANALYSIS = True
 
     #: The neighbouring relation of every ε a private model reports: D and D' differ by one record.
     neighbouring_relation = ADD_REMOVE
@@ -105,6 +109,11 @@ class PrivateGenerativeModel(GenerativeModel):
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         if budget_accounting not in BUDGET_ACCOUNTING:
             raise ValueError(f"budget_accounting must be one of {BUDGET_ACCOUNTING}, got {budget_accounting!r}")
+        if budget_accounting == "paper" and not self.HAS_PAPER_ANALYSIS:
+            raise ValueError(
+                f"{type(self).__name__} has no paper-style analysis besides its guarantee: budget_accounting: paper would "
+                f"spend the same epsilon and only label the run not a guarantee. Use budget_accounting: guarantee"
+            )
         check_metadata_is_public(data_spec)
         super().__init__(release_spec(data_spec), z_dim=z_dim, latent_prior=latent_prior)
         self.epsilon_budget = float(epsilon)

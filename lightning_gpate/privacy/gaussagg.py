@@ -12,7 +12,7 @@ with the teachers' consensus even without noise.
 GaussAgg keeps the direction: every teacher's directions on the fakes of one aggregation
 (``[units, d]``, optionally expressed in a public low-frequency basis, :func:`low_frequency_basis`)
 form **one** vote vector, scaled to L2 norm 1 (:func:`normalized_votes`; an abstaining teacher's units
-are zero); the votes are summed over teachers and N(0, σ²) is added to every coordinate once
+are zero, and a vote with an inf or NaN coordinate is zero as a whole); the votes are summed over teachers and N(0, σ²) is added to every coordinate once
 (:func:`gaussian_sum_release`). One record changes one teacher's vote by at most 2 in L2, so an
 aggregation is one Gaussian mechanism with sensitivity 2 (:class:`~lightning_gpate.privacy.accountant.
 GaussianSumEvent`), the same analysis as DP-SGD's clipped sums (Abadi et al. 2016) with teachers in
@@ -71,17 +71,30 @@ def normalized_votes(grads: torch.Tensor, voting: torch.Tensor | None = None) ->
             abstention decided from the teacher's own data; its units are zero before the scaling).
 
     Returns:
-        ``[T, units, k]``: each teacher's slice has norm 1 (0 if it has no non-zero direction), so one
-        teacher moves the sum over teachers by at most 2 in L2.
+        ``[T, units, k]``: each teacher's slice has norm 1 (0 if it has no non-zero direction, or a
+        non-finite one), so one teacher moves the sum over teachers by at most 2 in L2.
+
+    A teacher whose vote holds an inf or NaN coordinate (a diverged teacher, an overflowing gradient) votes
+    zero, all of it: a rule on the vote alone, so the sensitivity argument is unchanged (every slice has
+    norm ≤ 1, whatever the data), and the released sum stays finite (one NaN would make every coordinate
+    of it NaN). The whole vote and not just the bad coordinates: its scale is meaningless once one
+    coordinate is inf (normalised, it would point along that axis), and a NaN says the teacher's
+    computation failed, so its finite coordinates are no direction either. Finite votes are scaled by
+    their largest coordinate before the norm, so that a huge but finite vote cannot overflow it.
     """
     if grads.ndim != 3:
         raise ValueError(f"expected grads [T, units, k], got {tuple(grads.shape)}")
+    zero = torch.zeros((), device=grads.device, dtype=grads.dtype)
     if voting is not None:
         if voting.shape != grads.shape[:2]:
             raise ValueError(f"expected voting [T, units] = {tuple(grads.shape[:2])}, got {tuple(voting.shape)}")
-        grads = grads * voting.to(device=grads.device, dtype=grads.dtype).unsqueeze(-1)
+        grads = torch.where(voting.to(device=grads.device, dtype=torch.bool).unsqueeze(-1), grads, zero)  # inf · 0 would be NaN
+    finite = torch.isfinite(grads).flatten(1).all(dim=1).view(-1, 1, 1)
+    grads = torch.where(finite, grads, zero)
+    tiny = torch.finfo(grads.dtype).tiny
+    grads = grads / grads.flatten(1).abs().amax(dim=1).view(-1, 1, 1).clamp_min(tiny)
     norm = grads.flatten(1).norm(dim=1).view(-1, 1, 1)
-    return grads / norm.clamp_min(torch.finfo(grads.dtype).tiny)
+    return grads / norm.clamp_min(tiny)
 
 
 def gaussian_sum_release(
