@@ -197,3 +197,77 @@ def test_it_learns_a_table_its_classes_and_a_feature_the_label_drives():
     by_class = table.groupby("y")["a"].mean()
     assert by_class[0] == pytest.approx(0.25, abs=0.07) and by_class[1] == pytest.approx(0.75, abs=0.07)
     assert table["b"].std() > 1.0  # spread over b's range, not collapsed
+
+
+# ----------------------------------------------------------------------------- the public features under the command line
+def _tiny_dpmerf_config(path, **model):
+    """The tiny table's CLI config (tests/clitools.py) with DP-MERF, its feature seed and length scale left to
+    the model (``null``), a training checkpoint every 2 steps."""
+    import yaml
+    from clitools import tiny_gpate_config
+
+    tiny_gpate_config(path, epsilon=5.0, experiment="merf", max_steps=4, checkpoints="ckpts", every_n_train_steps=2)
+    config = yaml.safe_load(path.read_text())
+    config["seed_everything"] = 1
+    config["model"] = {"class_path": "lightning_gpate.models.DPMERF", "init_args": {
+        "epsilon": 5.0, "delta": 1e-5, "num_features": 64, "z_dim": 4, "generator_batch_size": 16, "generator_hidden": [16],
+        "feature_seed": None, "length_scale": None, **model}}
+    config["data"]["init_args"]["num_teachers"] = 0
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_the_command_line_stores_the_drawn_feature_seed_and_length_scale_and_a_resume_keeps_them(tmp_path):
+    """R3 (third privacy review): under LightningCLI ``save_hyperparameters`` stores the config as given, so the
+    checkpoint and the release held ``feature_seed: None`` and a resume under another ``seed_everything`` drew other
+    features than its release was measured with. The values used are stored; a resume that gives ``None`` keeps the
+    checkpoint's, one that gives another seed is refused."""
+    import mlflow
+    from clitools import assert_one_line_error, run_cli, run_cli_many, write_tiny_table
+    from lightning_gpate.models.base import load_generator
+    from lightning_gpate.privacy.merf import median_distance_of_uniform
+
+    write_tiny_table(tmp_path / "table.csv")
+    _tiny_dpmerf_config(tmp_path / "merf.yaml")
+    first = run_cli("fit", "--config", "merf.yaml", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("merf").experiment_id])
+    release = torch.load(run.data.tags["release_artifact"], weights_only=False)
+    seed, scale = release["hyper_parameters"]["feature_seed"], release["hyper_parameters"]["length_scale"]
+    assert isinstance(seed, int) and scale == pytest.approx(median_distance_of_uniform(2))  # two columns in [-1, 1]
+    checkpoint = tmp_path / "ckpts" / "step=2.ckpt"
+    stored = torch.load(checkpoint, weights_only=False)["hyper_parameters"]
+    assert (stored["feature_seed"], stored["length_scale"]) == (seed, scale)
+    assert run.data.params["feature_seed"] == str(seed)  # and what MLflow shows is what was used
+    measured_with = load_generator(run.data.tags["release_artifact"]).frequencies
+
+    ran = run_cli_many({"resumed": ["fit", "--config", "merf.yaml", "--ckpt_path", str(checkpoint), "--seed_everything", "7",
+                                    "--trainer.max_steps", "6"],
+                        "other": ["fit", "--config", "merf.yaml", "--ckpt_path", str(checkpoint), "--model.init_args.feature_seed",
+                                  str(seed + 1)]}, cwd=tmp_path)
+    assert ran["resumed"].returncode == 0, ran["resumed"].stderr[-3000:]
+    assert_one_line_error(ran["other"], "fit", f"pins feature_seed={seed}", f"asks for feature_seed={seed + 1}")
+    resumed = max(client.search_runs([client.get_experiment_by_name("merf").experiment_id]), key=lambda r: r.info.start_time)
+    final = load_generator(resumed.data.tags["training_checkpoint"])
+    assert final.hparams.feature_seed == seed and torch.equal(final.frequencies, measured_with)
+    assert torch.load(resumed.data.tags["release_artifact"], weights_only=False)["hyper_parameters"]["feature_seed"] == seed
+
+
+def test_a_resume_from_python_trains_against_the_features_its_release_was_measured_with(tmp_path):
+    """A model built with ``feature_seed=None`` under another seed draws another seed; resuming adopts the
+    checkpoint's (the features its noisy release is an embedding under), and a seed given that differs is refused."""
+    from lightning_gpate.release import CheckpointError
+
+    pl.seed_everything(1, verbose=False)
+    model, dm = small_models.build("dpmerf", feature_seed=None)
+    trainer = small_models.fit(model, dm, steps=2)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    pl.seed_everything(2, verbose=False)
+    resumed, dm2 = small_models.build("dpmerf", feature_seed=None)
+    assert resumed.hparams.feature_seed != model.hparams.feature_seed
+    small_models.fit(resumed, dm2, steps=4, ckpt_path=str(tmp_path / "a.ckpt"))
+    assert resumed.hparams.feature_seed == model.hparams.feature_seed and torch.equal(resumed.frequencies, model.frequencies)
+    assert build_release(resumed)["hyper_parameters"]["feature_seed"] == model.hparams.feature_seed
+    other, dm3 = small_models.build("dpmerf", feature_seed=model.hparams.feature_seed + 1)
+    with pytest.raises(CheckpointError, match=f"pins feature_seed={model.hparams.feature_seed}"):
+        small_models.fit(other, dm3, steps=4, ckpt_path=str(tmp_path / "a.ckpt"))

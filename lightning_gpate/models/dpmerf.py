@@ -75,8 +75,9 @@ class DPMERF(PrivateGenerativeModel):
             shared among them: :func:`~lightning_gpate.privacy.merf.fourier_frequencies`). ``None``: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
             (public; the paper's MNIST choice, ℓ² = 105 for pixels in [0, 1], is ℓ ≈ 20.5 here, against
             22.9 for d = 784).
-        feature_seed: public seed of the frequencies (stored in the release; ``None``: drawn from the
-            public random state of ``seed_everything``).
+        feature_seed: public seed of the frequencies (``None``: drawn from the public random state of
+            ``seed_everything``). The value used, given or drawn, is stored in the hyperparameters, hence in
+            the training checkpoints and the release, as is the length scale used.
         count_weight: b, the share of each record's unit norm given to its class count (the rest,
             ``a = √(1 − b²)``, to its features): the counts get noise σ/b, the features σ/a.
         z_dim: latent size (the paper: 5 for MNIST).
@@ -135,6 +136,7 @@ class DPMERF(PrivateGenerativeModel):
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         dim = math.prod(int(s) for s in data_spec["shape"])
+        requested = {"length_scale": length_scale, "feature_seed": feature_seed}
         if length_scale is None:
             length_scale = median_distance_of_uniform(dim)
         elif not isinstance(length_scale, (int, float)):
@@ -147,16 +149,31 @@ class DPMERF(PrivateGenerativeModel):
             super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting, conversion=conversion,
                              z_dim=z_dim, latent_prior=latent_prior, log_private_diagnostics=log_private_diagnostics)
         self.save_hyperparameters()
+        self.store_resolved_hparams(requested, length_scale=length_scale, feature_seed=feature_seed)
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
         net = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample="nearest") if self.is_image else self.build_generator(hidden=tuple(generator_hidden))
         self.generator = LabelledGenerator(net, self.num_classes)
         # Public (redrawn from the stored seed): not saved in checkpoints or the release.
-        self.register_buffer("frequencies", fourier_frequencies(num_features, dim, length_scale, feature_seed), persistent=False)
+        self.register_buffer("frequencies", self.draw_frequencies(), persistent=False)
         # The noisy release (DP; kept in the training checkpoint for a resume, not in the release artifact).
         self.register_buffer("released_embedding", torch.zeros(self.num_classes, int(num_features) + 1))
         self.register_buffer("released", torch.zeros((), dtype=torch.bool))
         self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else self.calibrated_noise_multiplier()
+
+    RESOLVED_HPARAMS = ("length_scale", "feature_seed")
+
+    def draw_frequencies(self) -> torch.Tensor:
+        """The random features' frequencies, drawn from the stored public seed and length scale(s)."""
+        hp = self.hparams
+        return fourier_frequencies(hp.num_features, math.prod(int(s) for s in self.data_spec["shape"]), hp.length_scale, hp.feature_seed)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A resume trains against the features its release was measured with: the checkpoint's seed and
+        length scale replace the ones this model drew (a seed given that differs is refused)."""
+        super().on_load_checkpoint(checkpoint)
+        if self.adopt_resolved_hparams(checkpoint.get("hyper_parameters") or {}):
+            self.frequencies = self.draw_frequencies().to(self.frequencies.device)
 
     # ----------------------------------------------------------------- the release
     def calibrated_noise_multiplier(self) -> float:
