@@ -24,11 +24,16 @@ from lightning_gpate.release import build_release
 
 
 # ----------------------------------------------------------------------------- the mechanism
-@pytest.mark.parametrize("count_weight", [0.1, 0.3, 0.9])
-def test_one_record_added_or_removed_moves_the_released_sum_by_exactly_one(count_weight):
+@pytest.mark.parametrize("count_weight,length_scale", [(0.1, 0.7), (0.3, 0.7), (0.9, 0.7), (0.3, [0.3, 0.7, 2.0]), (0.1, [0.05, 50.0])])
+def test_one_record_added_or_removed_moves_the_released_sum_by_exactly_one(count_weight, length_scale):
+    """Every record's embedding has norm 1, one length scale or several in one embedding (each scale's share of
+    the features), so one record added or removed moves the released sum by exactly 1: the sensitivity."""
     torch.manual_seed(0)
     d, k = 20, 3
-    frequencies = fourier_frequencies(400, d, length_scale=0.7, seed=5)
+    frequencies = fourier_frequencies(402, d, length_scale=length_scale, seed=5)
+    psi = record_embeddings(torch.cat([torch.rand(30, d) * 2 - 1, 100 * torch.randn(5, d)]), torch.randint(0, k, (35,)), frequencies, k,
+                            count_weight=count_weight)
+    assert psi.flatten(1).norm(dim=1).max().item() <= 1 + 1e-6
     x, y = torch.rand(50, d) * 2 - 1, torch.randint(0, k, (50,))
     base = embedding_sum(x, y, frequencies, k, count_weight=count_weight, chunk_size=7)
     # records of every kind: the corners of the domain, the origin, far outside it, random ones, each class
@@ -271,3 +276,73 @@ def test_a_resume_from_python_trains_against_the_features_its_release_was_measur
     other, dm3 = small_models.build("dpmerf", feature_seed=model.hparams.feature_seed + 1)
     with pytest.raises(CheckpointError, match=f"pins feature_seed={model.hparams.feature_seed}"):
         small_models.fit(other, dm3, steps=4, ckpt_path=str(tmp_path / "a.ckpt"))
+
+
+# ----------------------------------------------------------------------------- the anchor's levers, one mechanism
+def _independent_sigma(epsilon: float, delta: float, orders) -> float:
+    """The smallest σ (to 1e-6) whose one Gaussian release (sensitivity 1) dp-accounting's RDP accountant
+    puts within ε at δ: bisection, not the model's calibration."""
+    from dp_accounting import GaussianDpEvent
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    def eps(sigma: float) -> float:
+        acc = RdpAccountant(orders=[float(a) for a in orders])
+        acc.compose(GaussianDpEvent(sigma))
+        return acc.get_epsilon(delta)
+
+    lo, hi = 0.05, 100.0
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if eps(mid) > epsilon else (lo, mid)
+    return hi
+
+
+def test_several_scales_a_wide_generator_and_its_average_charge_one_release_with_the_stated_noise():
+    """The anchor's levers on DP-MERF (several length scales in one embedding, 1,000-fake batches, unbiased gap,
+    Adam betas, the weight average): still exactly one Gaussian release, its noise N(0, σ²) on every entry of the
+    sum with σ computed independently from (ε, δ); the average is what samples and is released."""
+    pl.seed_everything(0, verbose=False)
+    model, dm = small_models.build("dpmerf", epsilon=2.0, num_features=4000, length_scale=[0.3, 1.0, 3.0], generator_batch_size=100,
+                                   unbiased=True, generator_betas=(0.5, 0.999), ema_decay=0.9)
+    small_models.fit(model, dm, steps=5)
+    counts = model.accountant.counts
+    assert counts["subsampled_gaussian_events"] == 1 and counts["subsampled_gaussian_steps"] == 1
+    assert sum(v for key, v in counts.items() if key.endswith("_events")) == 1
+    sigma = _independent_sigma(2.0, 1e-5, model.accountant.orders)
+    assert model.noise_multiplier == pytest.approx(sigma, rel=1e-4)
+    noise = (model.released_embedding - _true_sum(model, dm)).double().flatten()  # 2 × 4,001 entries
+    n = noise.numel()
+    # the sample variance of n normal draws: (n − 1)s²/σ² is χ² with n − 1 degrees of freedom
+    from scipy.stats import chi2
+
+    statistic = float((noise - noise.mean()).pow(2).sum()) / sigma**2
+    assert chi2.cdf(statistic, n - 1) == pytest.approx(0.5, abs=0.4995)  # two-sided, p > 0.001
+    assert abs(float(noise.mean())) < 4 * sigma / math.sqrt(n)
+    release = build_release(model)
+    assert all(torch.equal(v, model.generator_ema.state_dict()[k]) for k, v in release["generator"].items())
+    assert not all(torch.equal(v, model.generator.state_dict()[k]) for k, v in release["generator"].items())
+
+
+def test_the_anchor_and_dpmerf_release_the_same_embedding_for_the_same_seeds_and_settings():
+    """G-PATE's random-feature anchor and DP-MERF are one mechanism (lightning_gpate.privacy.merf.release_embedding_sum):
+    the same data, features (seed, length scales), noise multiplier and mechanism seed give the same release, and the
+    same loss of a generator towards it (class_mean_gap), up to DP-MERF's class weights and the anchor's scale."""
+    from datamodules import ImageDataModule
+    from lightning_gpate.models import GPATE
+    from lightning_gpate.models.anchor import class_mean_gap
+
+    dm = ImageDataModule("digits", num_teachers=5, teacher_batch_size=4, val_fraction=0.0)
+    scales, seed = [2.0, 4.0], 11
+    gpate = GPATE(dm.spec, epsilon=8.0, delta=1e-5, aggregator="gaussian", sigma_gaussian=4.0, fake_batch_size=8, z_dim=8, gf_dim=8,
+                  fc_dim=32, generator_upsample="nearest", noise_seed=5, anchor_fraction=0.25, anchor_features=600,
+                  anchor_length_scale=scales, anchor_feature_seed=seed)
+    pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+               accelerator="cpu", devices=1).fit(gpate, dm)
+    dm2 = ImageDataModule("digits", num_teachers=0, val_fraction=0.0)
+    merf = DPMERF(dm2.spec, epsilon=8.0, delta=1e-5, noise_multiplier=gpate.anchor_noise, num_features=600, length_scale=scales,
+                  feature_seed=seed, count_weight=0.3, z_dim=8, gf_dim=8, fc_dim=32, generator_batch_size=40, noise_seed=5)
+    small_models.fit(merf, dm2, steps=1)
+    assert torch.equal(merf.frequencies, gpate.anchor_frequencies())
+    means = mean_embeddings(merf.released_embedding, count_weight=0.3)[0]
+    assert torch.allclose(means, gpate.anchor_targets, atol=1e-6, rtol=1e-5)
+    assert merf.accountant.counts["subsampled_gaussian_events"] == 1
