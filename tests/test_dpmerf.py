@@ -24,11 +24,16 @@ from lightning_gpate.release import build_release
 
 
 # ----------------------------------------------------------------------------- the mechanism
-@pytest.mark.parametrize("count_weight", [0.1, 0.3, 0.9])
-def test_one_record_added_or_removed_moves_the_released_sum_by_exactly_one(count_weight):
+@pytest.mark.parametrize("count_weight,length_scale", [(0.1, 0.7), (0.3, 0.7), (0.9, 0.7), (0.3, [0.3, 0.7, 2.0]), (0.1, [0.05, 50.0])])
+def test_one_record_added_or_removed_moves_the_released_sum_by_exactly_one(count_weight, length_scale):
+    """Every record's embedding has norm 1, one length scale or several in one embedding (each scale's share of
+    the features), so one record added or removed moves the released sum by exactly 1: the sensitivity."""
     torch.manual_seed(0)
     d, k = 20, 3
-    frequencies = fourier_frequencies(400, d, length_scale=0.7, seed=5)
+    frequencies = fourier_frequencies(402, d, length_scale=length_scale, seed=5)
+    psi = record_embeddings(torch.cat([torch.rand(30, d) * 2 - 1, 100 * torch.randn(5, d)]), torch.randint(0, k, (35,)), frequencies, k,
+                            count_weight=count_weight)
+    assert psi.flatten(1).norm(dim=1).max().item() <= 1 + 1e-6
     x, y = torch.rand(50, d) * 2 - 1, torch.randint(0, k, (50,))
     base = embedding_sum(x, y, frequencies, k, count_weight=count_weight, chunk_size=7)
     # records of every kind: the corners of the domain, the origin, far outside it, random ones, each class
@@ -201,3 +206,147 @@ def test_it_learns_a_table_its_classes_and_a_feature_the_label_drives():
     by_class = table.groupby("y")["a"].mean()
     assert by_class[0] == pytest.approx(0.25, abs=0.07) and by_class[1] == pytest.approx(0.75, abs=0.07)
     assert table["b"].std() > 1.0  # spread over b's range, not collapsed
+
+
+# ----------------------------------------------------------------------------- the public features under the command line
+def _tiny_dpmerf_config(path, **model):
+    """The tiny table's CLI config (tests/clitools.py) with DP-MERF, its feature seed and length scale left to
+    the model (``null``), a training checkpoint every 2 steps."""
+    import yaml
+    from clitools import tiny_gpate_config
+
+    tiny_gpate_config(path, epsilon=5.0, experiment="merf", max_steps=4, checkpoints="ckpts", every_n_train_steps=2)
+    config = yaml.safe_load(path.read_text())
+    config["seed_everything"] = 1
+    config["model"] = {"class_path": "lightning_gpate.models.DPMERF", "init_args": {
+        "epsilon": 5.0, "delta": 1e-5, "num_features": 64, "z_dim": 4, "generator_batch_size": 16, "generator_hidden": [16],
+        "feature_seed": None, "length_scale": None, **model}}
+    config["data"]["init_args"]["num_teachers"] = 0
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_the_command_line_stores_the_drawn_feature_seed_and_length_scale_and_a_resume_keeps_them(tmp_path):
+    """R3 (third privacy review): under LightningCLI ``save_hyperparameters`` stores the config as given, so the
+    checkpoint and the release held ``feature_seed: None`` and a resume under another ``seed_everything`` drew other
+    features than its release was measured with. The values used are stored; a resume that gives ``None`` keeps the
+    checkpoint's, one that gives another seed is refused."""
+    import mlflow
+    from clitools import assert_one_line_error, run_cli, run_cli_many, write_tiny_table
+    from lightning_gpate.models.base import load_generator
+    from lightning_gpate.privacy.merf import median_distance_of_uniform
+
+    write_tiny_table(tmp_path / "table.csv")
+    _tiny_dpmerf_config(tmp_path / "merf.yaml")
+    first = run_cli("fit", "--config", "merf.yaml", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("merf").experiment_id])
+    release = torch.load(run.data.tags["release_artifact"], weights_only=False)
+    seed, scale = release["hyper_parameters"]["feature_seed"], release["hyper_parameters"]["length_scale"]
+    assert isinstance(seed, int) and scale == pytest.approx(median_distance_of_uniform(2))  # two columns in [-1, 1]
+    checkpoint = tmp_path / "ckpts" / "step=2.ckpt"
+    stored = torch.load(checkpoint, weights_only=False)["hyper_parameters"]
+    assert (stored["feature_seed"], stored["length_scale"]) == (seed, scale)
+    assert run.data.params["feature_seed"] == str(seed)  # and what MLflow shows is what was used
+    measured_with = load_generator(run.data.tags["release_artifact"]).frequencies
+
+    ran = run_cli_many({"resumed": ["fit", "--config", "merf.yaml", "--ckpt_path", str(checkpoint), "--seed_everything", "7",
+                                    "--trainer.max_steps", "6"],
+                        "other": ["fit", "--config", "merf.yaml", "--ckpt_path", str(checkpoint), "--model.init_args.feature_seed",
+                                  str(seed + 1)]}, cwd=tmp_path)
+    assert ran["resumed"].returncode == 0, ran["resumed"].stderr[-3000:]
+    assert_one_line_error(ran["other"], "fit", f"pins feature_seed={seed}", f"asks for feature_seed={seed + 1}")
+    resumed = max(client.search_runs([client.get_experiment_by_name("merf").experiment_id]), key=lambda r: r.info.start_time)
+    final = load_generator(resumed.data.tags["training_checkpoint"])
+    assert final.hparams.feature_seed == seed and torch.equal(final.frequencies, measured_with)
+    assert torch.load(resumed.data.tags["release_artifact"], weights_only=False)["hyper_parameters"]["feature_seed"] == seed
+
+
+def test_a_resume_from_python_trains_against_the_features_its_release_was_measured_with(tmp_path):
+    """A model built with ``feature_seed=None`` under another seed draws another seed; resuming adopts the
+    checkpoint's (the features its noisy release is an embedding under), and a seed given that differs is refused."""
+    from lightning_gpate.release import CheckpointError
+
+    pl.seed_everything(1, verbose=False)
+    model, dm = small_models.build("dpmerf", feature_seed=None)
+    trainer = small_models.fit(model, dm, steps=2)
+    trainer.save_checkpoint(tmp_path / "a.ckpt")
+    pl.seed_everything(2, verbose=False)
+    resumed, dm2 = small_models.build("dpmerf", feature_seed=None)
+    assert resumed.hparams.feature_seed != model.hparams.feature_seed
+    small_models.fit(resumed, dm2, steps=4, ckpt_path=str(tmp_path / "a.ckpt"))
+    assert resumed.hparams.feature_seed == model.hparams.feature_seed and torch.equal(resumed.frequencies, model.frequencies)
+    assert build_release(resumed)["hyper_parameters"]["feature_seed"] == model.hparams.feature_seed
+    other, dm3 = small_models.build("dpmerf", feature_seed=model.hparams.feature_seed + 1)
+    with pytest.raises(CheckpointError, match=f"pins feature_seed={model.hparams.feature_seed}"):
+        small_models.fit(other, dm3, steps=4, ckpt_path=str(tmp_path / "a.ckpt"))
+
+
+# ----------------------------------------------------------------------------- the anchor's levers, one mechanism
+def _independent_sigma(epsilon: float, delta: float, orders) -> float:
+    """The smallest σ (to 1e-6) whose one Gaussian release (sensitivity 1) dp-accounting's RDP accountant
+    puts within ε at δ: bisection, not the model's calibration."""
+    from dp_accounting import GaussianDpEvent
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    def eps(sigma: float) -> float:
+        acc = RdpAccountant(orders=[float(a) for a in orders])
+        acc.compose(GaussianDpEvent(sigma))
+        return acc.get_epsilon(delta)
+
+    lo, hi = 0.05, 100.0
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if eps(mid) > epsilon else (lo, mid)
+    return hi
+
+
+def test_several_scales_a_wide_generator_and_its_average_charge_one_release_with_the_stated_noise():
+    """The anchor's levers on DP-MERF (several length scales in one embedding, 1,000-fake batches, unbiased gap,
+    Adam betas, the weight average): still exactly one Gaussian release, its noise N(0, σ²) on every entry of the
+    sum with σ computed independently from (ε, δ); the average is what samples and is released."""
+    pl.seed_everything(0, verbose=False)
+    model, dm = small_models.build("dpmerf", epsilon=2.0, num_features=4000, length_scale=[0.3, 1.0, 3.0], generator_batch_size=100,
+                                   unbiased=True, generator_betas=(0.5, 0.999), ema_decay=0.9)
+    small_models.fit(model, dm, steps=5)
+    counts = model.accountant.counts
+    assert counts["subsampled_gaussian_events"] == 1 and counts["subsampled_gaussian_steps"] == 1
+    assert sum(v for key, v in counts.items() if key.endswith("_events")) == 1
+    sigma = _independent_sigma(2.0, 1e-5, model.accountant.orders)
+    assert model.noise_multiplier == pytest.approx(sigma, rel=1e-4)
+    noise = (model.released_embedding - _true_sum(model, dm)).double().flatten()  # 2 × 4,001 entries
+    n = noise.numel()
+    # the sample variance of n normal draws: (n − 1)s²/σ² is χ² with n − 1 degrees of freedom
+    from scipy.stats import chi2
+
+    statistic = float((noise - noise.mean()).pow(2).sum()) / sigma**2
+    assert chi2.cdf(statistic, n - 1) == pytest.approx(0.5, abs=0.4995)  # two-sided, p > 0.001
+    assert abs(float(noise.mean())) < 4 * sigma / math.sqrt(n)
+    release = build_release(model)
+    assert all(torch.equal(v, model.generator_ema.state_dict()[k]) for k, v in release["generator"].items())
+    assert not all(torch.equal(v, model.generator.state_dict()[k]) for k, v in release["generator"].items())
+
+
+def test_the_anchor_and_dpmerf_release_the_same_embedding_for_the_same_seeds_and_settings():
+    """G-PATE's random-feature anchor and DP-MERF are one mechanism (lightning_gpate.privacy.merf.release_embedding_sum):
+    the same data, features (seed, length scales), noise multiplier and mechanism seed give the same release, and the
+    same loss of a generator towards it (class_mean_gap), up to DP-MERF's class weights and the anchor's scale."""
+    from datamodules import ImageDataModule
+    from lightning_gpate.models import GPATE
+    from lightning_gpate.models.anchor import class_mean_gap
+
+    dm = ImageDataModule("digits", num_teachers=5, teacher_batch_size=4, val_fraction=0.0)
+    scales, seed = [2.0, 4.0], 11
+    gpate = GPATE(dm.spec, epsilon=8.0, delta=1e-5, aggregator="gaussian", sigma_gaussian=4.0, fake_batch_size=8, z_dim=8, gf_dim=8,
+                  fc_dim=32, generator_upsample="nearest", noise_seed=5, anchor_fraction=0.25, anchor_features=600,
+                  anchor_length_scale=scales, anchor_feature_seed=seed)
+    pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+               accelerator="cpu", devices=1).fit(gpate, dm)
+    dm2 = ImageDataModule("digits", num_teachers=0, val_fraction=0.0)
+    merf = DPMERF(dm2.spec, epsilon=8.0, delta=1e-5, noise_multiplier=gpate.anchor_noise, num_features=600, length_scale=scales,
+                  feature_seed=seed, count_weight=0.3, z_dim=8, gf_dim=8, fc_dim=32, generator_batch_size=40, noise_seed=5)
+    small_models.fit(merf, dm2, steps=1)
+    assert torch.equal(merf.frequencies, gpate.anchor_frequencies())
+    means = mean_embeddings(merf.released_embedding, count_weight=0.3)[0]
+    assert torch.allclose(means, gpate.anchor_targets, atol=1e-6, rtol=1e-5)
+    assert merf.accountant.counts["subsampled_gaussian_events"] == 1

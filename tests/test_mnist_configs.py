@@ -204,3 +204,26 @@ def test_gpate_config_pins_its_accounting_mode_and_the_budget_ends_its_guarantee
     elif mode == "smooth_sensitivity":  # a run fixed in advance: its data-independent hard cap lets every step run
         cap = dict(init, epsilon=init["epsilon_hard_cap"])
         assert max_steps <= _budget_aggregations(cap, raw["data"]["init_args"]["num_teachers"])
+
+
+def test_the_hybrid_anchor_with_its_default_length_scale_trains_under_the_command_line(tiny_mnist, cli):
+    """R4 (third privacy review): with ``anchor_length_scale: null`` LightningCLI's ``save_hyperparameters`` stored
+    ``None`` and the first step crashed in the features (``TypeError``) after the anchor was charged. The length
+    scale and seed used are stored; the anchor is measured and the step runs."""
+    import pytorch_lightning as pl
+
+    from lightning_gpate.privacy.merf import median_distance_of_uniform
+
+    path = ROOT / "configs" / "mnist" / "gpate_eps1_hybrid_guarantee.yaml"
+    built = _build(cli, _args(path, tiny_mnist) + ["--data.num_teachers", "20", "--model.init_args.anchor_length_scale", "null",
+                                                    "--model.init_args.anchor_feature_seed", "null", "--model.init_args.anchor_features",
+                                                    "200", "--model.init_args.teacher_warmup_steps", "0",
+                                                    "--model.init_args.teacher_precision", "32"])
+    model, dm = built.model, built.data
+    assert model.hparams.anchor_length_scale == pytest.approx(median_distance_of_uniform(784))
+    assert isinstance(model.hparams.anchor_feature_seed, int) and model.hparams.anchor_feature_seed == int(model.anchor_seed)
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(model, dm)
+    assert bool(model.anchor_measured) and trainer.global_step == 1
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1

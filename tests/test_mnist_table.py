@@ -191,3 +191,23 @@ def test_a_row_trains_with_cudnn_s_algorithm_search_where_its_config_asks_for_it
         with pytest.raises(Built):
             mnist_table.fit_row(mnist_table.BY_NAME[row], a, seconds=60, state=tmp_path, resume=None)
         assert asked.pop("benchmark") is expected, row
+
+
+def test_tuning_fits_on_the_tuning_split_and_scores_on_the_validation_split_never_reading_the_test_digits(tmp_path, monkeypatch):
+    """--tune (issue 46): settings are chosen on a validation split of the training digits; the run reads the training
+    split's two parts (fit, score) and never the test digits, and records what it scored on."""
+    from datamodules.base import GenerativeDataModule
+    from mnist_table import TUNE_VAL_FRACTION, main
+
+    read = []
+    original = GenerativeDataModule.model_space
+    monkeypatch.setattr(GenerativeDataModule, "model_space", lambda self, split: (read.append(split), original(self, split))[1])
+    out = tmp_path / "tuning.jsonl"
+    assert main(["--smoke", "--tune", "--data-root", str(tmp_path / "no_data"), "--state", str(tmp_path / "state"), "--rows",
+                 "dpmerf_eps1_guarantee", "--steps", "2", "--tune-results", str(out), "--name", "probe", "--set", "length_scale=10"]) == 0
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "test" not in read and "val" in read
+    assert record["name"] == "probe" and record["steps"] == 2 and record["set"] == {"length_scale": 10}
+    assert 0 <= record["validation_cnn_accuracy_final"] <= 1 and "cnn_accuracy_final" not in record
+    total = record["num_tuning"] + record["num_validation"]
+    assert abs(record["num_validation"] - TUNE_VAL_FRACTION * total) < 0.05 * total

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lightning_gpate.privacy.merf import embedding_sum, mean_embeddings, noisy_release
+from lightning_gpate.privacy.merf import mean_embeddings, release_embedding_sum
 
 FEATURE_COUNT_WEIGHT = 0.3  # b: the share of a record's unit norm that its class count takes (DP-MERF's default)
 
@@ -65,8 +65,8 @@ def noisy_class_feature_means(x: torch.Tensor, y: torch.Tensor, frequencies: tor
     """The noisy mean embedding ``[num_classes, 2M]`` of every class under the random Fourier features of
     ``frequencies`` ``[M, d]`` (:func:`~lightning_gpate.privacy.merf.fourier_features`): DP-MERF's one Gaussian
     release of ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b]`` (L2 sensitivity 1, noise std z), divided by the noisy counts."""
-    total = embedding_sum(x.flatten(1), y, frequencies, num_classes, count_weight=FEATURE_COUNT_WEIGHT)
-    released = noisy_release(total, noise_multiplier=noise_multiplier, generator=generator)
+    released = release_embedding_sum(x.flatten(1), y, frequencies, num_classes, count_weight=FEATURE_COUNT_WEIGHT,
+                                     noise_multiplier=noise_multiplier, generator=generator)
     return mean_embeddings(released, count_weight=FEATURE_COUNT_WEIGHT)[0].float()
 
 

@@ -79,6 +79,12 @@ class GenerativeModel(pl.LightningModule):
     #: Whether some parameters take no part in a step's loss (e.g. the generator's in a discriminator
     #: step): DDP must then look for unused parameters (``--trainer.strategy ddp_find_unused_parameters_true``).
     ddp_needs_find_unused_parameters: bool = False
+    #: Hyperparameters whose ``None`` the constructor resolves to a public value (a seed drawn from the random
+    #: state of ``seed_everything``, a length scale from the data's shape). The resolved value is what the
+    #: hyperparameters hold (:meth:`store_resolved_hparams`), hence every checkpoint and the release: a model
+    #: rebuilt from them, or a resume, uses the same value whatever the seed then. A resume that asks for ``None``
+    #: there takes the checkpoint's value; one that asks for another value is refused.
+    RESOLVED_HPARAMS: tuple[str, ...] = ()
 
     def __init__(self, data_spec: dict[str, Any], *, z_dim: int = 100, latent_prior: str = "normal") -> None:
         super().__init__()
@@ -92,6 +98,38 @@ class GenerativeModel(pl.LightningModule):
         self.num_classes = int(data_spec["num_classes"])
         self.is_release = False  # True for a model loaded from a release artifact: it cannot train
         self.register_buffer("class_ratio", torch.tensor(self.sampling_class_ratio(), dtype=torch.float32))
+
+    def store_resolved_hparams(self, requested: Mapping[str, Any], **resolved: Any) -> None:
+        """Store the values a constructor resolved from ``None`` (names of :attr:`RESOLVED_HPARAMS`) in the
+        hyperparameters, after ``save_hyperparameters``. LightningCLI makes ``save_hyperparameters`` store the
+        config as given (``None``), not the constructor's locals, so without this a checkpoint or release built
+        under the command line would hold ``None`` and a model rebuilt from it would draw another value.
+
+        Args:
+            requested: the values the constructor was given (``None`` where it resolved them).
+            resolved: name → the value it resolved.
+        """
+        unknown = set(resolved) - set(self.RESOLVED_HPARAMS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} does not resolve {sorted(unknown)} (RESOLVED_HPARAMS)")
+        #: names this construction resolved itself (a resume may replace them by its checkpoint's)
+        self._resolved_here = {k for k in resolved if requested.get(k) is None}
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            hparams.update(resolved)
+
+    def adopt_resolved_hparams(self, pinned: Mapping[str, Any], path: str = "the checkpoint") -> dict[str, Any]:
+        """On a resume: the values of :attr:`RESOLVED_HPARAMS` that ``pinned`` (the checkpoint's
+        hyperparameters) holds and this model resolved otherwise, adopted into the hyperparameters; returns
+        them (the subclass redraws what depends on them). A value this model was *given* that differs from the
+        checkpoint's is refused (:class:`CheckpointError`), as any other change of a resumed run."""
+        here = getattr(self, "_resolved_here", set())
+        given = {k: self.hparams[k] for k in self.RESOLVED_HPARAMS if k not in here and k in self.hparams}
+        refuse_changed_on_resume(path, pinned, given)
+        adopted = {k: pinned[k] for k in self.RESOLVED_HPARAMS if k in here and pinned.get(k) is not None
+                   and pinned[k] != self.hparams.get(k)}
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            hparams.update(adopted)
+        return adopted
 
     def setup(self, stage: str) -> None:
         destroy_gloo_process_group_at_exit()

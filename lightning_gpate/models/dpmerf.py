@@ -25,6 +25,7 @@ checkpoint (it is what a resume trains on, without a second release). Trains on 
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import Any, Sequence
@@ -32,9 +33,10 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from lightning_gpate.models.anchor import class_mean_gap
 from lightning_gpate.models.private import ConfigError, PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.privacy import SubsampledGaussianEvent
-from lightning_gpate.privacy.merf import embedding_sum, fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, noisy_release
+from lightning_gpate.privacy.merf import fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 
@@ -75,21 +77,30 @@ class DPMERF(PrivateGenerativeModel):
             shared among them: :func:`~lightning_gpate.privacy.merf.fourier_frequencies`). ``None``: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
             (public; the paper's MNIST choice, ℓ² = 105 for pixels in [0, 1], is ℓ ≈ 20.5 here, against
             22.9 for d = 784).
-        feature_seed: public seed of the frequencies (stored in the release; ``None``: drawn from the
-            public random state of ``seed_everything``).
+        feature_seed: public seed of the frequencies (``None``: drawn from the public random state of
+            ``seed_everything``). The value used, given or drawn, is stored in the hyperparameters, hence in
+            the training checkpoints and the release, as is the length scale used.
         count_weight: b, the share of each record's unit norm given to its class count (the rest,
             ``a = √(1 − b²)``, to its features): the counts get noise σ/b, the features σ/a.
         z_dim: latent size (the paper: 5 for MNIST).
         latent_prior: ``"normal"`` or ``"uniform"``.
-        generator_batch_size: fakes per step, in equal numbers per class.
+        generator_batch_size: fakes per step, in equal numbers per class (G-PATE's anchor: 1,000; more fakes a
+            class measure each class's generated mean embedding with less sampling noise).
+        unbiased: subtract from each class's squared gap its bias, the spread of the class's fakes over their
+            count (:func:`~lightning_gpate.models.anchor.class_mean_gap`: the U-statistic; needs 2 fakes a class).
         lr: Adam learning rate of the generator (the paper: 0.01).
         lr_decay: the learning rate is multiplied by it every ``lr_decay_steps`` steps (the paper:
             0.9 per epoch of 120 steps).
         lr_decay_steps: see ``lr_decay``.
+        generator_betas: Adam's betas (G-PATE's generator: ``(0.5, 0.999)``).
+        ema_decay: decay of the generator's weight average, which is what samples (and is released);
+            0: none (the paper). Post-processing, free.
         gf_dim: images: channels of the generator's upsampling stage (its 5×5 convolutions after
             nearest upsampling, :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`
-            with ``upsample: nearest``); the paper's generator has 16 and 8.
-        fc_dim: images: width of the generator's first dense layer (the paper: 200).
+            with ``upsample: nearest``, the label joined to every layer); the paper's small generator has
+            16 and 8 channels (``gf_dim: 8``), G-PATE's ``gf_dim: 64`` (128 and 64 channels, with
+            ``fc_dim: 1024``). One class: the width is the option.
+        fc_dim: images: width of the generator's first dense layer (the paper: 200; G-PATE: 1,024).
         generator_hidden: tables: hidden widths of the MLP generator.
         chunk_size: records embedded at a time in the release (memory only).
         noise_seed: seed of the release's noise (``None``: OS entropy at every start; tests only otherwise).
@@ -115,9 +126,12 @@ class DPMERF(PrivateGenerativeModel):
         z_dim: int = 5,
         latent_prior: str = "normal",
         generator_batch_size: int = 500,
+        unbiased: bool = False,
         lr: float = 0.01,
         lr_decay: float = 0.9,
         lr_decay_steps: int = 120,
+        generator_betas: Sequence[float] = (0.9, 0.999),
+        ema_decay: float = 0.0,
         gf_dim: int = 8,
         fc_dim: int = 200,
         generator_hidden: Sequence[int] = (256, 256),
@@ -135,7 +149,15 @@ class DPMERF(PrivateGenerativeModel):
             raise ValueError(f"need lr > 0, lr_decay in (0, 1] and an integer lr_decay_steps >= 1; got {lr}, {lr_decay}, {lr_decay_steps}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if not 0 <= ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        if len(generator_betas) != 2 or not all(0 <= b < 1 for b in generator_betas):
+            raise ValueError(f"generator_betas must be two numbers in [0, 1), got {generator_betas}")
+        num_classes = int(data_spec["num_classes"])
+        if unbiased and generator_batch_size < 2 * num_classes:
+            raise ValueError(f"unbiased needs at least 2 fakes a class: generator_batch_size >= {2 * num_classes}, got {generator_batch_size}")
         dim = math.prod(int(s) for s in data_spec["shape"])
+        requested = {"length_scale": length_scale, "feature_seed": feature_seed}
         if length_scale is None:
             length_scale = median_distance_of_uniform(dim)
         elif not isinstance(length_scale, (int, float)):
@@ -148,16 +170,33 @@ class DPMERF(PrivateGenerativeModel):
             super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting, conversion=conversion,
                              z_dim=z_dim, latent_prior=latent_prior, log_private_diagnostics=log_private_diagnostics)
         self.save_hyperparameters()
+        self.store_resolved_hparams(requested, length_scale=length_scale, feature_seed=feature_seed)
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
         net = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample="nearest") if self.is_image else self.build_generator(hidden=tuple(generator_hidden))
         self.generator = LabelledGenerator(net, self.num_classes)
+        if ema_decay > 0:  # what samples and is released (generator_module), label shares included
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         # Public (redrawn from the stored seed): not saved in checkpoints or the release.
-        self.register_buffer("frequencies", fourier_frequencies(num_features, dim, length_scale, feature_seed), persistent=False)
+        self.register_buffer("frequencies", self.draw_frequencies(), persistent=False)
         # The noisy release (DP; kept in the training checkpoint for a resume, not in the release artifact).
         self.register_buffer("released_embedding", torch.zeros(self.num_classes, int(num_features) + 1))
         self.register_buffer("released", torch.zeros((), dtype=torch.bool))
         self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else self.calibrated_noise_multiplier()
+
+    RESOLVED_HPARAMS = ("length_scale", "feature_seed")
+
+    def draw_frequencies(self) -> torch.Tensor:
+        """The random features' frequencies, drawn from the stored public seed and length scale(s)."""
+        hp = self.hparams
+        return fourier_frequencies(hp.num_features, math.prod(int(s) for s in self.data_spec["shape"]), hp.length_scale, hp.feature_seed)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A resume trains against the features its release was measured with: the checkpoint's seed and
+        length scale replace the ones this model drew (a seed given that differs is refused)."""
+        super().on_load_checkpoint(checkpoint)
+        if self.adopt_resolved_hparams(checkpoint.get("hyper_parameters") or {}):
+            self.frequencies = self.draw_frequencies().to(self.frequencies.device)
 
     # ----------------------------------------------------------------- the release
     def calibrated_noise_multiplier(self) -> float:
@@ -176,23 +215,25 @@ class DPMERF(PrivateGenerativeModel):
         if not self.charge(self.release_event()):
             return  # over budget: NoPrivateStepError was raised (first step) or training stops
         hp = self.hparams
-        total = embedding_sum(x, y, self.frequencies, self.num_classes, count_weight=hp.count_weight, chunk_size=hp.chunk_size)
-        released = noisy_release(total, noise_multiplier=self.noise_multiplier, generator=mechanism_generator(self.device, hp.noise_seed))
-        del total
+        released = release_embedding_sum(x, y, self.frequencies, self.num_classes, count_weight=hp.count_weight,
+                                         noise_multiplier=self.noise_multiplier,
+                                         generator=mechanism_generator(self.device, hp.noise_seed), chunk_size=hp.chunk_size)
         with torch.no_grad():
             self.released_embedding.copy_(released.float())
             self.released.fill_(True)
             counts = mean_embeddings(self.released_embedding, count_weight=hp.count_weight)[1].clamp_min(0)
             shares = counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
             self.generator.label_ratio.copy_(shares)
+            if hasattr(self, "generator_ema"):
+                self.generator_ema.label_ratio.copy_(shares)
 
     # ----------------------------------------------------------------- labels
     def class_shares(self) -> torch.Tensor:
         """The class ratio labels are drawn from and classes are weighted by: the declared one when it is
         public or paid for, else the released shares (uniform before the release)."""
-        if self.data_spec.get("class_ratio_source") in ("public", "dp") or not float(self.generator.label_ratio.sum()) > 0:
+        if self.data_spec.get("class_ratio_source") in ("public", "dp") or not float(self.generator_module.label_ratio.sum()) > 0:
             return self.class_ratio
-        return self.generator.label_ratio
+        return self.generator_module.label_ratio
 
     def sample_labels(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         if n == 0:
@@ -202,7 +243,7 @@ class DPMERF(PrivateGenerativeModel):
     # ----------------------------------------------------------------- training
     def configure_optimizers(self):
         hp = self.hparams
-        opt = torch.optim.Adam(self.generator.parameters(), lr=hp.lr)
+        opt = torch.optim.Adam(self.generator.parameters(), lr=hp.lr, betas=tuple(hp.generator_betas))
         return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=hp.lr_decay_steps, gamma=hp.lr_decay)]
 
     def on_train_start(self) -> None:
@@ -229,14 +270,14 @@ class DPMERF(PrivateGenerativeModel):
         return batch if bool(self.released) else super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def embedding_loss(self) -> torch.Tensor:
-        """``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` over a batch with equal numbers of fakes per class."""
-        k = self.num_classes
-        per_class = -(-int(self.hparams.generator_batch_size) // k)
-        means, _ = mean_embeddings(self.released_embedding, count_weight=self.hparams.count_weight)
-        labels = torch.arange(k, device=self.device).repeat_interleave(per_class)
-        features = fourier_features(self.generator(self.latent(len(labels)), labels), self.frequencies)
-        fake_means = torch.zeros_like(means).index_add(0, labels, features) / per_class
-        return (self.class_shares().to(means) * ((fake_means - means) ** 2).sum(1)).sum()
+        """``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` over a batch with equal numbers of fakes per class: the
+        per-class gap of :func:`~lightning_gpate.models.anchor.class_mean_gap` (G-PATE's anchor term; a mean over
+        the 2M features, hence the factor 2M)."""
+        hp = self.hparams
+        means, _ = mean_embeddings(self.released_embedding, count_weight=hp.count_weight)
+        gap = class_mean_gap(lambda y: self.generator(self.latent(len(y)), y), means, int(hp.generator_batch_size),
+                             lambda x: fourier_features(x, self.frequencies), unbiased=hp.unbiased)
+        return means.shape[1] * (self.class_shares().to(gap) * gap).sum()
 
     def training_step(self, batch, batch_idx):
         if not bool(self.released):
@@ -250,5 +291,7 @@ class DPMERF(PrivateGenerativeModel):
         self.manual_backward(loss)
         opt.step()
         scheduler.step()
+        if self.hparams.ema_decay > 0:
+            self.update_generator_average(self.hparams.ema_decay)
         self.log("mmd_loss", loss.detach(), prog_bar=True, batch_size=1)  # towards the released embedding: post-processing
         return None

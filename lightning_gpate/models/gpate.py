@@ -207,7 +207,8 @@ class GPATE(PrivateGenerativeModel):
         anchor_length_scale: ℓ of that kernel (public); ``None``: ``√(2d/3)``, the distance of two uniform points
             of ``[-1, 1]^d``; a list ``[ℓ_1, …, ℓ_k]``: the mean of k such kernels, the features shared equally
             (:func:`~lightning_gpate.privacy.merf.fourier_frequencies`).
-        anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG).
+        anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG; the
+            value used, like the length scale used, is stored in the hyperparameters, checkpoints and release).
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
         generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
             ``"nearest"`` (nearest ×2 then a convolution: no checkerboard lattice; the samples of G-PATE
@@ -221,6 +222,7 @@ class GPATE(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Confident-GNMax: threshold and GNMax steps
+    RESOLVED_HPARAMS = ("anchor_length_scale", "anchor_feature_seed")
 
     def __init__(
         self,
@@ -323,6 +325,7 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError(f"anchor_unbiased needs at least 2 generated images a class: anchor_batch_size >= "
                              f"{2 * self.num_classes}, got {anchor_batch_size}")
         dim = int(np.prod(self.data_spec["shape"]))
+        requested = {"anchor_length_scale": anchor_length_scale, "anchor_feature_seed": anchor_feature_seed}
         if anchor_features:
             if not anchor_fraction > 0:
                 raise ValueError(f"anchor_features={anchor_features} chooses what the anchor measures: it needs anchor_fraction > 0")
@@ -341,6 +344,7 @@ class GPATE(PrivateGenerativeModel):
             if len(shape) != 3 or not 1 <= gaussian_basis_dim <= shape[1] * shape[2]:
                 raise ValueError(f"gaussian_basis_dim needs images and must be in [1, height·width], got {gaussian_basis_dim}")
         self.save_hyperparameters()
+        self.store_resolved_hparams(requested, anchor_length_scale=anchor_length_scale, anchor_feature_seed=anchor_feature_seed)
         self.automatic_optimization = False
         self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
         if ema_decay > 0:

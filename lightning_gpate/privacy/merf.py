@@ -37,8 +37,8 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "embedding_sum", "noisy_release", "mean_embeddings",
-           "median_distance_of_uniform"]
+__all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "embedding_sum", "noisy_release", "release_embedding_sum",
+           "mean_embeddings", "median_distance_of_uniform"]
 
 
 def median_distance_of_uniform(dim: int) -> float:
@@ -125,6 +125,15 @@ def noisy_release(total: torch.Tensor, *, noise_multiplier: float, generator: to
         raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
     noise = torch.randn(total.shape, generator=generator, dtype=torch.float64, device=generator.device)
     return total + float(noise_multiplier) * noise.to(total.device)
+
+
+def release_embedding_sum(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tensor, num_classes: int, *, count_weight: float,
+                          noise_multiplier: float, generator: torch.Generator, chunk_size: int = 2048) -> torch.Tensor:
+    """DP-MERF's one release ``[K, 2M + 1]`` (float64): :func:`embedding_sum` of the records plus the Gaussian noise of
+    :func:`noisy_release`. The one implementation of the mechanism, used by :class:`~lightning_gpate.models.DPMERF` and
+    G-PATE's random-feature anchor (:mod:`lightning_gpate.models.anchor`); the caller charges it first."""
+    total = embedding_sum(x, y, frequencies, num_classes, count_weight=count_weight, chunk_size=chunk_size)
+    return noisy_release(total, noise_multiplier=noise_multiplier, generator=generator)
 
 
 def mean_embeddings(released: torch.Tensor, *, count_weight: float, min_count: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
