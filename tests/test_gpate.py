@@ -422,6 +422,15 @@ def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_s
     trainer.fit(model, dm)
     counts = model.accountant.counts
     assert bool(model.anchor_measured) and counts["subsampled_gaussian_events"] == 1 and counts["gaussian_sums"] == 2
+    # the fit summary says what each share bought (public facts: the share, the noise, the aggregations made)
+    from lightning_gpate.privacy.disclosure import privacy_lines
+
+    anchor_line, votes_line = model.budget_shares()
+    assert anchor_line.startswith("25% of the budget (ε 2 alone) bought the anchor") and "released once" in anchor_line
+    assert f"noise multiplier {z:.3g}" in anchor_line and ("random features" in anchor_line) == bool(features)
+    assert votes_line == "the rest bought 2 aggregations of the teachers' votes (gaussian)"
+    assert model.budget_shares()[0] in privacy_lines(model)
+    assert _digits_gpate(epsilon=budget)[1].budget_shares() == []  # no anchor: the budget buys the votes alone
     trainer.save_checkpoint(tmp_path / "a.ckpt")
     resumed = _digits_gpate(epsilon=budget, anchor_fraction=fraction, anchor_features=features, anchor_feature_seed=2)[1]
     if features:  # its own frequencies drawn before the checkpoint is loaded

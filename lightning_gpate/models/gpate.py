@@ -525,6 +525,20 @@ class GPATE(PrivateGenerativeModel):
         """The anchor's measurement while it is still to be paid (see the private base)."""
         return [self.anchor_event()] if self.anchor_noise is not None and not bool(self.anchor_measured) else []
 
+    def budget_shares(self) -> list[str]:
+        """With the anchor: its share bought one release of each class's mean (embedding), the rest the
+        aggregations of the teachers' votes the run made."""
+        if self.anchor_noise is None:
+            return []
+        share = self.hparams.anchor_fraction
+        what = (f"each class's mean embedding under {self.hparams.anchor_features:,} random features" if self.hparams.anchor_features
+                else "each class's mean image")
+        made = "released once" if bool(self.anchor_measured) else "not released yet"
+        steps = int(self.trainer.global_step) if self._trainer is not None else 0
+        return [f"{share:.0%} of the budget (ε {share * self.budget_limit():g} alone) bought the anchor: {what}, {made} "
+                f"(noise multiplier {self.anchor_noise:.3g}); every generator step pulls towards it for free",
+                f"the rest bought {steps:,} aggregation{'' if steps == 1 else 's'} of the teachers' votes ({self.hparams.aggregator})"]
+
     def measure_anchor(self) -> bool:
         """Pay for and measure each class's mean image on the whole training split (the DataModule's).
         Returns ``False`` (nothing measured) when the budget refuses it."""

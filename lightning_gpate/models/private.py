@@ -191,6 +191,11 @@ class PrivateGenerativeModel(GenerativeModel):
         smooth_sensitivity mode (where ``epsilon`` is the target of the release)."""
         return self.epsilon_hard_cap if self.smooth_sensitivity is not None else self.epsilon_budget
 
+    def budget_shares(self) -> list[str]:
+        """What each share of the budget bought, one line each, for the fit summary (public facts only: the
+        shares are hyperparameters, the counts of steps are public). ``[]``: the whole budget buys one thing."""
+        return []
+
     def whole_split_datamodule(self, option: str):
         """The fit's DataModule, for a measurement ``option`` that reads the whole training split
         (``model_space("train")``): PATE-GAN's marginals, the class-mean anchor. A one-line error without one."""

@@ -273,6 +273,7 @@ def privacy_lines(pl_module) -> list[str]:
                          f"not itself a guarantee)")
         else:
             lines.append(f"the paper's {what.replace('_', '-')} analysis gives ε = {value:.4f} (not a guarantee)")
+    lines += pl_module.budget_shares() if hasattr(pl_module, "budget_shares") else []
     lines.append(PRIVACY_SCOPE)
     return lines
 
