@@ -238,7 +238,7 @@ def run_once(threads: int, extra: list[str], seed: int, chart: Path | None = Non
             "budget_accounting": hp.budget_accounting, "steps": steps,
             "cnn_accuracy_final": metrics.get("utility/cnn_accuracy_final"),
             "cnn_accuracy_val_selected": metrics.get("utility/cnn_accuracy_val_selected"),
-            "stop_reason": run.data.tags.get("stop_reason"), "extra": extra, "config": str(config.relative_to(ROOT)),
+            "stop_reason": run.data.tags.get("stop_reason"), "extra": extra, "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
             "summary": out.stdout[out.stdout.find("lightning-gpate fit: done"):].replace(tmp, "/…"),
         }
 
