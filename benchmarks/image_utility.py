@@ -90,7 +90,13 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"--set takes KEY=VALUE, got {item!r}")
-        out[key.removeprefix("model.")] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str):  # YAML 1.1 reads 1e8 (no dot, no sign) as a string: a number is meant
+            try:
+                parsed = float(parsed)
+            except ValueError:
+                pass
+        out[key.removeprefix("model.")] = parsed
     return out
 
 

@@ -163,6 +163,9 @@ def test_set_overrides_reach_the_rows_whose_model_takes_them_and_the_table_names
     assert any(line.startswith("| `gpate_eps10_gaussagg_guarantee` (teacher_conv_impl: bmm) |") for line in lines)
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         image_utility.parse_sets(["teacher_conv_impl"])
+    # the tuning ladder's noise-free rung (`--set epsilon=1e8`): YAML 1.1 reads 1e8 as a string; a number is meant
+    sets = image_utility.parse_sets(["epsilon=1e8", "length_scale=[7, 10, 14]", "model.mechanism=gaussian"])
+    assert sets == {"epsilon": 1e8, "length_scale": [7, 10, 14], "mechanism": "gaussian"}
 
 
 def test_a_row_trains_with_cudnn_s_algorithm_search_where_its_config_asks_for_it(tmp_path, monkeypatch):
