@@ -159,6 +159,8 @@ class FitSummary(pl.Callback):
         rows.append(("training", f"{steps}{took}{after}"))
         rows.append(("stopped", stop_reason(trainer, pl_module)))
         rows += [("privacy", line) for line in privacy_lines(pl_module)]
+        shares = getattr(pl_module, "budget_share_lines", None)  # what each share of ε bought (models that split it)
+        rows += [("budget", line) for line in (shares(trainer.global_step) if shares is not None else [])]
         metrics: dict[str, float] = {}
         for cb in trainer.callbacks:
             if isinstance(cb, PeriodicEvaluation):
