@@ -139,7 +139,10 @@ class GPATECLI(LightningCLI):
         if import_class(ours) is not import_class(theirs):
             raise CheckpointError(f"{path} holds a {theirs}, but the config trains a {ours}: resume with the config it was trained with")
         model_args = lambda model: {k: v for k, v in vars(model.init_args).items() if k != "data_spec"}  # noqa: E731 (linked from the data)
-        refuse_changed_on_resume(path, model_args(pinned.model), model_args(requested.model))
+        # None asks for a default the model resolves from public facts (the checkpoint holds what it resolved to)
+        resolved = getattr(import_class(ours), "RESOLVED_DEFAULTS", ())
+        asked = {k: v for k, v in model_args(requested.model).items() if not (k in resolved and v is None)}
+        refuse_changed_on_resume(path, model_args(pinned.model), asked)
         refuse_changed_on_resume(path, checkpoint.get("datamodule_hyper_parameters") or {}, vars(requested.data.init_args),
                                  PRIVACY_PARAMETERS)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +31,15 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
     assert (rows["gswgan_eps10_paper"]["pretrain_cached"], rows["gswgan_eps1_guarantee"]["pretrain_cached"]) == (False, True)
     assert len(list((second / "pretrained").glob("*.ckpt"))) == 1
 
-    table = (second / "results" / "mnist_table.md").read_text()
+    headline = (second / "results" / "mnist_table.md").read_text()  # one row per (model, ε): the headline configs
+    assert headline.startswith("# SMOKE RUN (not results)")
+    rows_shown = {line.split("`")[1]: line for line in headline.splitlines() if line.startswith("| ") and "`" in line}
+    assert set(rows_shown) == {r.name for r in ROWS if r.headline} and "gpate_paper_eps10_guarantee" not in rows_shown
+    assert "gpate_eps10_hybrid_guarantee" in rows_shown and "dpmerf_eps1_guarantee" in rows_shown
+    gan = rows_shown["gan_nonprivate"]  # run by this call: its hardware, date and a current config
+    assert "CPU" in gan and time.strftime("%Y-%m-%d", time.gmtime()) in gan and gan.endswith("| current |")
+    assert rows_shown["pategan_eps10_guarantee"].endswith("| not run yet |")
+    table = (second / "results" / "mnist_table_archive.md").read_text()  # every row
     assert table.startswith("# SMOKE RUN (not results)")
     lines = {line.split(" | ")[0].strip("| `"): line for line in table.splitlines() if line.startswith("| `")}
     assert set(lines) == {r.name for r in ROWS}  # every row of the table, run or not
@@ -39,9 +48,9 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
                    "paper", "IS", "FID", "samples"):
         assert f" {column} |" in header
     gpate = lines["gpate_paper_eps10_guarantee"].split(" | ")
-    assert gpate[2].endswith(" of 10") and 0 < float(gpate[2].split()[0]) <= 10  # a guarantee within the budget
-    assert gpate[4] == "2" and "0.8092" in lines["gpate_paper_eps10_guarantee"]  # steps; the paper's figure beside it
-    assert float(gpate[7]) >= 0 and float(gpate[12]) >= 1.0  # CNN accuracy, IS
+    assert gpate[5].endswith(" of 10") and 0 < float(gpate[5].split()[0]) <= 10  # a guarantee within the budget
+    assert gpate[7] == "2" and "0.8092" in lines["gpate_paper_eps10_guarantee"]  # steps; the paper's figure beside it
+    assert float(gpate[10]) >= 0 and float(gpate[15]) >= 1.0  # CNN accuracy, IS
     assert "– (non-private)" in lines["gan_nonprivate"] and "0.9653" in lines["gan_nonprivate"]
     assert "the paper's accounting, not a guarantee" in lines["gswgan_eps10_paper"]  # labelled, never as the guarantee
     assert "not run yet" in lines["dpgan_eps10_guarantee"]
@@ -75,7 +84,7 @@ def test_a_failed_evaluation_keeps_the_fit_and_runners_side_by_side_merge(tmp_pa
     data = json.loads((merged / "results.json").read_text())
     assert {k: v["status"] for k, v in data["rows"].items()} == {"gpate_paper_eps10_guarantee": "done", "gan_nonprivate": "done"}
     assert data["meta"]["real_baseline"] == json.loads((a / "results.json").read_text())["meta"]["real_baseline"]
-    table = (merged / "results" / "mnist_table.md").read_text()
+    table = (merged / "results" / "mnist_table_archive.md").read_text()
     assert "* rows ran side by side" in table
     # a later merge of the failed record does not replace the finished row; a finished rerun would
     assert mnist_table.main(["--state", str(merged), "--merge-from", str(a), "--results", str(merged / "results")]) == 0
@@ -191,3 +200,24 @@ def test_a_row_trains_with_cudnn_s_algorithm_search_where_its_config_asks_for_it
         with pytest.raises(Built):
             mnist_table.fit_row(mnist_table.BY_NAME[row], a, seconds=60, state=tmp_path, resume=None)
         assert asked.pop("benchmark") is expected, row
+
+
+def test_a_row_whose_config_changed_since_its_run_is_marked_stale_and_comments_or_speed_settings_do_not_count(tmp_path, monkeypatch):
+    import mnist_table
+
+    config = tmp_path / "configs" / "mnist" / "gan_nonprivate.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text((ROOT / "configs" / "mnist" / "gan_nonprivate.yaml").read_text())
+    monkeypatch.setattr(mnist_table, "ROOT", tmp_path)
+    row = mnist_table.BY_NAME["gan_nonprivate"]
+    record = {"status": "done", "privacy": "none", "machine": "NVIDIA H200", "date": "2026-11-26",
+              "config_fingerprint": mnist_table.config_fingerprint(config)}
+    assert mnist_table.row_status(row, record) == "current"
+    assert "\ntrainer:\n" in config.read_text()
+    config.write_text("# a new comment\n" + config.read_text().replace("\ntrainer:\n", "\ntrainer:\n  benchmark: true\n"))
+    assert mnist_table.row_status(row, record) == "current"  # comments and cuDNN's search change no result
+    config.write_text(config.read_text().replace("z_dim: 100", "z_dim: 64"))
+    assert mnist_table.row_status(row, record).startswith("STALE")
+    assert mnist_table.row_status(row, {k: v for k, v in record.items() if k != "config_fingerprint"}).startswith("STALE")
+    lines = mnist_table.headline_lines({"rows": {"gan_nonprivate": record}}, smoke=False)
+    assert any("`gan_nonprivate`" in line and "NVIDIA H200" in line and "2026-11-26" in line and "STALE" in line for line in lines)

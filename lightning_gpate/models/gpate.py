@@ -225,6 +225,9 @@ class GPATE(PrivateGenerativeModel):
     #: Options removed (issue 47: no shipped config used them, no ladder found them useful), with the value that
     #: meant "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"normalize_directions": False, "gaussian_basis_dim": None, "teacher_augment_shift": 0}
+    #: Options whose ``None`` the constructor resolves (from the data's shape, the accounting mode, the seeded RNG) and
+    #: saves resolved: a resume that leaves them ``None`` asks for nothing (:class:`~lightning_gpate.cli.GPATECLI`).
+    RESOLVED_DEFAULTS = ("anchor_fraction", "anchor_features", "anchor_length_scale", "anchor_feature_seed")
 
     def __init__(
         self,
@@ -643,10 +646,14 @@ class GPATE(PrivateGenerativeModel):
         total = None
         with record_function("gpate/votes"):
             for t0, t1, grads in self._directions(fakes, y, units):
-                votes = normalized_votes(grads, None if voting is None else voting[t0:t1]).sum(0)
+                # summed in float64: the sum then rounds to the same float32 however the teachers are split into
+                # chunks and DDP ranks (a last-bit difference in the release becomes an Adam step of a bias whose
+                # true gradient is 0, e.g. before a BatchNorm)
+                votes = normalized_votes(grads, None if voting is None else voting[t0:t1]).sum(0, dtype=torch.float64)
                 total = votes if total is None else total.add_(votes)
             if is_distributed():
                 dist.all_reduce(total)
+            total = total.float()
         with record_function("gpate/budget"):
             if not self.charge(GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=hp.sigma_gaussian)):
                 return None, None
