@@ -304,7 +304,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30, help="--thread-matrix: steps per case")
     p.add_argument("--warmup", type=int, default=5, help="--thread-matrix: first step intervals not timed")
     p.add_argument("--samples", type=Path, default=None, help="also copy the first run's samples.png (`lightning-gpate sample`) here")
-    p.add_argument("--config", type=Path, default=QUICKSTART, help="the digits config to run (default: the quickstart)")
     p.add_argument("--paper-defaults", action="store_true", help="override with G-PATE's former defaults, the paper's settings")
     p.add_argument("--tune", action="store_true", help="score on a validation split of the training digits (choosing settings)")
     p.add_argument("extra", nargs="*", help="extra CLI overrides after --")
