@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from callbacks import ReleaseArtifact  # noqa: E402
 from datamodules import ImageDataModule  # noqa: E402
 from lightning_gpate.models import GPATE  # noqa: E402
+from lightning_gpate.models.gpate import PAPER_SETTINGS  # noqa: E402  (the aggregator measured)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist_5k.csv.gz"
 
@@ -60,7 +61,7 @@ class StepTimer(pl.Callback):
 def _model_and_data(args, teachers: int):
     dm = ImageDataModule("csv", path=str(args.data), classes=list(range(10)), num_teachers=teachers, teacher_batch_size=30,
                          val_fraction=0.0, test_fraction=0.2)
-    model = GPATE(dm.spec, epsilon=1e6, delta=1e-5, fake_batch_size=30, projection_dim=10, sigma_threshold=600.0,
+    model = GPATE(dm.spec, **PAPER_SETTINGS, epsilon=1e6, delta=1e-5, fake_batch_size=30, projection_dim=10, sigma_threshold=600.0,
                   sigma_gnmax=100.0, teacher_chunk_size=args.chunk, z_dim=100)
     return model, dm
 

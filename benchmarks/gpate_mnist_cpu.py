@@ -22,7 +22,7 @@ apply).
 
 Usage::
 
-    python benchmarks/gpate_mnist_cpu.py --name paper_nearest --config configs/mnist/gpate_eps10_guarantee.yaml \\
+    python benchmarks/gpate_mnist_cpu.py --name paper_nearest --config configs/mnist/gpate_paper_eps10_guarantee.yaml \\
         --steps 400 --set generator_upsample=nearest
     python benchmarks/gpate_mnist_cpu.py --name paper10_noise --config configs/mnist/gpate_eps10_nearest_guarantee.yaml \\
         --steps 50 --noise-of 2000

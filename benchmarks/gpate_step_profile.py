@@ -58,7 +58,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_CONFIG = "configs/mnist/gpate_eps10_guarantee.yaml"
+DEFAULT_CONFIG = "configs/mnist/gpate_paper_eps10_guarantee.yaml"
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "mnist"
 PHASES = ("teacher_step", "fakes", "votes", "budget", "aggregate", "generator_step")
 

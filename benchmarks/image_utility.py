@@ -43,7 +43,7 @@ MODELS = ("gpate", "gpate_topagg", "dpgan", "gswgan", "pategan", "gan")
 EPSILONS = ("1", "10", NOISE_FREE)
 
 # G-PATE without noise and without a budget: the mechanism's best case (σ must stay > 0 for the event).
-_GPATE_NOISE_FREE = {"epsilon": 1e12, "sigma_threshold": 1e-3, "sigma_gnmax": 1e-3, "sigma_topagg": 1e-3}
+_GPATE_NOISE_FREE = {"epsilon": 1e12, "sigma_threshold": 1e-3, "sigma_gnmax": 1e-3, "sigma_topagg": 1e-3, "sigma_gaussian": 1e-3}
 
 
 # preset -> data overrides, model -> {eps -> (config, model overrides, data overrides)}
@@ -138,13 +138,13 @@ def grids_every(out: Path, every: int, describe=lambda trainer, module: ""):
     return Grids()
 
 
-def logistic_regression_accuracy(model, dm, *, num_samples: int = 2000, seed: int = 0) -> float:
-    """Accuracy on the real test split of a logistic regression trained on ``num_samples`` generated
-    images (flattened pixels in [-1, 1]): does a plain classifier recognise the generated digits?"""
+def logistic_regression_accuracy(model, dm, *, num_samples: int = 2000, seed: int = 0, split: str = "test") -> float:
+    """Accuracy on the real ``split`` (test; ``"val"`` to tune settings) of a logistic regression trained on
+    ``num_samples`` generated images (flattened pixels in [-1, 1]): does a plain classifier recognise the generated digits?"""
     from sklearn.linear_model import LogisticRegression
 
     x, y = model.generate(num_samples, seed=seed)
-    xt, yt = dm.model_space("test")
+    xt, yt = dm.model_space(split)
     clf = LogisticRegression(max_iter=2000)
     clf.fit(x.flatten(1).numpy(), y.numpy())
     return float(clf.score(xt.flatten(1).numpy(), yt.numpy()))

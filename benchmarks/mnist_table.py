@@ -19,8 +19,10 @@ and time budget, then evaluated:
   ``smooth_sensitivity`` (the released data-dependent ε, noised; the guarantee is its data-independent
   hard cap), ``noisefree`` (σ ≈ 0, no privacy).
 
-Results: ``<results>/mnist_table.md`` with a 10×10 sample grid per row in ``<results>/mnist_table/``
-and every record in ``<results>/mnist_table.json``.
+Results: ``<results>/mnist_table.md``, one row per (model, ε): the headline config's latest run with its hardware
+and date, marked stale where the config changed since (:func:`config_fingerprint`); every row (the paper's
+settings, the levers, the extras) with the notes in ``<results>/mnist_table_archive.md``; a 10×10 sample grid per row
+in ``<results>/mnist_table/`` and every record in ``<results>/mnist_table.json``.
 
 **Calls of at most 10 minutes.** A call runs rows in the table's order until its ``--time-budget``
 would be exceeded, keeping every finished row in ``<state>/results.json`` (and grids, the feature
@@ -101,6 +103,8 @@ class Row:
     base: str | None = None
     #: ``seed_everything`` (the generator's initialisation and sampling) when not the config's
     seed: int | None = None
+    #: the model's row for its ε in the headline table (``mnist_table.md``): its best configuration under a guarantee
+    headline: bool = False
 
     @property
     def config(self) -> str:
@@ -126,9 +130,9 @@ DPMERF_SWEEP: tuple[Row, ...] = tuple(
 #: ``--time-scale`` scales them), several sessions of device time. At the
 #: target step time (G-PATE <= 0.1 s at 2,000 teachers) the paper rows reach their privacy budget well within theirs.
 ROWS: tuple[Row, ...] = (
-    Row("gan_nonprivate", "0.9653 (non-private DC-GAN)", "≥ 0.95", 60, kind="paper"),
-    Row("gpate_eps10_guarantee", "0.8092 (data-dependent ε)", "≥ 0.80 (guarantee)", 45, kind="paper"),
-    Row("gpate_eps1_guarantee", "0.5483 (data-independent), 0.5880 (data-dependent)", "≥ 0.60 (guarantee)", 60, kind="paper"),
+    Row("gan_nonprivate", "0.9653 (non-private DC-GAN)", "≥ 0.95", 60, kind="paper", headline=True),
+    Row("gpate_paper_eps10_guarantee", "0.8092 (data-dependent ε)", "≥ 0.80 (guarantee)", 45, kind="paper"),
+    Row("gpate_paper_eps1_guarantee", "0.5483 (data-independent), 0.5880 (data-dependent)", "≥ 0.60 (guarantee)", 60, kind="paper"),
     Row("gpate_eps10_nearest_guarantee", "—", "≥ 0.80 (guarantee)", 45),
     Row("gpate_eps1_nearest_guarantee", "—", "≥ 0.60 (guarantee)", 60),
     Row("gpate_eps10_ladder_guarantee", "—", "≥ 0.80 (guarantee)", 120),
@@ -137,35 +141,45 @@ ROWS: tuple[Row, ...] = (
     Row("gpate_eps10_gaussagg_guarantee", "—", "≥ 0.80 (guarantee)", 120),
     Row("gpate_eps1_gaussagg_guarantee", "—", "≥ 0.60 (guarantee)", 90),
     # the GaussAgg rows plus the random-feature anchor (DP-MERF's release, a share of ε paid first): the G-PATE + DP-MERF hybrid
-    Row("gpate_eps10_hybrid_guarantee", "—", "≥ 0.80 (guarantee)", 120),
-    Row("gpate_eps1_hybrid_guarantee", "—", "≥ 0.60 (guarantee)", 90),
+    Row("gpate_eps10_hybrid_guarantee", "—", "≥ 0.80 (guarantee)", 120, headline=True),
+    Row("gpate_eps1_hybrid_guarantee", "—", "≥ 0.60 (guarantee)", 90, headline=True),
     Row("gpate_noisefree", "—", "≥ 0.95 (no privacy)", 180, kind="paper"),
     # Bie et al.'s recipe (Private GANs, Revisited), ~40,000 discriminator steps: two calls of ~470 s training
     # each (END_S=570; benchmarks/results/dpgan_mnist_cpu.md), both rows side by side
-    Row("dpgan_eps10_guarantee", "0.8011 (G-PATE's table); 0.930-0.950 (Bie et al. 2023)", "≥ 0.85", 850, kind="paper", splittable=True),
-    Row("dpgan_eps1_guarantee", "0.4036 (G-PATE's table)", "≥ 0.60", 850, kind="paper", splittable=True),
+    Row("dpgan_eps10_guarantee", "0.8011 (G-PATE's table); 0.930-0.950 (Bie et al. 2023)", "≥ 0.85", 850, kind="paper", splittable=True,
+        headline=True),
+    Row("dpgan_eps1_guarantee", "0.4036 (G-PATE's table)", "≥ 0.60", 850, kind="paper", splittable=True, headline=True),
     # GS-WGAN: one pretraining of the 1,000 discriminators (≤ pretrain_seconds, cached: the rows share it), then each
     # row's private stage, whose small checkpoint lets it continue over calls on the machine that holds the cache.
     Row("gswgan_eps10_paper", "0.8066 (its unsound ε)", "≥ 0.78 at its paper ε (labelled)", 300, kind="extra",
         pretrain_seconds=240, splittable=True),
     Row("gswgan_eps10_guarantee", "0.8066 (its unsound ε)", "measured at its sound ε", 300, kind="paper",
-        pretrain_seconds=240, splittable=True),
+        pretrain_seconds=240, splittable=True, headline=True),
     Row("gswgan_eps1_guarantee", "0.1432 (its unsound ε)", "measured at its sound ε", 300, kind="paper",
-        pretrain_seconds=240, splittable=True),
-    Row("pategan_eps10_guarantee", "0.6667", "≥ 0.67 (guarantee)", 240, kind="paper"),
-    Row("pategan_eps1_guarantee", "0.4168", "≥ 0.42 (guarantee)", 240, kind="paper"),
+        pretrain_seconds=240, splittable=True, headline=True),
+    Row("pategan_eps10_guarantee", "0.6667", "≥ 0.67 (guarantee)", 240, kind="paper", headline=True),
+    Row("pategan_eps1_guarantee", "0.4168", "≥ 0.42 (guarantee)", 240, kind="paper", headline=True),
     # DP-MERF: one noisy release, then free generator steps; minutes on a CPU too (--rows 'dpmerf_eps1*guarantee*' --time-scale 10:
     # 1,200 s of training, the CPU config's 20 minutes)
-    Row("dpmerf_eps1_guarantee", "— (cited without a figure; SoK re-run 0.839)", "≥ 0.92, fit ≤ 20 min on 2 CPU cores; " + DPMERF_TUNED, 120, kind="extra"),
+    Row("dpmerf_eps1_guarantee", "— (cited without a figure; SoK re-run 0.839)", "≥ 0.92, fit ≤ 20 min on 2 CPU cores; " + DPMERF_TUNED, 120,
+        kind="extra", headline=True),
     Row("dpmerf_eps1_guarantee_s1", "— (cited without a figure; SoK re-run 0.839)", "≥ 0.92, fit ≤ 20 min on 2 CPU cores; " + DPMERF_TUNED, 120,
         kind="extra", base="dpmerf_eps1_guarantee", seed=1),
-    Row("dpmerf_eps10_guarantee", "— (cited without a figure; SoK re-run 0.832)", "≥ 0.83, fit ≤ 10 min on 2 CPU cores", 60, kind="extra"),
+    Row("dpmerf_eps10_guarantee", "— (cited without a figure; SoK re-run 0.832)", "≥ 0.95; " + DPMERF_TUNED + " (at ε = 1)", 120,
+        kind="extra", headline=True),
+    Row("dpmerf_eps10_guarantee_s1", "— (cited without a figure; SoK re-run 0.832)", "≥ 0.95; " + DPMERF_TUNED + " (at ε = 1)", 120,
+        kind="extra", base="dpmerf_eps10_guarantee", seed=1),
+    # the CPU config at the G-PATE paper's smallest budget (its Table 2: 0.223), the ε = 1 settings carried unchanged
+    Row("dpmerf_eps0.2_guarantee", "G-PATE 0.223", "≥ 0.863 (DPDM); " + DPMERF_TUNED + " (at ε = 1)", 120, kind="extra",
+        base="dpmerf_eps1_guarantee", overrides={"epsilon": 0.2}, headline=True),
+    Row("dpmerf_eps0.2_guarantee_s1", "G-PATE 0.223", "≥ 0.863 (DPDM); " + DPMERF_TUNED + " (at ε = 1)", 120, kind="extra",
+        base="dpmerf_eps1_guarantee", overrides={"epsilon": 0.2}, seed=1),
     *DPMERF_SWEEP,
     Row("gpate_eps10_teacherlabels_guarantee", "—", "lever", 45),
     Row("gpate_eps10_ownvotes_guarantee", "—", "lever", 45),
     Row("gpate_topagg_eps10_guarantee", "—", "lever (DataLens' settings)", 45),
     Row("gpate_topagg_eps1_guarantee", "—", "lever (DataLens' settings)", 45),
-    Row("gpate_eps10_smooth_sensitivity", "—", "extra: smooth-sensitivity release", 75, kind="extra"),
+    Row("gpate_paper_eps10_smooth_sensitivity", "—", "extra: smooth-sensitivity release", 75, kind="extra"),
 )
 BY_NAME = {r.name: r for r in ROWS}
 #: Seconds a row needs besides training on a GPU (data, teachers, evaluation, grid), for planning calls: a base
@@ -590,14 +604,85 @@ def _epsilons(r: dict[str, Any]) -> tuple[str, str]:
     return guarantee, other
 
 
-COLUMNS = ("row", "model", "ε spent (guarantee, δ=1e-5)", "other ε (labelled, not a guarantee)", "steps", "stopped by",
+COLUMNS = ("row", "status", "hardware", "date", "model", "ε spent (guarantee, δ=1e-5)", "other ε (labelled, not a guarantee)", "steps", "stopped by",
            "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)", "paper", "target", "best on test (paper's selection)",
            "IS", "FID", "samples")
 
 
+#: Trainer settings that change speed or logging, not what a row trains: left out of :func:`config_fingerprint`
+_SPEED_ONLY_TRAINER_KEYS = ("accelerator", "benchmark", "devices", "callbacks", "logger", "enable_checkpointing", "log_every_n_steps",
+                            "enable_progress_bar", "precision", "strategy")
+#: Data settings that say where the files are, not what the data is
+_LOCATION_ONLY_DATA_KEYS = ("root", "download")
+
+
+def config_fingerprint(path: Path) -> str:
+    """A row config's meaning as a short hash: the model and data classes and arguments and the trainer's step limits,
+    parsed (comments, key order, file locations and speed-only trainer settings do not count). A record keeps the
+    fingerprint of the config it ran; a row whose config's fingerprint differs now is stale. A model default that
+    changes is not seen: configs state the settings they rely on (issue 47)."""
+    import hashlib
+
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    meaning = {
+        "model": raw.get("model"),
+        "data": {**(raw.get("data") or {}), "init_args": {k: v for k, v in ((raw.get("data") or {}).get("init_args") or {}).items()
+                                                          if k not in _LOCATION_ONLY_DATA_KEYS}},
+        "trainer": {k: v for k, v in (raw.get("trainer") or {}).items() if k not in _SPEED_ONLY_TRAINER_KEYS},
+    }
+    return hashlib.sha256(json.dumps(meaning, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def row_status(row: Row, r: dict[str, Any] | None) -> str:
+    """``current``, ``STALE`` (its config changed since the run, or the record predates fingerprints), ``partial``
+    (stopped by the row's time budget before its privacy budget), ``not run yet`` or the error."""
+    if r is None:
+        return "not run yet"
+    if r.get("status") != "done":
+        return f"{r.get('status')}: {r.get('error', r.get('stopped_by', ''))}"[:200]
+    if r.get("config_fingerprint") != config_fingerprint(ROOT / row.config):
+        return "STALE: its config changed since this run"
+    budget_stop = str(r.get("stopped_by", "")).startswith("privacy budget") or r.get("budget_exhausted")
+    if r.get("privacy") == "guarantee" and not budget_stop and r.get("epsilon_guarantee") is not None \
+            and r["epsilon_guarantee"] < 0.95 * float(r.get("epsilon_budget", 0)):
+        return f"partial: stopped by {r.get('stopped_by')} at ε {r['epsilon_guarantee']:.2f} of {r.get('epsilon_budget'):g}"
+    return "current"
+
+
+HEADLINE_COLUMNS = ("model", "ε (guarantee, δ=1e-5)", "CNN acc (val-sel. on synthetic)", "row (config)", "steps", "hardware", "date",
+                    "status")
+
+
+def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
+    """``mnist_table.md``: one row per (model, ε), the model's headline config (:attr:`Row.headline`)."""
+    rows = data.get("rows", {})
+    lines = [f"# {'SMOKE RUN (not results): ' if smoke else ''}MNIST: one row per model and ε", "",
+             "Written by `benchmarks/mnist_table.py` (every record: `mnist_table.json`). Each model's best configuration "
+             "under a guarantee, its latest run: a CNN trained on generated digits, tested on the 10,000 real test digits "
+             "(the epoch chosen on held-out synthetic digits); ε is the data-independent guarantee the run spent. "
+             "`STALE`: the config changed since the run (rerun it); `partial`: the run stopped on its time budget before "
+             "its privacy budget (not the model's converged utility). Every row (the papers' settings, the levers, "
+             "noise-free and extras), the notes and the ladders: [mnist_table_archive.md](mnist_table_archive.md).", "",
+             "| " + " | ".join(HEADLINE_COLUMNS) + " |", "|" + "---|" * len(HEADLINE_COLUMNS)]
+    for row in (r for r in ROWS if r.headline):
+        r = rows.get(row.name)
+        done = r is not None and r.get("status") == "done"
+        eps = _epsilons(r)[0] if done else ""
+        cells = [r.get("model", "") if done else "", eps, _f(r.get("cnn_accuracy_val_selected")) if done else "",
+                 f"[`{row.name}`](../../{row.config})", _f(r.get("steps")) if done else "",
+                 r.get("machine", "") if r else "", r.get("date", "") if r else "", row_status(row, r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
     rows, meta = data.get("rows", {}), data.get("meta", {})
-    lines = [f"# {'SMOKE RUN (not results): ' if smoke else ''}The G-PATE paper's MNIST table on the official MNIST", "",
+    lines = [f"# {'SMOKE RUN (not results): ' if smoke else ''}The G-PATE paper's MNIST table on the official MNIST: every row", "",
+             "The headline, one row per (model, ε): [mnist_table.md](mnist_table.md). The levers' ladders: "
+             "[gpate_mnist_cpu.md](gpate_mnist_cpu.md) (G-PATE's CPU proxy), [pategan_mnist_cpu.md](pategan_mnist_cpu.md), "
+             "[dpgan_mnist_cpu.md](dpgan_mnist_cpu.md), [gpate_ladder_digits.md](gpate_ladder_digits.md) (8×8 digits).", "",
              "Written by `benchmarks/mnist_table.py` from its state (`results.json`; every record is in "
              "`mnist_table.json` beside this file). Private data: the 60,000 training digits (teachers: the "
              "hash-keyed partition); utility on the 10,000 test digits, which select nothing. CNN accuracy: a CNN "
@@ -609,18 +694,20 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
              "another ε only where labelled. Rows stop at their privacy budget, their config's max_steps or the "
              "row's time budget on the GPU (column `stopped by`).", ""]
     if meta.get("machine"):
-        lines += [f"Machine: {meta['machine']}; torch {meta.get('torch', '?')}.", ""]
+        lines += [f"Machine of the last call: {meta['machine']}; torch {meta.get('torch', '?')}. Each row's own: the columns "
+                  "`hardware` and `date` (rows measured before 2026-11-28: from the notes below).", ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in ROWS:
         r = rows.get(row.name)
         if r is None or r.get("status") not in ("done",):
             status = "not run yet" if r is None else f"{r.get('status')}: {r.get('error', r.get('stopped_by', ''))}"[:200]
-            cells = [f"`{row.name}`", "", "", "", _f(r.get("steps")) if r else "", status, "", "", "", row.paper, row.target, "", "", "", ""]
+            cells = [f"`{row.name}`", row_status(row, r), "", "", "", "", "", _f(r.get("steps")) if r else "", status, "", "", "", row.paper,
+                     row.target, "", "", "", ""]
         else:
             guarantee, other = _epsilons(r)
             steps = _f(r.get("steps")) + (f" (after {r['pretrain_iterations']} pretraining it.)" if r.get("pretrain_iterations") else "")
             name = f"`{row.name}`" + "".join(f" ({k}: {v})" for k, v in r.get("set", {}).items())
-            cells = [name, r.get("model", ""), guarantee, other, steps,
+            cells = [name, row_status(row, r), r.get("machine", ""), r.get("date", ""), r.get("model", ""), guarantee, other, steps,
                      str(r.get("stopped_by", ""))[:120].replace("|", "/"), _f(r.get("s_per_step"), 3),
                      _f(r.get("cnn_accuracy_final")), _f(r.get("cnn_accuracy_val_selected")), row.paper, row.target,
                      _f(r.get("cnn_accuracy_best_on_test_paper_style")), _f(r.get("inception_score"), 2), _f(r.get("fid"), 1),
@@ -645,7 +732,8 @@ def write_table(data: dict[str, Any], results: Path, state: Path, *, smoke: bool
     for png in (state / "grids").glob("*.png"):
         shutil.copy2(png, results / TABLE / png.name)
     path = results / f"{TABLE}.md"
-    path.write_text("\n".join(table_lines(data, smoke=smoke)) + "\n")
+    path.write_text("\n".join(headline_lines(data, smoke=smoke)) + "\n")
+    (results / f"{TABLE}_archive.md").write_text("\n".join(table_lines(data, smoke=smoke)) + "\n")
     (results / f"{TABLE}.json").write_text(json.dumps(data, indent=1, default=str))
     return path
 
@@ -820,6 +908,8 @@ def main(argv: list[str] | None = None) -> int:
             stage = "evaluation" if record.get("status") == "evaluating" else "fit"
             record.update(status="error", error=f"{stage}: {type(err).__name__}: {err}"[:500])
         record["row_s"] = time.perf_counter() - t0
+        record.update(machine=meta["machine"], date=time.strftime("%Y-%m-%d", time.gmtime()),
+                      config_fingerprint=config_fingerprint(ROOT / row.config))  # what the stale mark compares
         data["rows"][row.name] = record
         save_state(a.state, data)
         write_table(data, results, a.state, smoke=a.smoke)  # after every row: a call cut short still leaves its table
@@ -832,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_table(data, results, a.state, smoke=a.smoke)
     print(f"wrote {path} ({time.perf_counter() - call_start:.0f} s this call)")
     if a.smoke:  # the smoke run's check: a line and a grid per row run
-        text = path.read_text()
+        text = (results / f"{TABLE}_archive.md").read_text()  # every row; mnist_table.md holds the headline ones
         missing = [r.name for r in rows if f"`{r.name}`" not in text or not (results / TABLE / f"{r.name}.png").is_file()]
         failed = [r.name for r in rows if data["rows"].get(r.name, {}).get("status") != "done"]
         if missing or failed:

@@ -3,7 +3,7 @@
 # merged into one state and table, packed into $OUT/mnist_table_call.tgz (a call returns at most 8 files).
 #
 #   source .gpu/env.sh && END_S=540 bash benchmarks/mnist_table_gpu.sh "gan_nonprivate gpate_noisefree" \
-#       "gpate_eps10_guarantee gpate_eps10_ladder_guarantee" "dpgan_eps10_guarantee dpgan_eps1_guarantee"
+#       "gpate_paper_eps10_guarantee gpate_eps10_ladder_guarantee" "dpgan_eps10_guarantee dpgan_eps1_guarantee"
 #
 # Each argument is one runner's rows (in the table's order), optionally led by "xN", that runner's time
 # scale (row budgets × N, e.g. "x3 gpate_eps10_ladder_guarantee"); the call ends by END_S seconds after it

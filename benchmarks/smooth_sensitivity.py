@@ -82,6 +82,7 @@ def train(args) -> None:
 
     from datamodules import ImageDataModule
     from lightning_gpate.models import GPATE
+    from lightning_gpate.models.gpate import PAPER_SETTINGS
 
     torch.set_num_threads(args.threads)
     scale = args.sigma_scale if args.sigma_scale is not None else args.teachers / PAPER_TEACHERS
@@ -96,11 +97,12 @@ def train(args) -> None:
         dm = ImageDataModule("csv", path=str(DATA), classes=list(range(10)), num_teachers=args.teachers, teacher_batch_size=args.teacher_batch,
                              val_fraction=0.0, test_fraction=0.0)
         generator = dict(z_dim=50)
-    model = GPATE(dm.spec, epsilon=1e12, delta=1e-5, budget_accounting="paper", fake_batch_size=args.fake_batch,
-                  projection_dim=10, clip=1e-4, num_bins=args.num_bins, threshold_fraction=args.threshold_fraction,
+    settings = {**PAPER_SETTINGS, "num_bins": args.num_bins, "own_label_votes": args.own_label_votes}  # Confident-GNMax's votes
+    model = GPATE(dm.spec, **settings, epsilon=1e12, delta=1e-5, budget_accounting="paper", fake_batch_size=args.fake_batch,
+                  projection_dim=10, clip=1e-4, threshold_fraction=args.threshold_fraction,
                   sigma_threshold=s1, sigma_gnmax=s2, teacher_chunk_size=args.chunk, **generator,
                   teacher_channels=args.teacher_channels, teacher_fc=args.teacher_fc,
-                  teacher_warmup_steps=args.warmup, own_label_votes=args.own_label_votes)
+                  teacher_warmup_steps=args.warmup)
     votes, answered, started = [], [], time.time()
     record = model.record
 

@@ -142,12 +142,14 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
                      marginal_fraction=0.5, marginal_weight=30.0, marginal_threshold=0.0 if epsilon <= 1 else 1.0)
         return {"data": dict(num_teachers=teachers, teacher_batch_size=8), "model": model, "max_steps": queries // 16}
     if system == "gpate":
+        from lightning_gpate.models.gpate import PAPER_SETTINGS  # the G-PATE rows measured the paper's votes
+
         teachers = 100 if cervical else 1000
         if cervical:  # 534 rows: ~5 rows per teacher; at ε = 1 only very noisy votes are affordable
             sigmas = dict(sigma_threshold=300.0, sigma_gnmax=150.0) if epsilon <= 1 else dict(sigma_threshold=200.0, sigma_gnmax=60.0)
         else:
             sigmas = dict(sigma_threshold=1500.0, sigma_gnmax=600.0) if epsilon <= 1 else dict(sigma_threshold=600.0, sigma_gnmax=200.0)
-        model = dict(**sigmas, threshold_fraction=0.5, projection_dim=5 if epsilon > 1 else 3, clip=1e-4, num_bins=10,
+        model = dict(**PAPER_SETTINGS, **sigmas, threshold_fraction=0.5, projection_dim=5 if epsilon > 1 else 3, clip=1e-4, num_bins=10,
                      fake_batch_size=32 if epsilon > 1 else 16, teacher_hidden=(64,), z_dim=32, hidden=(128, 128))
         return {"data": dict(num_teachers=teachers, teacher_batch_size=8 if cervical else 32), "model": model, "max_steps": 2000}
     if system == "dpgan":

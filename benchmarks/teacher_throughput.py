@@ -246,6 +246,7 @@ def run_fit_case(kind: str, T: int, a: argparse.Namespace) -> dict:
     from datamodules.base import GenerativeDataModule
     from datamodules.tabular import TabularDataModule
     from lightning_gpate.models import GPATE
+    from lightning_gpate.models.gpate import PAPER_SETTINGS
 
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -276,7 +277,8 @@ def run_fit_case(kind: str, T: int, a: argparse.Namespace) -> dict:
         dm = RandomImages(num_teachers=T, teacher_batch_size=b, val_fraction=0.0, test_fraction=0.0)
         dm._transform = uint8_to_model_space
         model_kw = dict(z_dim=100)
-    model = GPATE(dm.spec, epsilon=1e9, fake_batch_size=m, projection_dim=k, clip=a.clip, num_bins=a.bins,
+    settings = {**PAPER_SETTINGS, "num_bins": a.bins}  # the paper's per-fake DPGradAgg votes, as the kernels timed
+    model = GPATE(dm.spec, **settings, epsilon=1e9, fake_batch_size=m, projection_dim=k, clip=a.clip,
                   sigma_threshold=a.sigma_threshold or d["sigma_threshold"], sigma_gnmax=a.sigma_gnmax or d["sigma_gnmax"],
                   teacher_chunk_size=chunk or None, teacher_fake_labels="class_ratio", teacher_precision=a.precision,
                   teacher_conv_impl=a.conv_impl, noise_seed=1, **model_kw)

@@ -12,12 +12,14 @@ Panels:
   ``benchmarks/image_utility.py`` (``image_utility_<preset>/*.json``: the MNIST presets once they are
   measured on a GPU). Noise-free runs sit at the right edge, labelled "no noise".
 
-Every ε is a guarantee (δ = 1e-5). Writes ``docs/img/utility_vs_epsilon.png`` and, with ``--mnist-out``,
-the README's figure of the official MNIST table (``mnist_table.json``: CNN accuracy on the 10,000 real test
-digits, selected on synthetic validation, against the guaranteed ε each row spent; one line per config
-family, the row name without its ε; the non-private GAN and real data as lines)::
+``--mnist`` draws the README's MNIST figure instead: the CNN accuracy (epoch chosen on synthetic digits) on the
+10,000 real test digits against ε of every model's headline row of ``mnist_table.json``
+(``benchmarks/mnist_table.py``), each point labelled with its hardware; stale or partial runs hollow.
 
-    python benchmarks/utility_vs_epsilon.py [--out docs/img/utility_vs_epsilon.png] [--mnist-out docs/img/mnist_accuracy_vs_epsilon.png]
+Every ε is a guarantee (δ = 1e-5). Writes ``docs/img/utility_vs_epsilon.png`` (``docs/img/mnist_accuracy_vs_epsilon.png``)::
+
+    python benchmarks/utility_vs_epsilon.py [--out docs/img/utility_vs_epsilon.png]
+    python benchmarks/utility_vs_epsilon.py --mnist
 """
 
 from __future__ import annotations
@@ -57,8 +59,14 @@ def image_points() -> list[dict]:
     points = []
     for line in (RESULTS / "quickstart.jsonl").read_text().splitlines() if (RESULTS / "quickstart.jsonl").exists() else []:
         r = json.loads(line)
-        if r.get("logreg_2000") is not None and not r.get("extra"):
-            points.append({"series": "G-PATE, the quickstart (700 teachers × 2 digits)", "epsilon": r["epsilon"], "score": r["logreg_2000"]})
+        if r.get("logreg_2000") is None or r.get("extra") or r.get("paper_defaults") or r.get("scored_on", "test") != "test":
+            continue
+        config = r.get("config")
+        if config is None:  # before issue 47
+            points.append({"series": "G-PATE, the former quickstart (700 teachers × 2 digits)", "epsilon": r["epsilon"], "score": r["logreg_2000"]})
+        elif config in ("configs/quickstart.yaml", "configs/gpate_digits_eps1.yaml"):
+            points.append({"series": "G-PATE, the quickstart (anchor + votes; ε = 1: gpate_digits_eps1)", "epsilon": r["epsilon"],
+                           "score": r["logreg_2000"]})
     ladder = RESULTS / "gpate_ladder_digits.jsonl"
     for line in ladder.read_text().splitlines() if ladder.exists() else []:
         r = json.loads(line)
@@ -144,47 +152,53 @@ def draw(out: Path) -> Path:
     return out
 
 
-def mnist_series(path: Path) -> dict[str, list[tuple[float, float, bool]]]:
-    """(guaranteed ε spent, CNN accuracy selected on synthetic validation, whether the run reached its budget or
-    its config's steps) of every private row of the MNIST table that ran, by config family
-    (``gpate_eps10_hybrid_guarantee`` → ``gpate hybrid``)."""
-    import re
-
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for name, row in json.loads(path.read_text())["rows"].items():
-        eps, acc = row.get("epsilon_guarantee"), row.get("cnn_accuracy_val_selected")
-        if row.get("status") != "done" or eps is None or acc is None or row.get("privacy") != "guarantee":
-            continue
-        family = re.sub(r"_eps[0-9.]+", "", name).replace("_guarantee", "").replace("_", " ")
-        series[family].append((float(eps), float(acc), bool(row.get("budget_exhausted") or row.get("complete"))))
-    return {k: sorted(v) for k, v in series.items()}
-
-
-def draw_mnist(out: Path, path: Path = RESULTS / "mnist_table.json") -> Path:
+def draw_mnist(out: Path) -> Path:
+    """CNN accuracy (val-selected) against ε for every model's headline MNIST row (``mnist_table.json``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from mnist_table import ROWS, row_status
 
-    table = json.loads(path.read_text())
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for family, points in sorted(mnist_series(path).items(), key=lambda kv: -max(p[1] for p in kv[1])):
-        line, = ax.plot([p[0] for p in points], [p[1] for p in points], label=family)
-        for eps, acc, finished in points:  # hollow: stopped by the row's time budget before its privacy budget
-            ax.plot([eps], [acc], marker="o", color=line.get_color(), markerfacecolor=line.get_color() if finished else "white")
+    table = json.loads((RESULTS / "mnist_table.json").read_text())
+    records = table["rows"]
+    by_model: dict[str, list[tuple[float, float, str, str]]] = defaultdict(list)
+    gan = None
+    for row in (r for r in ROWS if r.headline):
+        r = records.get(row.name)
+        if r is None or r.get("status") != "done" or r.get("cnn_accuracy_val_selected") is None:
+            continue
+        if r.get("privacy") != "guarantee":
+            gan = (float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"))
+            continue
+        by_model[r["model"]].append((float(r["epsilon_budget"]), float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"),
+                                     row_status(row, r)))
+    fig, ax = plt.subplots(figsize=(8.5, 4.6))
+    for i, (model, pts) in enumerate(sorted(by_model.items())):
+        pts.sort()
+        color = f"C{i}"
+        machines = ", ".join(sorted({m for _, _, m, _ in pts}))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=color, alpha=0.6, label=f"{model} ({machines})")
+        for eps, acc, _, status in pts:
+            current = status == "current"
+            ax.scatter([eps], [acc], s=60, color=color if current else "white", edgecolors=color, zorder=3)
+            if not current:
+                ax.annotate(status.split(":")[0].lower(), (eps, acc), textcoords="offset points", xytext=(6, -3), fontsize=7, color=color)
+    if gan is not None:
+        ax.axhline(gan[0], ls=":", color="black", label=f"non-private GAN: {gan[0]:.3f} ({gan[1]})")
     real = table.get("meta", {}).get("real_baseline", {}).get("cnn_accuracy_val_selected")
     if real is not None:
         ax.axhline(real, ls=":", color="grey", label=f"real training digits: {real:.3f}")
-    gan = table["rows"].get("gan_nonprivate", {}).get("cnn_accuracy_val_selected")
-    if gan is not None:
-        ax.axhline(gan, ls=":", color="black", label=f"non-private GAN: {gan:.3f}")
-    ax.axhline(CHANCE_DIGITS, color="lightgrey", lw=0.8)
+    ax.axhline(CHANCE_DIGITS, color="lightgrey", lw=0.8, label="chance")
     ax.set_xscale("log")
-    ax.set_xticks([0.5, 1, 2, 5, 10], ["0.5", "1", "2", "5", "10"])
+    epsilons = [p[0] for pts in by_model.values() for p in pts] or [1.0, 10.0]
+    ticks = [t for t in (0.2, 0.5, 1, 2, 5, 10) if min(epsilons) / 1.5 <= t <= max(epsilons) * 1.5]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_xlim(min(epsilons) / 1.4, max(epsilons) * 1.4)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("ε spent (guarantee, δ = 1e-5)")
+    ax.set_xlabel("ε (guarantee, δ = 1e-5)")
     ax.set_ylabel("CNN accuracy on the 10,000 real test digits")
-    ax.set_title("Official MNIST (mnist_table.md; hardware per row there). Hollow: stopped by time, not by its budget", fontsize=9)
+    ax.set_title("MNIST, each model's headline row (mnist_table.md); hollow: stale or partial", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -195,12 +209,13 @@ def draw_mnist(out: Path, path: Path = RESULTS / "mnist_table.json") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(ROOT / "docs" / "img" / "utility_vs_epsilon.png"))
-    parser.add_argument("--mnist-out", default=None, help="also draw the MNIST table's accuracy against epsilon here")
+    parser.add_argument("--mnist", action="store_true", help="the MNIST figure (mnist_table.json) instead")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    print(f"wrote {draw(Path(args.out))}")
-    if args.mnist_out:
-        print(f"wrote {draw_mnist(Path(args.mnist_out))}")
+    if args.mnist:
+        print(f"wrote {draw_mnist(Path(args.out or ROOT / 'docs' / 'img' / 'mnist_accuracy_vs_epsilon.png'))}")
+    else:
+        print(f"wrote {draw(Path(args.out or ROOT / 'docs' / 'img' / 'utility_vs_epsilon.png'))}")
     return 0
 
 

@@ -210,7 +210,13 @@ def model_from_release(release: dict[str, Any], *, source: str = "release", map_
     if int(meta.get("format", 0)) > RELEASE_FORMAT:
         raise CheckpointError(f"{source} has release format {meta.get('format')}; this version reads up to {RELEASE_FORMAT}")
     cls = _model_class(meta["model_class"], source)
-    model = cls(**dict(release["hyper_parameters"]))
+    hparams = dict(release["hyper_parameters"])
+    for name, off in getattr(cls, "REMOVED_OPTIONS", {}).items():  # a release saved before an option was removed
+        if name in hparams:
+            if hparams[name] != off:
+                raise CheckpointError(f"{source} was trained with {name}={hparams[name]!r}, an option this version removed")
+            del hparams[name]
+    model = cls(**hparams)
     try:
         model.generator_module.load_state_dict(release["generator"])
     except RuntimeError as err:

@@ -20,6 +20,8 @@ import pandas as pd
 import torch
 import yaml
 
+from lightning_gpate.models.gpate import PAPER_SETTINGS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -301,7 +303,7 @@ def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 
     """A G-PATE config on the tiny table that trains in well under a second per step on one CPU
     thread. With ``checkpoints``, a training checkpoint ``step=N.ckpt`` is kept every
     ``every_n_train_steps`` steps in that folder."""
-    init = dict(epsilon=epsilon, delta=1e-5, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
+    init = dict(**PAPER_SETTINGS, epsilon=epsilon, delta=1e-5, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                 threshold_fraction=0.3, hidden=[16], teacher_hidden=[8], z_dim=8)
     init.update(model)
     trainer = {"max_steps": max_steps, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1,

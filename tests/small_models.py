@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 
 from datamodules import TabularDataModule
 from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
+from lightning_gpate.models.gpate import PAPER_SETTINGS
 
 PRIVATE = ("gpate", "pategan", "dpgan", "gswgan", "dpmerf")
 ALL = ("gan", *PRIVATE)
@@ -46,7 +47,7 @@ def build(kind: str, *, rows: int = 240, test_fraction: float = 0.0, **options):
         return GAN(dm.spec, z_dim=8, hidden=HIDDEN, **options), dm
     if kind == "gpate":
         dm = public_table(num_teachers=12, rows=rows, test_fraction=test_fraction)
-        kw = dict(epsilon=50.0, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
+        kw = dict(**PAPER_SETTINGS, epsilon=50.0, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                   threshold_fraction=0.3, hidden=HIDDEN, teacher_hidden=(8,), z_dim=8, target_scale=1e3)
         return GPATE(dm.spec, **{**kw, **options}), dm
     if kind == "pategan":

@@ -16,6 +16,7 @@ import torch
 import small_models
 from callbacks import FitSummary, ReleaseArtifact, SampleLogger
 from conftest import query_run
+from lightning_gpate.models.gpate import PAPER_SETTINGS
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
@@ -227,7 +228,7 @@ def test_a_smooth_sensitivity_run_reports_its_data_independent_bound_as_the_guar
 
     dm = small_models.public_table(num_teachers=12)
     sigma1, sigma2, order, beta, sigma = 16.0, 8.0, 4.0, 0.1, 2.0
-    model = GPATE(dm.spec, epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
+    model = GPATE(dm.spec, **PAPER_SETTINGS, epsilon=1000.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=400.0,
                   smooth_sensitivity={"order": order, "beta": beta, "sigma": sigma}, fake_batch_size=8, projection_dim=4,
                   sigma_threshold=sigma1, sigma_gnmax=sigma2, threshold_fraction=0.5, hidden=(16,), teacher_hidden=(8,), z_dim=8)
     summary = FitSummary()

@@ -10,24 +10,7 @@ import scipy.fft
 import torch
 
 from lightning_gpate.privacy import DEFAULT_ORDERS, GaussianSumEvent, PrivacyAccountant
-from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
-
-
-def test_low_frequency_basis_is_scipys_orthonormal_dct_in_frequency_order():
-    H, W = 6, 5
-    basis = low_frequency_basis(H, W, H * W, dtype=torch.float64)
-    torch.testing.assert_close(basis @ basis.t(), torch.eye(H * W, dtype=torch.float64))  # orthonormal: all of them span
-    order = sorted((u * u + v * v, u, v) for u in range(H) for v in range(W))
-    for row, (_, u, v) in zip(basis, order):
-        coefficients = np.zeros((H, W))
-        coefficients[u, v] = 1.0
-        np.testing.assert_allclose(row.numpy(), scipy.fft.idctn(coefficients, norm="ortho").ravel(), atol=1e-12)
-    torch.testing.assert_close(basis[0], torch.full((H * W,), 1 / math.sqrt(H * W), dtype=torch.float64))
-    image = torch.randn(H * W, dtype=torch.float64)
-    torch.testing.assert_close((image @ basis.t()) @ basis, image)
-    assert low_frequency_basis(28, 28, 10).shape == (10, 784)
-    with pytest.raises(ValueError, match="k must be"):
-        low_frequency_basis(4, 4, 17)
+from lightning_gpate.privacy.gaussagg import gaussian_sum_release, normalized_votes
 
 
 def test_each_teachers_vote_has_norm_one_and_abstentions_vote_zero():

@@ -31,10 +31,10 @@ def tiny_mnist(tmp_path_factory) -> Path:
 
 def test_there_is_a_config_for_every_row_of_the_table():
     names = {p.stem for p in CONFIGS}
-    assert {"gan_nonprivate", "gpate_eps10_guarantee", "gpate_eps1_guarantee", "dpgan_eps10_guarantee", "dpgan_eps1_guarantee",
+    assert {"gan_nonprivate", "gpate_paper_eps10_guarantee", "gpate_paper_eps1_guarantee", "dpgan_eps10_guarantee", "dpgan_eps1_guarantee",
             "gswgan_eps10_guarantee", "gswgan_eps1_guarantee", "gswgan_eps10_paper", "pategan_eps1_guarantee",
             "pategan_eps10_guarantee", "gpate_noisefree",
-            "gpate_eps10_smooth_sensitivity", "gpate_topagg_eps1_guarantee", "gpate_topagg_eps10_guarantee"} <= names
+            "gpate_paper_eps10_smooth_sensitivity", "gpate_topagg_eps1_guarantee", "gpate_topagg_eps10_guarantee"} <= names
 
 
 def _args(path: Path, data_root: Path) -> list[str]:
@@ -104,13 +104,15 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
     elif "hybrid" in name:  # its GaussAgg row plus the random-feature anchor, nothing else; the anchor's share is paid first
         gaussagg = yaml.safe_load((path.parent / path.name.replace("hybrid", "gaussagg")).read_text())
         anchor = {k: v for k, v in raw["model"]["init_args"].items() if k.startswith("anchor_")}
-        assert {k: v for k, v in raw["model"]["init_args"].items() if k not in anchor} == gaussagg["model"]["init_args"]
+        assert {k: v for k, v in raw["model"]["init_args"].items() if k not in anchor} == {
+            k: v for k, v in gaussagg["model"]["init_args"].items() if not k.startswith("anchor_")}
+        assert gaussagg["model"]["init_args"]["anchor_fraction"] == 0.0  # the votes alone: no anchor (stated)
         assert raw["data"] == gaussagg["data"] and raw["trainer"]["max_steps"] == gaussagg["trainer"]["max_steps"]
         assert anchor["anchor_features"] == 10000 and anchor["anchor_length_scale"] == 10.0 and model.anchor_noise is not None
         left = _budget_aggregations(raw["model"]["init_args"], teachers)
         assert left == (1068 if "eps10_" in name else 300) and f"buys {left} aggregations" in path.read_text()
     elif "gaussagg" in name:  # as many aggregations as the ladder row it replaces the aggregator of
-        assert model.hparams.aggregator == "gaussian" and model.hparams.gaussian_basis_dim is None
+        assert model.hparams.aggregator == "gaussian"
         ladder = yaml.safe_load((path.parent / path.name.replace("gaussagg", "ladder")).read_text())
         assert abs(_budget_aggregations(raw["model"]["init_args"], teachers) - _budget_aggregations(ladder["model"]["init_args"], teachers)) <= 2
     elif model_class == "GPATE" and "ladder" not in name:  # the paper's DPGradAgg settings

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,21 +17,29 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
 
     first, second = tmp_path / "call1", tmp_path / "call2"
     absent = tmp_path / "no_data"  # no IDX files: random digits, whatever the machine holds
-    assert main(["--smoke", "--data-root", str(absent), "--state", str(first), "--rows", "gan_nonprivate", "gpate_eps10_guarantee"]) == 0
+    assert main(["--smoke", "--data-root", str(absent), "--state", str(first), "--rows", "gan_nonprivate", "gpate_paper_eps10_guarantee"]) == 0
     done_first = json.loads((first / "results.json").read_text())["rows"]
-    assert {k for k, v in done_first.items() if v["status"] == "done"} == {"gan_nonprivate", "gpate_eps10_guarantee"}
+    assert {k for k, v in done_first.items() if v["status"] == "done"} == {"gan_nonprivate", "gpate_paper_eps10_guarantee"}
 
     # the next call gets the first's state and runs only what is missing
     assert main(["--smoke", "--data-root", str(absent), "--state", str(second), "--resume-from", str(first),
-                 "--rows", "gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper", "gswgan_eps1_guarantee"]) == 0
+                 "--rows", "gan_nonprivate", "gpate_paper_eps10_guarantee", "gswgan_eps10_paper", "gswgan_eps1_guarantee"]) == 0
     rows = json.loads((second / "results.json").read_text())["rows"]
-    assert rows["gpate_eps10_guarantee"]["row_s"] == done_first["gpate_eps10_guarantee"]["row_s"]  # not run again
+    assert rows["gpate_paper_eps10_guarantee"]["row_s"] == done_first["gpate_paper_eps10_guarantee"]["row_s"]  # not run again
     assert rows["gswgan_eps10_paper"]["status"] == "done" and rows["gswgan_eps10_paper"]["pretrain_iterations"] == 2
     # GS-WGAN's rows share one pretraining of their discriminators: made by the first, found by the second
     assert (rows["gswgan_eps10_paper"]["pretrain_cached"], rows["gswgan_eps1_guarantee"]["pretrain_cached"]) == (False, True)
     assert len(list((second / "pretrained").glob("*.ckpt"))) == 1
 
-    table = (second / "results" / "mnist_table.md").read_text()
+    headline = (second / "results" / "mnist_table.md").read_text()  # one row per (model, ε): the headline configs
+    assert headline.startswith("# SMOKE RUN (not results)")
+    rows_shown = {line.split("`")[1]: line for line in headline.splitlines() if line.startswith("| ") and "`" in line}
+    assert set(rows_shown) == {r.name for r in ROWS if r.headline} and "gpate_paper_eps10_guarantee" not in rows_shown
+    assert "gpate_eps10_hybrid_guarantee" in rows_shown and "dpmerf_eps1_guarantee" in rows_shown
+    gan = rows_shown["gan_nonprivate"]  # run by this call: its hardware, date and a current config
+    assert "CPU" in gan and time.strftime("%Y-%m-%d", time.gmtime()) in gan and gan.endswith("| current |")
+    assert rows_shown["pategan_eps10_guarantee"].endswith("| not run yet |")
+    table = (second / "results" / "mnist_table_archive.md").read_text()  # every row
     assert table.startswith("# SMOKE RUN (not results)")
     lines = {line.split(" | ")[0].strip("| `"): line for line in table.splitlines() if line.startswith("| `")}
     assert set(lines) == {r.name for r in ROWS}  # every row of the table, run or not
@@ -38,14 +47,14 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
     for column in ("ε spent (guarantee, δ=1e-5)", "steps", "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)",
                    "paper", "IS", "FID", "samples"):
         assert f" {column} |" in header
-    gpate = lines["gpate_eps10_guarantee"].split(" | ")
-    assert gpate[2].endswith(" of 10") and 0 < float(gpate[2].split()[0]) <= 10  # a guarantee within the budget
-    assert gpate[4] == "2" and "0.8092" in lines["gpate_eps10_guarantee"]  # steps; the paper's figure beside it
-    assert float(gpate[7]) >= 0 and float(gpate[12]) >= 1.0  # CNN accuracy, IS
+    gpate = lines["gpate_paper_eps10_guarantee"].split(" | ")
+    assert gpate[5].endswith(" of 10") and 0 < float(gpate[5].split()[0]) <= 10  # a guarantee within the budget
+    assert gpate[7] == "2" and "0.8092" in lines["gpate_paper_eps10_guarantee"]  # steps; the paper's figure beside it
+    assert float(gpate[10]) >= 0 and float(gpate[15]) >= 1.0  # CNN accuracy, IS
     assert "– (non-private)" in lines["gan_nonprivate"] and "0.9653" in lines["gan_nonprivate"]
     assert "the paper's accounting, not a guarantee" in lines["gswgan_eps10_paper"]  # labelled, never as the guarantee
     assert "not run yet" in lines["dpgan_eps10_guarantee"]
-    for name in ("gan_nonprivate", "gpate_eps10_guarantee", "gswgan_eps10_paper", "gswgan_eps1_guarantee"):
+    for name in ("gan_nonprivate", "gpate_paper_eps10_guarantee", "gswgan_eps10_paper", "gswgan_eps1_guarantee"):
         assert f"[grid](mnist_table/{name}.png)" in lines[name]
         assert (second / "results" / "mnist_table" / f"{name}.png").stat().st_size > 0
     assert "Real digits, the same evaluation" in table
@@ -61,31 +70,31 @@ def test_a_failed_evaluation_keeps_the_fit_and_runners_side_by_side_merge(tmp_pa
 
     monkeypatch.setattr(mnist_table, "evaluate_row", broken)
     a, b, merged = tmp_path / "a", tmp_path / "b", tmp_path / "merged"
-    assert mnist_table.main(["--smoke", "--data-root", str(absent), "--state", str(a), "--rows", "gpate_eps10_guarantee"]) == 1
-    row = json.loads((a / "results.json").read_text())["rows"]["gpate_eps10_guarantee"]
+    assert mnist_table.main(["--smoke", "--data-root", str(absent), "--state", str(a), "--rows", "gpate_paper_eps10_guarantee"]) == 1
+    row = json.loads((a / "results.json").read_text())["rows"]["gpate_paper_eps10_guarantee"]
     # what the fit measured stays: steps and the ε it spent, with where it failed
     assert row["status"] == "error" and row["error"].startswith("evaluation: RuntimeError: Expected all tensors")
     assert row["steps"] == 2 and 0 < row["epsilon_guarantee"] <= 10
     monkeypatch.undo()
 
     assert mnist_table.main(["--smoke", "--data-root", str(absent), "--state", str(b), "--no-baseline",
-                             "--rows", "gpate_eps10_guarantee", "gan_nonprivate"]) == 0
+                             "--rows", "gpate_paper_eps10_guarantee", "gan_nonprivate"]) == 0
     assert mnist_table.main(["--state", str(merged), "--merge-from", str(a), str(b), "--results", str(merged / "results"),
                              "--note", "rows ran side by side"]) == 0
     data = json.loads((merged / "results.json").read_text())
-    assert {k: v["status"] for k, v in data["rows"].items()} == {"gpate_eps10_guarantee": "done", "gan_nonprivate": "done"}
+    assert {k: v["status"] for k, v in data["rows"].items()} == {"gpate_paper_eps10_guarantee": "done", "gan_nonprivate": "done"}
     assert data["meta"]["real_baseline"] == json.loads((a / "results.json").read_text())["meta"]["real_baseline"]
-    table = (merged / "results" / "mnist_table.md").read_text()
+    table = (merged / "results" / "mnist_table_archive.md").read_text()
     assert "* rows ran side by side" in table
     # a later merge of the failed record does not replace the finished row; a finished rerun would
     assert mnist_table.main(["--state", str(merged), "--merge-from", str(a), "--results", str(merged / "results")]) == 0
-    assert json.loads((merged / "results.json").read_text())["rows"]["gpate_eps10_guarantee"]["status"] == "done"
+    assert json.loads((merged / "results.json").read_text())["rows"]["gpate_paper_eps10_guarantee"]["status"] == "done"
     rerun = json.loads((b / "results.json").read_text())
     rerun["rows"]["gan_nonprivate"]["steps"] = 99
     (b / "results.json").write_text(json.dumps(rerun))
     assert mnist_table.main(["--state", str(merged), "--merge-from", str(b), "--results", str(merged / "results")]) == 0
     assert json.loads((merged / "results.json").read_text())["rows"]["gan_nonprivate"]["steps"] == 99
-    for name in ("gpate_eps10_guarantee", "gan_nonprivate"):
+    for name in ("gpate_paper_eps10_guarantee", "gan_nonprivate"):
         assert (merged / "results" / "mnist_table" / f"{name}.png").is_file()
 
 
@@ -214,3 +223,24 @@ def test_tuning_fits_on_the_tuning_split_and_scores_on_the_validation_split_neve
     assert 0 <= record["validation_cnn_accuracy_final"] <= 1 and "cnn_accuracy_final" not in record
     total = record["num_tuning"] + record["num_validation"]
     assert abs(record["num_validation"] - TUNE_VAL_FRACTION * total) < 0.05 * total
+
+
+def test_a_row_whose_config_changed_since_its_run_is_marked_stale_and_comments_or_speed_settings_do_not_count(tmp_path, monkeypatch):
+    import mnist_table
+
+    config = tmp_path / "configs" / "mnist" / "gan_nonprivate.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text((ROOT / "configs" / "mnist" / "gan_nonprivate.yaml").read_text())
+    monkeypatch.setattr(mnist_table, "ROOT", tmp_path)
+    row = mnist_table.BY_NAME["gan_nonprivate"]
+    record = {"status": "done", "privacy": "none", "machine": "NVIDIA H200", "date": "2026-11-26",
+              "config_fingerprint": mnist_table.config_fingerprint(config)}
+    assert mnist_table.row_status(row, record) == "current"
+    assert "\ntrainer:\n" in config.read_text()
+    config.write_text("# a new comment\n" + config.read_text().replace("\ntrainer:\n", "\ntrainer:\n  benchmark: true\n"))
+    assert mnist_table.row_status(row, record) == "current"  # comments and cuDNN's search change no result
+    config.write_text(config.read_text().replace("z_dim: 100", "z_dim: 64"))
+    assert mnist_table.row_status(row, record).startswith("STALE")
+    assert mnist_table.row_status(row, {k: v for k, v in record.items() if k != "config_fingerprint"}).startswith("STALE")
+    lines = mnist_table.headline_lines({"rows": {"gan_nonprivate": record}}, smoke=False)
+    assert any("`gan_nonprivate`" in line and "NVIDIA H200" in line and "2026-11-26" in line and "STALE" in line for line in lines)

@@ -17,6 +17,7 @@ from callbacks import ReleaseArtifact, SampleLogger
 from conftest import query_run
 from datamodules import TabularDataModule
 from lightning_gpate.models import DPGAN, GPATE, PATEGAN
+from lightning_gpate.models.gpate import PAPER_SETTINGS
 from lightning_gpate.models.private import BudgetExhaustedError
 from lightning_gpate.privacy.pate import confident_gnmax_rdp, laplace_vote_rdp
 from lightning_gpate.privacy.randomness import mechanism_generator
@@ -25,7 +26,7 @@ from lightning_gpate.privacy.smooth_release import GNSSParameters
 from lightning_gpate.privacy.smooth_sensitivity import gnss_rdp
 from lightning_gpate.tracking import GPATEMLFlowLogger
 
-GPATE_SMALL = dict(fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0, threshold_fraction=0.3,
+GPATE_SMALL = dict(**PAPER_SETTINGS, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0, threshold_fraction=0.3,
                    hidden=(16,), teacher_hidden=(8,), z_dim=8, noise_seed=0)
 PATEGAN_SMALL = dict(generator_hidden=[8], student_hidden=[8], teacher_hidden=[8], z_dim=4, teacher_steps=1,
                      student_steps=1, query_batch_size=8, noise_seed=0, lam=0.05)

@@ -15,13 +15,12 @@ from torch.profiler import record_function
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
-from lightning_gpate.nets.augment import random_translate
 from lightning_gpate.nets.ensemble import CONV_IMPLS, ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator
 from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, SubsampledGaussianEvent, TopAggEvent
-from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, unit_directions, vote_histograms
+from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
-from lightning_gpate.privacy.gaussagg import gaussian_sum_release, low_frequency_basis, normalized_votes
+from lightning_gpate.privacy.gaussagg import gaussian_sum_release, normalized_votes
 from lightning_gpate.privacy.merf import fourier_features, fourier_frequencies, kernel_curvature_scale, median_distance_of_uniform
 from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
@@ -30,6 +29,15 @@ TEACHERS_KEY = "gpate_teachers"
 AGGREGATORS = ("dpgradagg", "topagg", "gaussian")
 TEACHER_FAKE_LABELS = ("teacher", "class_ratio")
 TEACHER_PRECISIONS = ("32", "bf16")
+#: ``anchor_fraction``'s default for images under a guarantee: half of ε buys the random-feature class embeddings
+DEFAULT_ANCHOR_FRACTION = 0.5
+#: ``anchor_features``' default where there is an anchor: 10,000 random Fourier features (``gpate_mnist_cpu.md`` rows 42-50)
+DEFAULT_ANCHOR_FEATURES = 10000
+#: The G-PATE paper's settings where the defaults differ (Long et al. 2021 and its official code): ``GPATE(spec,
+#: **PAPER_SETTINGS, ...)`` or ``configs/mnist/gpate_paper_*.yaml``. Under a guarantee they generate noise on MNIST
+#: (``gpate_paper_eps10_guarantee``: 0.081, ``benchmarks/results/mnist_table.md``).
+PAPER_SETTINGS = {"aggregator": "dpgradagg", "num_bins": 10, "own_label_votes": False, "group_fakes_by_label": False,
+                  "ema_decay": 0.0, "anchor_fraction": 0.0, "generator_upsample": "transposed"}
 
 
 def own_label_voting(real_y: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
@@ -81,16 +89,12 @@ class GPATE(PrivateGenerativeModel):
     * ``aggregator="dpgradagg"`` (G-PATE): each teacher's descent direction on every fake is
       projected with a fresh Gaussian matrix per sample, clipped to ``[−c, c]``, discretised into
       ``B`` bins and voted; each (sample, dimension) is one Confident-GNMax query; the answered bin
-      centres are back-projected into ``Δx``. ``num_bins=2`` makes every vote a sign;
-      ``normalize_directions`` scales each teacher's direction to unit length first, so that ``c``
-      is relative to the scale of the projected values (a teacher's vote still depends only on its
-      own data).
+      centres are back-projected into ``Δx``. ``num_bins=2`` makes every vote a sign.
     * ``aggregator="topagg"`` (DataLens): each teacher keeps the ``topk`` largest coordinates of its
       direction as stochastic signs; the summed votes get N(0, σ²) noise once; coordinates above the
       threshold are released as signs: ``Δx`` ∈ {−1, 0, 1}^d.
     * ``aggregator="gaussian"`` (not in either paper; :mod:`~lightning_gpate.privacy.gaussagg`): each
-      teacher's directions on all units of the aggregation (optionally in the ``gaussian_basis_dim``
-      lowest DCT frequencies, a public basis) form one vote of L2 norm 1; the summed votes get
+      teacher's directions on all units of the aggregation form one vote of L2 norm 1; the summed votes get
       N(0, ``sigma_gaussian``²) once; ``Δx`` is the noisy mean vote. No compression, no projection:
       without noise ``Δx`` is the teachers' mean unit direction.
 
@@ -131,14 +135,13 @@ class GPATE(PrivateGenerativeModel):
             sensitivity at the end of a run of ``trainer.max_steps``; see the private base).
         epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity`` (private base).
         conversion: RDP → (ε, δ) conversion.
-        aggregator: ``"dpgradagg"`` (G-PATE, default), ``"topagg"`` (DataLens) or ``"gaussian"`` (GaussAgg).
+        aggregator: ``"gaussian"`` (GaussAgg, default: the MNIST ladders' choice under a guarantee), ``"dpgradagg"``
+            (G-PATE's paper) or ``"topagg"`` (DataLens).
         z_dim: latent size; the prior is U(-1, 1) as in the paper.
         fake_batch_size: fakes per aggregation ``m`` (DPGradAgg: ``m · projection_dim`` queries).
         projection_dim: ``k``, the random projection's dimension (DPGradAgg).
         clip: ``c``, the clipping bound of projected gradients (DPGradAgg).
         num_bins: ``B``, bins over ``[-c, c]`` (DPGradAgg; 2: sign votes).
-        normalize_directions: scale every teacher's direction on every fake to unit L2 norm before
-            projecting (DPGradAgg; ``False``: the paper).
         threshold_fraction: the threshold as a fraction of the number of teachers (DPGradAgg: ``T`` of
             Confident-GNMax; TopAgg: β).
         sigma_threshold: σ1 of the threshold check (DPGradAgg).
@@ -146,8 +149,6 @@ class GPATE(PrivateGenerativeModel):
         topk: coordinates each teacher votes on per fake (TopAgg).
         sigma_topagg: σ of the noise on TopAgg's summed votes.
         sigma_gaussian: σ of the noise on GaussAgg's summed votes (per coordinate; sensitivity 2).
-        gaussian_basis_dim: GaussAgg votes in this many lowest-frequency DCT basis images per channel
-            (images only; ``None``: in pixels).
         topagg_max_grad: cap on the scale ``b`` of TopAgg's stochastic signs (``None``: each
             teacher's largest ``|g|`` on the sample).
         topagg_stochastic: TopAgg votes stochastic signs (``True``, DataLens' ``--stochastic``,
@@ -157,22 +158,18 @@ class GPATE(PrivateGenerativeModel):
             the official code) or ``"class_ratio"`` (one fake batch, labels from the class ratio,
             shared by all teachers).
         own_label_votes: a teacher votes on a fake only if the fake's label occurs in its current real
-            batch, and abstains otherwise (``False``: every teacher votes on every fake, the paper).
+            batch, and abstains otherwise (default; ``False``: every teacher votes on every fake, the paper).
             With few images per teacher most teachers have never seen a fake's class; the
             abstention depends on the teacher's own data only, so the sensitivity is unchanged.
             The threshold (``threshold_fraction`` × all teachers) then counts only voters.
         group_fakes_by_label: aggregate one direction per label of the fake batch instead of one per
             fake: each teacher averages its directions over the fakes of a label, the aggregation runs
             on these averages (one query set per label, so fewer queries per step), and every fake of
-            the label moves by its label's released direction (``False``: one per fake, the paper).
+            the label moves by its label's released direction (default; ``False``: one per fake, the paper).
             Under heavy noise the generator then learns class templates instead of fitting each
             fake's noise. A teacher's average depends on its own data only: the sensitivity holds.
         teacher_steps: teacher Adam steps per iteration (each on new fakes, the same real batch).
         teacher_warmup_steps: teacher steps before the first aggregation (no privacy cost).
-        teacher_augment_shift: image teachers train on their real digits and the fakes each moved by a random
-            offset of up to this many pixels (:func:`~lightning_gpate.nets.augment.random_translate`; 0: none):
-            a teacher of 30 digits at 2,000 teachers otherwise learns its 30 exact images. Private training:
-            the analysis is unchanged.
         teacher_precision: ``"32"`` or ``"bf16"`` (autocast of the teachers' forward and backward;
             votes are compared with fp32 by ``benchmarks/teacher_throughput.py``).
         teacher_lr: teachers' Adam learning rate; teacher_betas: their betas.
@@ -189,18 +186,22 @@ class GPATE(PrivateGenerativeModel):
         target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
             post-processing).
         generator_steps: generator steps per aggregation towards the same ``x̂`` (post-processing).
-        ema_decay: decay of the generator's weight EMA used for sampling (0: no EMA, the paper).
+        ema_decay: decay of the generator's weight EMA used for sampling (default 0.99: the MNIST ladders' choice,
+            ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: no EMA, the paper).
         anchor_fraction: images, ``budget_accounting: guarantee``: the share of ε (the ε of that release
             alone) that buys each class's mean image once before the first step (the class-mean anchor,
             :mod:`~lightning_gpate.models.anchor`, as PATE-GAN's ``marginal_fraction``); the aggregations get
-            the rest. 0 (default): none, the paper.
+            the rest. ``None`` (default): 0.5 for images under ``budget_accounting: guarantee`` (the anchor is what
+            makes a guaranteed G-PATE useful on MNIST and the 8×8 digits: ``docs/results.md``), else 0; 0: none, the paper.
         anchor_weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²``
             averaged over classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
-        anchor_batch_size: generated images (every class equally often) per generator step for that term.
+        anchor_batch_size: generated images (every class equally often) per generator step for that term (default
+            1,000: the peak of the MNIST sweep, ``gpate_mnist_cpu.md`` rows 48-50).
         anchor_unbiased: subtract from that term its bias, the spread of each class's generated images over their
             count (:func:`~lightning_gpate.models.anchor.class_mean_gap`), which otherwise pulls a class's images
             together (post-processing; needs ``anchor_batch_size`` of at least 2 a class). ``False``: the plain gap.
-        anchor_features: 0 (default): the anchor is each class's mean image. An even number ``2M``: each class's
+        anchor_features: ``None`` (default): 10,000 where there is an anchor (the MNIST ladders' choice), else 0.
+            0: the anchor is each class's mean image. An even number ``2M``: each class's
             mean embedding under ``2M`` random Fourier features of a Gaussian kernel instead (DP-MERF's release,
             Harder et al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the same z), whose higher orders carry the spread
             within a class; the term is then ``½·ℓ²·‖mean embedding − anchor‖²``, the mean-image term to first order.
@@ -210,8 +211,8 @@ class GPATE(PrivateGenerativeModel):
         anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG; the
             value used, like the length scale used, is stored in the hyperparameters, checkpoints and release).
         gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
-        generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
-            ``"nearest"`` (nearest ×2 then a convolution: no checkerboard lattice; the samples of G-PATE
+        generator_upsample: the image generator's upsampling, ``"nearest"`` (default: nearest ×2 then a convolution,
+            no checkerboard lattice) or ``"transposed"`` (DCGAN, the paper; the samples of G-PATE
             at 28×28 are lattices with the paper's layers, see
             :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`). Public: no privacy cost.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
@@ -222,7 +223,12 @@ class GPATE(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Confident-GNMax: threshold and GNMax steps
-    RESOLVED_HPARAMS = ("anchor_length_scale", "anchor_feature_seed")
+    #: Options removed (issue 47: no shipped config used them, no ladder found them useful), with the value that
+    #: meant "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
+    REMOVED_OPTIONS = {"normalize_directions": False, "gaussian_basis_dim": None, "teacher_augment_shift": 0}
+    #: Options whose ``None`` the constructor resolves (from the data's shape, the accounting mode, the seeded RNG)
+    #: and stores resolved (:meth:`store_resolved_hparams`): a resume that leaves them ``None`` asks for nothing.
+    RESOLVED_HPARAMS = ("anchor_fraction", "anchor_features", "anchor_length_scale", "anchor_feature_seed")
 
     def __init__(
         self,
@@ -234,28 +240,25 @@ class GPATE(PrivateGenerativeModel):
         conversion: str = "improved",
         epsilon_hard_cap: float | None = None,
         smooth_sensitivity: dict[str, Any] | None = None,
-        aggregator: str = "dpgradagg",
+        aggregator: str = "gaussian",
         z_dim: int = 100,
         fake_batch_size: int = 32,
         projection_dim: int = 10,
         clip: float = 1e-4,
         num_bins: int = 10,
-        normalize_directions: bool = False,
         threshold_fraction: float = 0.5,
         sigma_threshold: float = 3000.0,
         sigma_gnmax: float = 1000.0,
         topk: int = 200,
         sigma_topagg: float = 5000.0,
         sigma_gaussian: float = 40.0,
-        gaussian_basis_dim: int | None = None,
         topagg_max_grad: float | None = None,
         topagg_stochastic: bool = True,
         teacher_fake_labels: str = "teacher",
-        own_label_votes: bool = False,
-        group_fakes_by_label: bool = False,
+        own_label_votes: bool = True,
+        group_fakes_by_label: bool = True,
         teacher_steps: int = 1,
         teacher_warmup_steps: int = 0,
-        teacher_augment_shift: int = 0,
         teacher_precision: str = "32",
         teacher_lr: float = 1e-3,
         teacher_betas: tuple[float, float] = (0.5, 0.999),
@@ -269,17 +272,17 @@ class GPATE(PrivateGenerativeModel):
         generator_betas: tuple[float, float] = (0.5, 0.999),
         target_scale: float = 1.0,
         generator_steps: int = 1,
-        ema_decay: float = 0.0,
-        anchor_fraction: float = 0.0,
+        ema_decay: float = 0.99,
+        anchor_fraction: float | None = None,
         anchor_weight: float = 1.0,
-        anchor_batch_size: int = 100,
+        anchor_batch_size: int = 1000,
         anchor_unbiased: bool = False,
-        anchor_features: int = 0,
+        anchor_features: int | None = None,
         anchor_length_scale: float | list[float] | None = None,
         anchor_feature_seed: int | None = None,
         gf_dim: int = 64,
         fc_dim: int = 1024,
-        generator_upsample: str = "transposed",
+        generator_upsample: str = "nearest",
         hidden: Sequence[int] = (256, 256),
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
@@ -305,9 +308,6 @@ class GPATE(PrivateGenerativeModel):
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if teacher_warmup_steps < 0:
             raise ValueError(f"teacher_warmup_steps must be >= 0, got {teacher_warmup_steps}")
-        if teacher_augment_shift < 0 or (teacher_augment_shift and len(self.data_spec["shape"]) != 3):
-            raise ValueError(f"teacher_augment_shift translates images: an integer >= 0 for image data (0 for tables), "
-                             f"got {teacher_augment_shift}")
         if clip <= 0 or sigma_threshold < 0 or sigma_gnmax < 0:
             raise ValueError("clip must be > 0 and the noise scales >= 0")
         if not sigma_topagg > 0 or not sigma_gaussian > 0 or (topagg_max_grad is not None and not topagg_max_grad > 0):
@@ -316,6 +316,10 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError(f"threshold_fraction must be in [0, 1], got {threshold_fraction}")
         if not 0 <= ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        requested = {"anchor_fraction": anchor_fraction, "anchor_features": anchor_features,
+                     "anchor_length_scale": anchor_length_scale, "anchor_feature_seed": anchor_feature_seed}
+        if anchor_fraction is None:  # the default: the anchor wherever it can be measured
+            anchor_fraction = DEFAULT_ANCHOR_FRACTION if budget_accounting == "guarantee" and len(self.data_spec["shape"]) == 3 else 0.0
         if not 0 <= anchor_fraction < 1 or not 0 <= anchor_weight < math.inf or anchor_batch_size < 1:
             raise ValueError("anchor_fraction must be in [0, 1), anchor_weight finite and >= 0, anchor_batch_size >= 1, "
                              f"got {anchor_fraction}, {anchor_weight}, {anchor_batch_size}")
@@ -325,7 +329,8 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError(f"anchor_unbiased needs at least 2 generated images a class: anchor_batch_size >= "
                              f"{2 * self.num_classes}, got {anchor_batch_size}")
         dim = int(np.prod(self.data_spec["shape"]))
-        requested = {"anchor_length_scale": anchor_length_scale, "anchor_feature_seed": anchor_feature_seed}
+        if anchor_features is None:  # the default: random features wherever there is an anchor
+            anchor_features = DEFAULT_ANCHOR_FEATURES if anchor_fraction > 0 else 0
         if anchor_features:
             if not anchor_fraction > 0:
                 raise ValueError(f"anchor_features={anchor_features} chooses what the anchor measures: it needs anchor_fraction > 0")
@@ -339,12 +344,9 @@ class GPATE(PrivateGenerativeModel):
         if aggregator != "dpgradagg" and budget_accounting == "smooth_sensitivity":
             raise ValueError("budget_accounting: smooth_sensitivity releases Confident-GNMax's data-dependent cost; "
                              f"{aggregator}'s cost is data-independent already: use budget_accounting: guarantee")
-        if gaussian_basis_dim is not None:
-            shape = self.data_spec["shape"]
-            if len(shape) != 3 or not 1 <= gaussian_basis_dim <= shape[1] * shape[2]:
-                raise ValueError(f"gaussian_basis_dim needs images and must be in [1, height·width], got {gaussian_basis_dim}")
         self.save_hyperparameters()
-        self.store_resolved_hparams(requested, anchor_length_scale=anchor_length_scale, anchor_feature_seed=anchor_feature_seed)
+        self.store_resolved_hparams(requested, anchor_fraction=anchor_fraction, anchor_features=anchor_features,
+                                    anchor_length_scale=anchor_length_scale, anchor_feature_seed=anchor_feature_seed)
         self.automatic_optimization = False
         self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
         if ema_decay > 0:
@@ -437,11 +439,6 @@ class GPATE(PrivateGenerativeModel):
     def _teacher_step(self, real_x: torch.Tensor, real_y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """One Adam step of every teacher (own moments) on its own real batch vs new fakes."""
         fakes, fake_y = self._teacher_fakes(real_y, gen)
-        shift = self.hparams.get("teacher_augment_shift", 0)
-        if shift:  # the default random source: training randomness of private teachers, not a mechanism's
-            shape = self.data_spec["shape"]
-            real_x = random_translate(real_x.reshape(-1, *shape), shift).view_as(real_x)
-            fakes = random_translate(fakes.reshape(-1, *shape), shift).view_as(fakes)
         # None, not zeros: the chunks write every teacher's gradient once (a copy into fresh memory, no
         # memset of the whole stacked gradient and no add: 4.4 GB each at 2000 MNIST teachers)
         self._teacher_opt.zero_grad(set_to_none=True)
@@ -527,17 +524,23 @@ class GPATE(PrivateGenerativeModel):
 
     def budget_shares(self) -> list[str]:
         """With the anchor: its share bought one release of each class's mean (embedding), the rest the
-        aggregations of the teachers' votes the run made."""
+        aggregations of the teachers' votes the run made (public facts: the shares, the noise, the steps)."""
         if self.anchor_noise is None:
             return []
-        share = self.hparams.anchor_fraction
-        what = (f"each class's mean embedding under {self.hparams.anchor_features:,} random features" if self.hparams.anchor_features
+        hp = self.hparams
+        share = hp.anchor_fraction
+        what = (f"each class's mean embedding under {hp.anchor_features:,} random features" if hp.anchor_features
                 else "each class's mean image")
         made = "released once" if bool(self.anchor_measured) else "not released yet"
         steps = int(self.trainer.global_step) if self._trainer is not None else 0
+        mechanism = {"dpgradagg": f"Confident-GNMax, σ1 = {hp.sigma_threshold:g}, σ2 = {hp.sigma_gnmax:g}",
+                     "topagg": f"TopAgg, σ = {hp.sigma_topagg:g}", "gaussian": f"GaussAgg, σ = {hp.sigma_gaussian:g}"}[hp.aggregator]
+        votes = (f"the rest bought {steps:,} aggregation{'' if steps == 1 else 's'} of {self.num_teachers:,} teachers' "
+                 f"votes ({mechanism})")
+        if hp.target_scale == 0:
+            votes += "; target_scale 0: the generator ignored them"
         return [f"{share:.0%} of the budget (ε {share * self.budget_limit():g} alone) bought the anchor: {what}, {made} "
-                f"(noise multiplier {self.anchor_noise:.3g}); every generator step pulls towards it for free",
-                f"the rest bought {steps:,} aggregation{'' if steps == 1 else 's'} of the teachers' votes ({self.hparams.aggregator})"]
+                f"(noise multiplier {self.anchor_noise:.3g}); every generator step pulls towards it for free", votes]
 
     def measure_anchor(self) -> bool:
         """Pay for and measure each class's mean image on the whole training split (the DataModule's).
@@ -611,7 +614,6 @@ class GPATE(PrivateGenerativeModel):
         votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
         with record_function("gpate/votes"):
             for t0, t1, grads in self._directions(fakes, y, units):
-                grads = unit_directions(grads) if hp.normalize_directions else grads
                 votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
                                          voting=None if voting is None else voting[t0:t1])
             if is_distributed():
@@ -663,26 +665,23 @@ class GPATE(PrivateGenerativeModel):
         """GaussAgg (:mod:`~lightning_gpate.privacy.gaussagg`): ``(Δx [units, d], norm of the release)``, or
         ``(None, None)`` when its (data-independent) cost does not fit the budget."""
         hp = self.hparams
-        basis = None
-        if hp.gaussian_basis_dim is not None:  # public: DCT images, [k, H·W], applied to every channel
-            C, H, W = fakes.shape[1:]
-            basis = low_frequency_basis(H, W, hp.gaussian_basis_dim, device=self.device)
         total = None
         with record_function("gpate/votes"):
             for t0, t1, grads in self._directions(fakes, y, units):
-                if basis is not None:
-                    grads = (grads.unflatten(-1, (C, H * W)) @ basis.t()).flatten(-2)
-                votes = normalized_votes(grads, None if voting is None else voting[t0:t1]).sum(0)
+                # summed in float64: the sum then rounds to the same float32 however the teachers are split into
+                # chunks and DDP ranks (a last-bit difference in the release becomes an Adam step of a bias whose
+                # true gradient is 0, e.g. before a BatchNorm)
+                votes = normalized_votes(grads, None if voting is None else voting[t0:t1]).sum(0, dtype=torch.float64)
                 total = votes if total is None else total.add_(votes)
             if is_distributed():
                 dist.all_reduce(total)
+            total = total.float()
         with record_function("gpate/budget"):
             if not self.charge(GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=hp.sigma_gaussian)):
                 return None, None
         with record_function("gpate/aggregate"):
             release = gaussian_sum_release(total, sigma=hp.sigma_gaussian, num_teachers=self.num_teachers, generator=gen)
-            delta = release if basis is None else (release.unflatten(-1, (C, -1)) @ basis).flatten(-2)
-        return delta.to(fakes.dtype), release.norm()
+        return release.to(fakes.dtype), release.norm()
 
     @torch.no_grad()
     def _max_units(self) -> int:

@@ -25,7 +25,6 @@ import torch
 
 __all__ = [
     "random_projection",
-    "unit_directions",
     "project",
     "vote_histograms",
     "bin_centers",
@@ -64,22 +63,6 @@ def random_projection(
         device = generator.device if generator is not None else "cpu"
     p = torch.randn(m, d, k, generator=generator, device=device, dtype=dtype)
     return p.mul_(1.0 / math.sqrt(k))
-
-
-def unit_directions(grads: torch.Tensor) -> torch.Tensor:
-    """Every teacher's direction on every sample scaled to unit L2 norm (a zero direction stays 0).
-
-    Not in the paper: with the paper's absolute clip ``c = 1e-4`` almost every projected value of
-    MNIST-sized directions is clipped, so the vote is a sign and most bins never get a vote. After
-    this scaling the projected values of ``P`` (entries N(0, 1/k)) are about N(0, 1/k) whatever the
-    teachers' gradient scale, and ``c`` is relative to that. A teacher's scaled direction depends on
-    its own data only, so the vote's sensitivity is unchanged.
-
-    Args:
-        grads: ``[T, m, d]``.
-    """
-    norm = grads.norm(dim=-1, keepdim=True)
-    return grads / norm.clamp_min(torch.finfo(grads.dtype).tiny)
 
 
 def project(grads: torch.Tensor, P: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,7 @@ student: with ``k = 10`` sign votes the released direction has a cosine of about
 with the teachers' consensus even without noise.
 
 GaussAgg keeps the direction: every teacher's directions on the fakes of one aggregation
-(``[units, d]``, optionally expressed in a public low-frequency basis, :func:`low_frequency_basis`)
-form **one** vote vector, scaled to L2 norm 1 (:func:`normalized_votes`; an abstaining teacher's units
+(``[units, d]``) form **one** vote vector, scaled to L2 norm 1 (:func:`normalized_votes`; an abstaining teacher's units
 are zero, and a vote with an inf or NaN coordinate is zero as a whole); the votes are summed over teachers and N(0, σ²) is added to every coordinate once
 (:func:`gaussian_sum_release`). One record changes one teacher's vote by at most 2 in L2, so an
 aggregation is one Gaussian mechanism with sensitivity 2 (:class:`~lightning_gpate.privacy.accountant.
@@ -24,42 +23,10 @@ generator (:func:`~lightning_gpate.privacy.randomness.mechanism_generator`).
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-__all__ = ["low_frequency_basis", "normalized_votes", "gaussian_sum_release"]
-
-
-def low_frequency_basis(
-    height: int, width: int, k: int, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """The ``k`` orthonormal 2-D DCT-II basis images of lowest frequency, ``[k, height·width]``.
-
-    Ordered by the squared frequency ``u² + v²`` (ties by ``u``). Public and data-independent: votes
-    expressed in it carry the images' coarse structure in ``k`` coordinates, so the noise of a Gaussian
-    sum spreads over ``k`` instead of ``height·width`` coordinates.
-
-    Args:
-        height, width: image size.
-        k: basis images (``1 ≤ k ≤ height·width``; all of them span every image).
-    """
-    if not 1 <= int(k) <= height * width:
-        raise ValueError(f"k must be in [1, {height * width}], got {k}")
-
-    def dct(n: int) -> torch.Tensor:  # [n frequencies, n positions], orthonormal rows
-        u = torch.arange(n, dtype=torch.float64).view(-1, 1)
-        x = torch.arange(n, dtype=torch.float64).view(1, -1)
-        c = torch.cos(math.pi * (2 * x + 1) * u / (2 * n)) * math.sqrt(2.0 / n)
-        c[0] /= math.sqrt(2.0)
-        return c
-
-    rows, cols = dct(height), dct(width)
-    freqs = sorted(((u * u + v * v, u, v) for u in range(height) for v in range(width)))[: int(k)]
-    u = torch.tensor([f[1] for f in freqs])
-    v = torch.tensor([f[2] for f in freqs])
-    basis = rows[u].unsqueeze(2) * cols[v].unsqueeze(1)  # [k, height, width]
-    return basis.reshape(int(k), height * width).to(device=device, dtype=dtype)
+__all__ = ["normalized_votes", "gaussian_sum_release"]
 
 
 def normalized_votes(grads: torch.Tensor, voting: torch.Tensor | None = None) -> torch.Tensor:
