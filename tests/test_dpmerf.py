@@ -350,3 +350,56 @@ def test_the_anchor_and_dpmerf_release_the_same_embedding_for_the_same_seeds_and
     means = mean_embeddings(merf.released_embedding, count_weight=0.3)[0]
     assert torch.allclose(means, gpate.anchor_targets, atol=1e-6, rtol=1e-5)
     assert merf.accountant.counts["subsampled_gaussian_events"] == 1
+
+
+# ----------------------------------------------------------------------------- defaults
+def _mnist_shaped_spec() -> dict:
+    """An image spec of MNIST's shape (the model reads no data to resolve its defaults)."""
+    from datamodules import ImageDataModule
+
+    return {**ImageDataModule("digits", num_teachers=0, val_fraction=0.0).spec, "shape": [1, 28, 28]}
+
+
+def _config(name: str) -> dict:
+    import yaml
+
+    from pathlib import Path
+
+    return yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "mnist" / f"{name}.yaml").read_text())
+
+
+def test_the_defaults_are_the_validated_cpu_config_and_the_paper_config_states_every_setting_that_differs():
+    """Issue 47: a model's defaults are its best configuration under a guarantee. ``DPMERF(spec, epsilon=…, delta=…)`` on
+    28×28 images is ``configs/mnist/dpmerf_eps1_guarantee.yaml`` (length scale 10, 1,000 digits a step, gf_dim 8, …; its
+    800 steps are the trainer's), and ``dpmerf_paper_eps1_guarantee.yaml`` is the defaults with ``PAPER_SETTINGS``."""
+    from lightning_gpate.models.dpmerf import PAPER_SETTINGS, VALIDATED_MAX_STEPS
+
+    spec = _mnist_shaped_spec()
+    default = DPMERF(spec, epsilon=1.0, delta=1e-5)
+    assert default.hparams.length_scale == pytest.approx(10.0) and default.hparams.generator_batch_size == 1000
+    cpu, paper = _config("dpmerf_eps1_guarantee"), _config("dpmerf_paper_eps1_guarantee")
+    assert cpu["trainer"]["max_steps"] == VALIDATED_MAX_STEPS and paper["trainer"]["max_steps"] == 600
+    for key, value in cpu["model"]["init_args"].items():
+        assert default.hparams[key] == pytest.approx(value) if isinstance(value, float) else default.hparams[key] == value, key
+    stated = paper["model"]["init_args"]
+    assert all(stated[key] == value for key, value in PAPER_SETTINGS.items())  # every paper setting that differs is stated
+    paper_model = DPMERF(spec, **{k: v for k, v in stated.items() if k not in PAPER_SETTINGS}, **PAPER_SETTINGS)
+    assert (paper_model.hparams.length_scale, paper_model.hparams.generator_batch_size) == (20.5, 500)
+    for key, value in stated.items():  # and the rest of it are the defaults
+        assert key in PAPER_SETTINGS or default.hparams[key] == value, key
+
+
+def test_the_default_length_scale_is_per_data_kind_tables_keep_theirs():
+    """Images: the MNIST validation's 10 at 784 pixels, scaled with √d (8×8 digits: 10·8/28); tables: √(2d/3), as
+    before the image default changed (the tabular benchmark passes its own scales anyway)."""
+    from datamodules import ImageDataModule
+    from lightning_gpate.models.dpmerf import default_length_scale
+
+    digits = ImageDataModule("digits", num_teachers=0, val_fraction=0.0).spec
+    assert default_length_scale(_mnist_shaped_spec()) == pytest.approx(10.0)
+    assert default_length_scale(digits) == pytest.approx(10.0 * 8 / 28)
+    assert DPMERF(digits, epsilon=1.0, delta=1e-5).hparams.length_scale == pytest.approx(10.0 * 8 / 28)
+    table = small_models.public_table().spec
+    dim = math.prod(table["shape"])
+    assert default_length_scale(table) == pytest.approx(math.sqrt(2 * dim / 3))
+    assert DPMERF(table, epsilon=1.0, delta=1e-5).hparams.length_scale == pytest.approx(math.sqrt(2 * dim / 3))
