@@ -21,10 +21,12 @@ Usage::
     python benchmarks/quickstart_check.py --threads 2 -- --model.target_scale 0      # the votes ignored: the anchor alone
     python benchmarks/quickstart_check.py --threads 2 --config configs/gpate_digits_eps1.yaml
     python benchmarks/quickstart_check.py --threads 2 --config configs/gpate_digits_minimal.yaml [--paper-defaults]
+    python benchmarks/quickstart_check.py --config configs/pategan_digits_minimal.yaml [--paper-defaults]   # also dpgan_, gswgan_
     python benchmarks/quickstart_check.py --threads 2 --tune -- --model.target_scale 0.5   # choose a setting: scored on validation
 
-``--config`` runs another digits config the same way; ``--paper-defaults`` adds G-PATE's former defaults (the
-paper's settings, :data:`~lightning_gpate.models.gpate.PAPER_SETTINGS`) as overrides; ``--tune`` holds out a
+``--config`` runs another digits config the same way; ``--paper-defaults`` adds the config's model's former defaults
+(the paper's settings: ``PAPER_SETTINGS`` of :mod:`~lightning_gpate.models.gpate`, ``pategan``, ``dpgan``, ``gswgan``) as
+overrides, except what the config sets itself; ``--tune`` holds out a
 validation split of the training digits (unaccounted tuning) and scores the logistic regression on it instead of
 the test digits: settings are chosen that way, the test digits only score what was chosen.
     python benchmarks/quickstart_check.py --thread-matrix [--competitors none spin] [--repeats 3]
@@ -292,6 +294,28 @@ def write_table() -> Path:
     return path
 
 
+def paper_default_overrides(config: Path) -> list[str]:
+    """``--model.<option> <value>`` for every entry of the config's model class's ``PAPER_SETTINGS`` (its former
+    defaults, the paper's settings: G-PATE, PATE-GAN, DP-GAN, GS-WGAN) that the config does not set itself."""
+    import importlib
+
+    import yaml
+
+    model = yaml.safe_load(Path(config).read_text())["model"]
+    module, _, name = model["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    settings = getattr(importlib.import_module(cls.__module__), "PAPER_SETTINGS", None)
+    if settings is None:
+        raise SystemExit(f"--paper-defaults: {model['class_path']} has no PAPER_SETTINGS (its defaults are its paper's)")
+    given = model.get("init_args") or {}
+
+    def text(value) -> str:  # YAML, as the command line parses it (5.0e-05: YAML 1.1 reads 5e-05 as a string)
+        value = list(value) if isinstance(value, tuple) else value
+        return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
+
+    return [item for key, value in settings.items() if key not in given for item in (f"--model.{key}", text(value))]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=QUICKSTART, help="the config to run as the quickstart is run (default: configs/quickstart.yaml)")
@@ -304,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30, help="--thread-matrix: steps per case")
     p.add_argument("--warmup", type=int, default=5, help="--thread-matrix: first step intervals not timed")
     p.add_argument("--samples", type=Path, default=None, help="also copy the first run's samples.png (`lightning-gpate sample`) here")
-    p.add_argument("--paper-defaults", action="store_true", help="override with G-PATE's former defaults, the paper's settings")
+    p.add_argument("--paper-defaults", action="store_true",
+                   help="override with the config's model's former defaults, the paper's settings (its PAPER_SETTINGS)")
     p.add_argument("--tune", action="store_true", help="score on a validation split of the training digits (choosing settings)")
     p.add_argument("extra", nargs="*", help="extra CLI overrides after --")
     a = p.parse_args(argv)
@@ -314,9 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     extra = list(a.extra)
     if a.paper_defaults:
-        from lightning_gpate.models.gpate import PAPER_SETTINGS
-
-        extra += [item for key, value in PAPER_SETTINGS.items() for item in (f"--model.{key}", str(value))]
+        extra += paper_default_overrides(a.config)
     for seed in range(a.repeats):
         record = run_once(a.threads, extra, seed, chart=a.chart if seed == 0 else None, config=a.config.resolve(), tune=a.tune,
                           samples=a.samples if seed == 0 else None)
