@@ -244,7 +244,8 @@ def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str,
     if not (0 <= options["threshold"] <= 1 and options["grace"] >= 1 and 0 <= options["decay"] < 1):
         raise ValueError(f"adaptive_d_steps needs threshold in [0, 1], grace >= 1 and decay in [0, 1), got {options}")
     if d_steps not in D_STEPS_LADDER:
-        raise ValueError(f"with adaptive_d_steps, d_steps (the first n_D) must be one of {D_STEPS_LADDER}, got {d_steps}")
+        raise ValueError(f"with adaptive_d_steps (on by default), d_steps (the first n_D) must be one of {D_STEPS_LADDER}, got "
+                         f"{d_steps}; set adaptive_d_steps: null for a fixed n_D")
     return options
 
 
