@@ -294,7 +294,7 @@ class PATEGAN(PrivateGenerativeModel):
         requested = {"lr": lr, "teacher_lr": teacher_lr, "betas": betas, "marginal_fraction": marginal_fraction,
                      "marginal_weight": marginal_weight, "replay_capacity": replay_capacity,
                      "student_labels": student_labels, "discrete_samples": discrete_samples}
-        resolved = resolved_defaults(data_spec["kind"], budget_accounting, planned_queries, **requested)
+        resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries, **requested)
         lr, teacher_lr, betas, marginal_fraction, marginal_weight, replay_capacity, student_labels, discrete_samples = (
             resolved[k] for k in requested)
         num_teachers = int(data_spec.get("num_teachers", 0))
