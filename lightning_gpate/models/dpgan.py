@@ -254,7 +254,7 @@ class DPGAN(PrivateGenerativeModel):
     non-saturating loss, Adam 2e-4, no weight clipping, the all-convolutional nets for images, the adaptive n_D,
     a weight average; the MNIST rows' recipe, ``configs/mnist/dpgan_eps*_guarantee.yaml``), the 2018 recipe (Xie et
     al. 2018, Algorithm 1; G-PATE's DP-GAN baseline) with :data:`PAPER_SETTINGS`. On a table the 2018 recipe at lr 5e-4
-    scored better (cervical, one run: AUROC 0.783 against the defaults' 0.690, ``benchmarks/results/tabular_ladder.md``):
+    scored better (cervical, three seeds: mean AUROC 0.677 against the defaults' 0.585, ``benchmarks/results/tabular_ladder.md``):
     the tabular configs state it.
 
     Args:
