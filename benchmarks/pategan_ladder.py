@@ -76,6 +76,7 @@ def run(variant: str, rung: str, seed: int, options: dict | None = None, data: d
 
     from lightning_gpate.evaluation.report import synthetic_table
     from lightning_gpate.models import PATEGAN
+    from lightning_gpate.models.pategan import PAPER_SETTINGS
     from pategan_vote_signal import vote_statistics
     from tabular_utility import DELTA, datamodule, score
 
@@ -87,7 +88,7 @@ def run(variant: str, rung: str, seed: int, options: dict | None = None, data: d
     dm = datamodule("cervical", seed, **data_options)
     epsilon = RUNGS[rung]
     privacy = dict(epsilon=1e9, lam=1000.0) if epsilon is None else dict(epsilon=epsilon, planned_queries=queries)
-    model = PATEGAN(dm.spec, delta=DELTA, **privacy, **model_options)
+    model = PATEGAN(dm.spec, **{**PAPER_SETTINGS, "delta": DELTA, **privacy, **model_options})  # the rungs ran the former defaults
     steps = queries // (model_options["query_batch_size"] * model_options["student_steps"])
     trainer = pl.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)

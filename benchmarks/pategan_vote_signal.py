@@ -48,13 +48,14 @@ def run(epsilon: float, seed: int, num_teachers: int, planned_queries: int, teac
 
     from lightning_gpate.evaluation.report import synthetic_table
     from lightning_gpate.models import PATEGAN
+    from lightning_gpate.models.pategan import PAPER_SETTINGS
     from tabular_utility import DELTA, datamodule, score
 
     pl.seed_everything(seed, verbose=False)
     dm = datamodule("cervical", seed, num_teachers=num_teachers, teacher_batch_size=8)
-    model = PATEGAN(dm.spec, epsilon=epsilon, delta=DELTA, planned_queries=planned_queries, teacher_steps=teacher_steps,
-                    student_steps=1, query_batch_size=16, query_labels=query_labels, lr=1e-3, teacher_lr=1e-3,
-                    teacher_vote=teacher_vote)
+    model = PATEGAN(dm.spec, **{**PAPER_SETTINGS, **dict(  # the former defaults (the paper's) beyond these, as measured
+        epsilon=epsilon, delta=DELTA, planned_queries=planned_queries, teacher_steps=teacher_steps, student_steps=1,
+        query_batch_size=16, query_labels=query_labels, lr=1e-3, teacher_lr=1e-3, teacher_vote=teacher_vote)})
     trainer = pl.Trainer(max_steps=planned_queries // 16, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
     start = time.perf_counter()

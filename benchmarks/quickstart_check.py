@@ -21,10 +21,12 @@ Usage::
     python benchmarks/quickstart_check.py --threads 2 -- --model.target_scale 0      # the votes ignored: the anchor alone
     python benchmarks/quickstart_check.py --threads 2 --config configs/gpate_digits_eps1.yaml
     python benchmarks/quickstart_check.py --threads 2 --config configs/gpate_digits_minimal.yaml [--paper-defaults]
+    python benchmarks/quickstart_check.py --config configs/pategan_digits_minimal.yaml [--paper-defaults]   # also dpgan_, gswgan_
     python benchmarks/quickstart_check.py --threads 2 --tune -- --model.target_scale 0.5   # choose a setting: scored on validation
 
-``--config`` runs another digits config the same way; ``--paper-defaults`` adds G-PATE's former defaults (the
-paper's settings, :data:`~lightning_gpate.models.gpate.PAPER_SETTINGS`) as overrides; ``--tune`` holds out a
+``--config`` runs another digits config the same way; ``--paper-defaults`` adds the config's model's former defaults
+(the paper's settings: ``PAPER_SETTINGS`` of :mod:`~lightning_gpate.models.gpate`, ``pategan``, ``dpgan``, ``gswgan``) as
+overrides, except what the config sets itself; ``--tune`` holds out a
 validation split of the training digits (unaccounted tuning) and scores the logistic regression on it instead of
 the test digits: settings are chosen that way, the test digits only score what was chosen.
     python benchmarks/quickstart_check.py --thread-matrix [--competitors none spin] [--repeats 3]
@@ -226,9 +228,11 @@ def run_once(threads: int, extra: list[str], seed: int, chart: Path | None = Non
         start, cpu_start = time.perf_counter(), _children_cpu_s()
         out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
         wall, cpu = time.perf_counter() - start, _children_cpu_s() - cpu_start
-        if out.returncode != 0:
-            return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "fit failed", "wall_s": wall,
-                    "cpu_s": cpu}
+        if out.returncode != 0:  # recorded as the run it was (a refused config is a result too)
+            return {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+                    "date": time.strftime("%Y-%m-%d", time.gmtime()), "scored_on": "val" if tune else "test", "seed": seed,
+                    "threads": threads, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "fit failed",
+                    "wall_s": wall, "cpu_s": cpu, "load_avg_1min": os.getloadavg()[0], "extra": extra}
         client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
         run = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                  order_by=["attributes.start_time DESC"])[0]  # the fresh store holds this run only
@@ -275,7 +279,9 @@ def write_table() -> Path:
              "generated digits, tested on the real test split (380 digits; `val`: a validation split of the training digits, "
              "`--tune`, how settings were chosen). Issue 47's targets: the quickstart ≤ 3 min on 2 CPU cores at a guaranteed "
              "ε = 10 with LogReg ≥ 0.80, its ε = 1 config ≥ 0.60, and the minimal G-PATE config "
-             "(`configs/gpate_digits_minimal.yaml`) ≥ 0.3 above G-PATE's former defaults (`--paper-defaults`). Rows whose "
+             "(`configs/gpate_digits_minimal.yaml`) ≥ 0.3 above G-PATE's former defaults (`--paper-defaults`); the same comparison "
+             "for PATE-GAN, DP-GAN and GS-WGAN (`configs/<model>_digits_minimal.yaml`, with and without `--paper-defaults`: "
+             "each model's new defaults against its papers' settings, each run as its config says, `--threads 1`). Rows whose "
              "config reads *stale* ran an earlier quickstart (700 teachers of two digits, Confident-GNMax sign votes): "
              "without a date, before 2026-11-28 and without the anchor; dated 2026-11-28, with the anchor (2,000 features, "
              "length scale 6.5, 200 generated images a step) on half of ε.", "",
@@ -285,11 +291,33 @@ def write_table() -> Path:
     for r in rows:
         config = r.get("config", "quickstart.yaml (stale: the previous config)").replace("configs/", "")
         lines.append(f"| {r.get('date', '–')} | {config} | {r.get('scored_on', 'test')} | {r.get('seed')} | {r.get('threads') or 'default'} | {f(r.get('wall_s'), 0)} | {f(r.get('cpu_s'), 0)} | {f(r.get('load_avg_1min'), 1)} | {r.get('steps', '–')} | {f(r.get('epsilon'))} | "
-                     f"{(r.get('stop_reason') or r.get('error') or '–')[:40]} | {f(r.get('logreg_2000'))} | "
+                     f"{(r.get('stop_reason') or r.get('error') or '–').removeprefix('lightning-gpate fit: error: ')[:40]} | {f(r.get('logreg_2000'))} | "
                      f"{f(r.get('cnn_accuracy_final'))} | {f(r.get('cnn_accuracy_val_selected'))} | {' '.join((['--paper-defaults'] if r.get('paper_defaults') else []) + (r.get('extra') or [])) or '–'} |")
     path = RESULTS / "quickstart.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def paper_default_overrides(config: Path) -> list[str]:
+    """``--model.<option> <value>`` for every entry of the config's model class's ``PAPER_SETTINGS`` (its former
+    defaults, the paper's settings: G-PATE, PATE-GAN, DP-GAN, GS-WGAN) that the config does not set itself."""
+    import importlib
+
+    import yaml
+
+    model = yaml.safe_load(Path(config).read_text())["model"]
+    module, _, name = model["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    settings = getattr(importlib.import_module(cls.__module__), "PAPER_SETTINGS", None)
+    if settings is None:
+        raise SystemExit(f"--paper-defaults: {model['class_path']} has no PAPER_SETTINGS (its defaults are its paper's)")
+    given = model.get("init_args") or {}
+
+    def text(value) -> str:  # YAML, as the command line parses it (5.0e-05: YAML 1.1 reads 5e-05 as a string)
+        value = list(value) if isinstance(value, tuple) else value
+        return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
+
+    return [item for key, value in settings.items() if key not in given for item in (f"--model.{key}", text(value))]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -304,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30, help="--thread-matrix: steps per case")
     p.add_argument("--warmup", type=int, default=5, help="--thread-matrix: first step intervals not timed")
     p.add_argument("--samples", type=Path, default=None, help="also copy the first run's samples.png (`lightning-gpate sample`) here")
-    p.add_argument("--paper-defaults", action="store_true", help="override with G-PATE's former defaults, the paper's settings")
+    p.add_argument("--paper-defaults", action="store_true",
+                   help="override with the config's model's former defaults, the paper's settings (its PAPER_SETTINGS)")
     p.add_argument("--tune", action="store_true", help="score on a validation split of the training digits (choosing settings)")
     p.add_argument("extra", nargs="*", help="extra CLI overrides after --")
     a = p.parse_args(argv)
@@ -314,9 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     extra = list(a.extra)
     if a.paper_defaults:
-        from lightning_gpate.models.gpate import PAPER_SETTINGS
-
-        extra += [item for key, value in PAPER_SETTINGS.items() for item in (f"--model.{key}", str(value))]
+        extra += paper_default_overrides(a.config)
     for seed in range(a.repeats):
         record = run_once(a.threads, extra, seed, chart=a.chart if seed == 0 else None, config=a.config.resolve(), tune=a.tune,
                           samples=a.samples if seed == 0 else None)

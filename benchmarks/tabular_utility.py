@@ -137,9 +137,12 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
         # rest of ε).
         teachers = 500 if cervical else 1000
         queries = 16000 if epsilon <= 1 else 32000
-        model = dict(planned_queries=queries, teacher_steps=1, student_steps=1, query_batch_size=16, query_labels="uniform",
-                     lr=1e-3, teacher_lr=1e-3, discrete_samples=True, teacher_vote="relative",
-                     marginal_fraction=0.5, marginal_weight=30.0, marginal_threshold=0.0 if epsilon <= 1 else 1.0)
+        from lightning_gpate.models.pategan import PAPER_SETTINGS  # the rows measured the former defaults beyond these
+
+        model = {**PAPER_SETTINGS, **dict(planned_queries=queries, teacher_steps=1, student_steps=1, query_batch_size=16,
+                                          query_labels="uniform", lr=1e-3, teacher_lr=1e-3, discrete_samples=True,
+                                          teacher_vote="relative", marginal_fraction=0.5, marginal_weight=30.0,
+                                          marginal_threshold=0.0 if epsilon <= 1 else 1.0)}
         return {"data": dict(num_teachers=teachers, teacher_batch_size=8), "model": model, "max_steps": queries // 16}
     if system == "gpate":
         from lightning_gpate.models.gpate import PAPER_SETTINGS  # the G-PATE rows measured the paper's votes
@@ -156,9 +159,11 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
         # σ per (data, ε) so that the budget buys hundreds of critic steps (PLD): q = 64/534 on cervical,
         # 256/56000 on cardio (where 3000 generator steps = 15000 critic steps is the compute cap).
         sigma = {(True, True): 6.0, (True, False): 3.0, (False, True): 1.5, (False, False): 0.6}[(cervical, epsilon <= 1)]
-        model = dict(noise_multiplier=sigma, max_grad_norm=1.0, z_dim=32, lr=5e-4, d_steps=5, weight_clip=0.1,
-                     generator_hidden=(128, 128), discriminator_hidden=(64, 64), accountant="pld",
-                     sampling_rate=64 / 534 if cervical else 256 / 56000)  # declared public: the tables' published sizes
+        from lightning_gpate.models.dpgan import PAPER_SETTINGS  # the rows measured the 2018 recipe (the former defaults)
+
+        model = {**PAPER_SETTINGS, **dict(noise_multiplier=sigma, max_grad_norm=1.0, z_dim=32, lr=5e-4, d_steps=5, weight_clip=0.1,
+                                          generator_hidden=(128, 128), discriminator_hidden=(64, 64), accountant="pld",
+                                          sampling_rate=64 / 534 if cervical else 256 / 56000)}  # declared public: the tables' published sizes
         return {"data": dict(batch_size=64 if cervical else 256), "model": model, "max_steps": 3000}
     if system == "gswgan":
         if cervical:  # 534 rows: 100 discriminators of ~5 rows; sound ε of one step is that of σ/√32

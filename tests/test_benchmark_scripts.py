@@ -30,3 +30,26 @@ def test_a_benchmark_script_prints_its_usage(script, monkeypatch, capsys):
         runpy.run_path(str(script), run_name="__main__")
     assert exit_.value.code in (0, None)
     assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", ["gpate", "pategan", "dpgan", "gswgan"])
+def test_paper_defaults_override_the_minimal_configs_model_with_its_papers_settings(model, monkeypatch):
+    """``quickstart_check.py --config configs/<model>_digits_minimal.yaml --paper-defaults`` compares a model's
+    defaults with its former ones: every entry of the model's ``PAPER_SETTINGS`` the config leaves to the defaults
+    becomes an override the command line parses (null, lists, booleans as YAML)."""
+    import importlib
+
+    import yaml
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from quickstart_check import paper_default_overrides
+
+    config = BENCHMARKS.parent / "configs" / f"{model}_digits_minimal.yaml"
+    settings = importlib.import_module(f"lightning_gpate.models.{model}").PAPER_SETTINGS
+    given = yaml.safe_load(config.read_text())["model"]["init_args"]
+    overrides = paper_default_overrides(config)
+    pairs = dict(zip(overrides[::2], overrides[1::2]))
+    assert set(pairs) == {f"--model.{k}" for k in settings if k not in given}
+    for key, text in pairs.items():
+        value = settings[key.removeprefix("--model.")]
+        assert yaml.safe_load(text) == (list(value) if isinstance(value, tuple) else value)

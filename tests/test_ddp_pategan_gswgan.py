@@ -14,12 +14,14 @@ import torch
 import yaml
 
 from clitools import ROOT, TINY_SCHEMA, assert_fit_ran, assert_same_tensors, run_cli, write_tiny_table
+from lightning_gpate.models.pategan import PAPER_SETTINGS as PATEGAN_PAPER
 
 ROOT_DOCS = ROOT / "docs"
 
 FIXED = ["--seed_everything", "11", "--model.init_args.noise_seed", "0", "--trainer.strategy", "ddp"]
 INIT = {
-    "PATEGAN": {"epsilon": 5.0, "teacher_steps": 2, "student_steps": 2, "query_batch_size": 16,
+    "PATEGAN": {**{k: list(v) if isinstance(v, tuple) else v for k, v in PATEGAN_PAPER.items()},  # the former defaults
+                "epsilon": 5.0, "teacher_steps": 2, "student_steps": 2, "query_batch_size": 16,
                 "marginal_fraction": 0.3},  # the measured marginals too: the same noisy tables on every rank
     "GSWGAN": {"epsilon": 50.0, "delta": 1e-5, "stage": "pretrain", "critic_steps": 2, "pretrain_iterations": 3,
                "generator_batch_size": 8, "noise_multiplier": 4.0},
@@ -182,7 +184,7 @@ def test_gswgan_that_keeps_discriminator_state_is_refused_on_two_processes_in_on
     config = {
         "trainer": {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 1},
         "model": {"class_path": "lightning_gpate.models.GSWGAN", "init_args": {
-            "epsilon": 1.0, "delta": 1e-5, "discriminator_state": "kept", "budget_accounting": "paper"}},
+            "epsilon": 1.0, "delta": 1e-5, "discriminator_state": "kept", "budget_accounting": "paper", "noise_multiplier": 1.07}},
         "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
             "path": "table.csv", "label": "y", "class_ratio": [0.5, 0.5], "num_teachers": 4, "schema": TINY_SCHEMA}},
     }

@@ -14,6 +14,7 @@ from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.models import DPGAN, load_generator
 from lightning_gpate.privacy.distributed import DPSumOptimizer
 from lightning_gpate.tracking import GPATEMLFlowLogger
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 # q declared public: 32 expected rows of the 1258 in the (public) training split of the digits
 Q = 0.025
@@ -60,7 +61,7 @@ def test_the_critics_per_sample_gradients_equal_a_loop_over_samples(recipe):
     each record's own gradient, the fake term the mean of each fake's clipped gradient, and the DP sum the
     clipped real gradients (noise aside) over the expected batch."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, **RECIPES[recipe])
+    model = former(DPGAN, dm.spec, epsilon=10.0, **RECIPES[recipe])
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
     dp_opt.noise_multiplier = 0.0  # isolate the clipping
@@ -97,7 +98,7 @@ def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignor
     gradient (noise aside), and the generator's released BatchNorm buffers do not see the private
     batch. Fails on pairing fake i with real row i (every fake moves when a record is added)."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, **RECIPES[recipe])
+    model = former(DPGAN, dm.spec, epsilon=10.0, **RECIPES[recipe])
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
     dp_opt.noise_multiplier = 0.0
@@ -125,7 +126,7 @@ def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignor
 
 def test_critic_noise_has_the_dp_sgd_scale_and_empty_batches_still_step():
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, sampling_rate=Q, z_dim=8,
+    model = former(DPGAN, dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, sampling_rate=Q, z_dim=8,
                   generator_hidden=(16,), discriminator_hidden=(64, 64), dp_sgd_impl="opacus")
     _ready(model, dm)
     dp_opt = model.optimizers()[1].optimizer
@@ -145,7 +146,7 @@ def test_epsilon_matches_opacus_and_training_stops_before_the_budget():
     from opacus.accountants.analysis import rdp as opacus_rdp
 
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=1.0, noise_multiplier=1.2, **SMALL)
+    model = former(DPGAN, dm.spec, epsilon=1.0, noise_multiplier=1.2, **SMALL)
     trainer = pl.Trainer(max_steps=1000, logger=GPATEMLFlowLogger(experiment_name="dpgan"), enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1)
     trainer.fit(model, dm)
@@ -177,7 +178,7 @@ def test_a_generator_step_consumes_its_n_d_critic_steps_as_subsampled_gaussian_e
     from dp_accounting.rdp import RdpAccountant
 
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=2.0, d_steps=7, **{**RECIPES["nonsaturating_conv"], "noise_multiplier": 1.0,
+    model = former(DPGAN, dm.spec, epsilon=2.0, d_steps=7, **{**RECIPES["nonsaturating_conv"], "noise_multiplier": 1.0,
                                                         "max_grad_norm": 1.0, "ema_decay": 0.9})
     trainer = pl.Trainer(max_steps=1000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
@@ -203,7 +204,7 @@ def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_
     each generator step pays for exactly the batches it received. A resumed run continues at its n_D."""
     dm = ImageDataModule("digits", batch_size=32)
     adaptive = {"threshold": 1.0, "grace": 2, "decay": 0.5}
-    model = DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
+    model = former(DPGAN, dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
     served = []
     step = model.training_step
     model.training_step = lambda batch, batch_idx: (served.append(len(batch)), step(batch, batch_idx))[1]
@@ -215,7 +216,7 @@ def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_
     assert int(model.critic_steps_taken) == sum(served) == model.accountant.counts["subsampled_gaussian_steps"]
     assert model.opacus_accountant.history == [(1.0, Q, sum(served))]
     trainer.save_checkpoint(tmp_path / "m.ckpt")
-    resumed = DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
+    resumed = former(DPGAN, dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **RECIPES["nonsaturating_conv"])
     served.clear()
     step = resumed.training_step
     resumed.training_step = lambda batch, batch_idx: (served.append(len(batch)), step(batch, batch_idx))[1]
@@ -223,11 +224,11 @@ def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_
                default_root_dir=tmp_path).fit(resumed, dm, ckpt_path=tmp_path / "m.ckpt")
     assert served == [10] and int(resumed.critic_steps_taken) == int(model.critic_steps_taken) + 10
     with pytest.raises(ValueError, match="first n_D"):
-        DPGAN(dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, loss="nonsaturating", **SMALL)
+        former(DPGAN, dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, loss="nonsaturating", **SMALL)
     with pytest.raises(ValueError, match="threshold, grace and decay"):
-        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, loss="nonsaturating", **SMALL)
+        former(DPGAN, dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, loss="nonsaturating", **SMALL)
     with pytest.raises(ValueError, match="needs loss: nonsaturating"):
-        DPGAN(dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **SMALL)
+        former(DPGAN, dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **SMALL)
 
 
 def _rdp_epsilon(q, sigma, steps, orders, delta=1e-5):
@@ -260,7 +261,7 @@ def test_the_adaptive_schedules_worst_case_is_its_fastest_climb_and_the_reviews_
     config = dict(delta=1e-5, sampling_rate=0.0085333, noise_multiplier=1.135, loss="nonsaturating", d_steps=1,
                   architecture="conv", gf_dim=4, df_dim=4, z_dim=8)
     for grace, steps in ((200, 1300), (2.5, 40), (1, 15)):
-        climbing = DPGAN(dm.spec, epsilon=10.0, adaptive_d_steps={"threshold": 0.6, "grace": grace, "decay": 0.99}, **config)
+        climbing = former(DPGAN, dm.spec, epsilon=10.0, adaptive_d_steps={"threshold": 0.6, "grace": grace, "decay": 0.99}, **config)
         fastest = []
         for _ in range(steps):
             fastest.append(int(climbing.d_steps_now))
@@ -269,7 +270,7 @@ def test_the_adaptive_schedules_worst_case_is_its_fastest_climb_and_the_reviews_
         assert [climbing.most_critic_steps_in(t) for t in range(steps + 1)] == [sum(fastest[:t]) for t in range(steps + 1)]
     assert fastest[-1] == 5000 and fastest[:4] == [1, 2, 5, 10]  # grace 1: one rung a step, up to the ladder's top
 
-    model = DPGAN(dm.spec, epsilon=10.0, adaptive_d_steps={"threshold": 0.6, "grace": 200, "decay": 0.99}, **config)
+    model = former(DPGAN, dm.spec, epsilon=10.0, adaptive_d_steps={"threshold": 0.6, "grace": 200, "decay": 0.99}, **config)
     assert model.most_critic_steps_in(1000) == 200 * (1 + 2 + 5 + 10 + 20)
     for _ in range(1000):
         assert model.pay_for_generator_step(1)  # n_D stayed 1: the schedule never moved
@@ -288,7 +289,7 @@ def test_a_run_whose_adaptive_schedule_never_moved_reports_the_worst_case(accoun
     taken; under RDP the filter's figure, logged beside it, is the 30 steps'. A checkpoint written before
     ``generator_steps_paid`` existed loads with a count that does not understate the schedule's position."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=50.0, d_steps=5, adaptive_d_steps={"threshold": 0.6, "grace": 2, "decay": 0.5},
+    model = former(DPGAN, dm.spec, epsilon=50.0, d_steps=5, adaptive_d_steps={"threshold": 0.6, "grace": 2, "decay": 0.5},
                   accountant=accountant, **RECIPES["nonsaturating_conv"])
     adapt = model.adapt_d_steps
     model.adapt_d_steps = lambda fake_accuracy: adapt(1.0)  # every fake caught: the average never falls to 0.6
@@ -319,7 +320,7 @@ def test_a_run_whose_adaptive_schedule_never_moved_reports_the_worst_case(accoun
 
 def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.0, architecture="dcgan", gf_dim=4, df_dim=4, fc_dim=8,
+    model = former(DPGAN, dm.spec, epsilon=10.0, noise_multiplier=1.0, architecture="dcgan", gf_dim=4, df_dim=4, fc_dim=8,
                   delta=1e-5, sampling_rate=Q, z_dim=8)
     trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
@@ -341,11 +342,11 @@ def test_poisson_batches_checkpoint_and_group_norm_critic(tmp_path):
 
     with pytest.raises(ValueError, match="Poisson"):  # no DataModule: no known sampling rate
         pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False).fit(
-            DPGAN(dm.spec, epsilon=1.0, **SMALL), train_dataloaders=dm.test_dataloader())
+            former(DPGAN, dm.spec, epsilon=1.0, **SMALL), train_dataloaders=dm.test_dataloader())
     table = TabularDataModule(frame=pd.DataFrame({"a": np.linspace(0, 1, 20), "y": [0, 1] * 10}), label="y",
                               schema={"a": {"min": 0, "max": 1}, "y": {"categories": [0, 1]}}, class_ratio=[0.5, 0.5])
     with pytest.raises(ValueError, match="for images"):
-        DPGAN(table.spec, epsilon=1.0, architecture="dcgan", **SMALL)
+        former(DPGAN, table.spec, epsilon=1.0, architecture="dcgan", **SMALL)
 
 
 def test_digits_config_runs_from_the_command_line():
@@ -374,7 +375,7 @@ def _worst_case(rows: int, **data_kw):
 def test_empty_poisson_batches_are_noise_only_steps_on_tiny_data():
     pl.seed_everything(0)
     dm = _worst_case(5, batch_size=1)  # q = 0.2: a batch is empty with probability 0.8^5 = 0.33
-    model = DPGAN(dm.spec, epsilon=50.0, noise_multiplier=2.0, **{**SMALL, "sampling_rate": 0.2})
+    model = former(DPGAN, dm.spec, epsilon=50.0, noise_multiplier=2.0, **{**SMALL, "sampling_rate": 0.2})
     sizes, step = [], model.discriminator_step
 
     def recording_step(real_x, real_y, fakes=None):
@@ -395,11 +396,11 @@ def test_the_sampling_rate_is_declared_and_a_run_that_affords_no_step_says_so():
 
     trainer = dict(max_steps=5, logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
     dm = _worst_case(5, batch_size=64)
-    no_rate = DPGAN(dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": None})
+    no_rate = former(DPGAN, dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": None})
     with pytest.raises(ValueError, match="sampling rate declared public"):
         pl.Trainer(**trainer).fit(no_rate, dm)
     # The defaults (σ=1.1, 5 critic steps) at q=1 cost ε≈9 per generator step: at ε=1 no step fits.
-    model = DPGAN(dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": 1.0})
+    model = former(DPGAN, dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": 1.0})
     with pytest.raises(NoPrivateStepError, match=r"no private step within epsilon=1 .*noise_multiplier \(>= ([0-9.]+)"):
         pl.Trainer(**trainer).fit(model, dm)
     assert model.accountant.epsilon() == 0.0 and int(model.critic_steps_taken) == 0
@@ -411,7 +412,7 @@ def test_the_sampling_rate_is_declared_and_a_run_that_affords_no_step_says_so():
     for s, fits in ((sigma, True), (sigma / 1.02, False)):
         rdp = opacus_rdp.compute_rdp(q=1.0, noise_multiplier=s, steps=5, orders=orders)
         assert (opacus_rdp.get_privacy_spent(orders=orders, rdp=rdp, delta=1e-5)[0] <= 1.0) == fits
-    trained = DPGAN(dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": 1.0, "noise_multiplier": sigma})
+    trained = former(DPGAN, dm.spec, epsilon=1.0, **{**SMALL, "sampling_rate": 1.0, "noise_multiplier": sigma})
     pl.Trainer(**trainer).fit(trained, dm)
     assert int(trained.critic_steps_taken) == 5 and 0 < trained.accountant.epsilon() <= 1.0
 
@@ -420,7 +421,7 @@ def test_the_number_of_steps_does_not_depend_on_the_private_row_count():
     steps = []
     for rows in (40, 41):  # neighbouring tables: same declared q, same mechanism, same number of steps
         dm = _worst_case(rows, batch_size=4)
-        model = DPGAN(dm.spec, epsilon=3.0, noise_multiplier=1.5, **{**SMALL, "sampling_rate": 0.1})
+        model = former(DPGAN, dm.spec, epsilon=3.0, noise_multiplier=1.5, **{**SMALL, "sampling_rate": 0.1})
         pl.Trainer(max_steps=10_000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                    enable_model_summary=False).fit(model, dm)
         steps.append(int(model.critic_steps_taken))
@@ -447,3 +448,31 @@ def test_poisson_shards_of_processes_are_disjoint_and_make_up_the_one_process_ba
             assert sorted(mine + theirs) == sorted(rows) and not set(mine) & set(theirs)
             assert all(r % 2 == 0 for r in mine) and all(r % 2 == 1 for r in theirs)
     assert sum(len(rows) for item in whole for rows in item) > 0
+
+
+def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
+    """``configs/dpgan_digits_minimal.yaml`` (the model class, ε = 10, the declared Poisson rate and the data: no other
+    model option) trains Private GANs, Revisited's recipe (the all-convolutional nets for images, the non-saturating
+    loss, Adam, the adaptive n_D, a weight average) within its budget; the architecture resolved is stored."""
+    from pathlib import Path
+
+    import yaml
+
+    from lightning_gpate.models.dpgan import PAPER_SETTINGS
+    from small_models import public_table
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "dpgan_digits_minimal.yaml").read_text())
+    assert config["model"]["class_path"].endswith("DPGAN") and set(config["model"]["init_args"]) == {"epsilon", "sampling_rate"}
+    pl.seed_everything(0)
+    dm = ImageDataModule(**config["data"]["init_args"])
+    model = DPGAN(dm.spec, **config["model"]["init_args"])
+    hp = model.hparams
+    assert (hp.architecture, hp.loss, hp.optimizer, hp.weight_clip, hp.adaptive_d_steps is not None, hp.ema_decay) == (
+        "conv", "nonsaturating", "adam", None, True, 0.995)
+    assert all(hp[k] != v for k, v in PAPER_SETTINGS.items())
+    assert DPGAN(public_table().spec, epsilon=1.0, sampling_rate=0.1).hparams.architecture == "mlp"  # tables
+    trainer = pl.Trainer(max_steps=3, logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(model, dm)
+    assert 0 < model.accountant.epsilon() <= 10.0 and int(model.critic_steps_taken) == 3
+    x, _ = model.generate(20, seed=0)
+    assert x.shape == (20, *dm.spec["shape"]) and torch.isfinite(x).all()

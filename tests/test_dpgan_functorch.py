@@ -14,6 +14,7 @@ from lightning_gpate.models.dpgan import critic_gradient_function
 from lightning_gpate.privacy import dpsgd
 from lightning_gpate.privacy.dpsgd import padded_batches, per_sample_gradients
 from test_dpgan import Q, RECIPES, _flat, _ready
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 FUNCTORCH = {name: {**kw, "dp_sgd_impl": "functorch", "compile_critic_step": "none"} for name, kw in RECIPES.items()}
 
@@ -51,7 +52,7 @@ def test_masked_padding_rows_change_nothing(recipe):
     got = {}
     for size in (13, 16, 5, 64):
         torch.manual_seed(0)  # the same critic for every size
-        model = DPGAN(dm.spec, epsilon=10.0, physical_batch_size=size, noise_seed=7, **FUNCTORCH[recipe])
+        model = former(DPGAN, dm.spec, epsilon=10.0, physical_batch_size=size, noise_seed=7, **FUNCTORCH[recipe])
         _ready(model, dm)
         dp_opt, grads = _recorded_gradients(model)
         dp_opt.generator.manual_seed(123)  # the same noise draw for every size
@@ -78,7 +79,7 @@ def test_functorch_per_sample_gradients_equal_a_loop_over_samples(recipe):
     label maps and all); the step's clipped sum and fake term are the loop's gradients clipped to C,
     summed over the real rows and averaged over the fakes."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, **FUNCTORCH[recipe])
+    model = former(DPGAN, dm.spec, epsilon=10.0, **FUNCTORCH[recipe])
     _ready(model, dm)
     critic = model.discriminator._module
     x, y = dm.model_space("train")
@@ -122,7 +123,7 @@ def test_a_record_moves_the_functorch_critic_gradient_by_at_most_c(recipe):
     """Neighbouring Poisson batches (record 30 added), no noise: the whole critic gradient (clipped real
     sum over B plus the fake term) moves by at most C / B, and the fake term does not see the batch."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, physical_batch_size=16, **FUNCTORCH[recipe])  # 30 and 31 rows: 2 physical batches
+    model = former(DPGAN, dm.spec, epsilon=10.0, physical_batch_size=16, **FUNCTORCH[recipe])  # 30 and 31 rows: 2 physical batches
     _ready(model, dm)
     dp_opt, grads = _recorded_gradients(model)
     dp_opt.noise_multiplier = 0.0
@@ -159,7 +160,7 @@ def test_n_d_critic_steps_charge_n_d_events_at_the_poisson_rate_and_use_every_dr
 
     monkeypatch.setattr(dpgan_module, "padded_batches", recording)
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=2.0, d_steps=7, physical_batch_size=24,
+    model = former(DPGAN, dm.spec, epsilon=2.0, d_steps=7, physical_batch_size=24,
                   **{**FUNCTORCH["nonsaturating_conv"], "noise_multiplier": 1.0, "max_grad_norm": 1.0})
     trainer = pl.Trainer(max_steps=1000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
@@ -178,7 +179,7 @@ def test_n_d_critic_steps_charge_n_d_events_at_the_poisson_rate_and_use_every_dr
 def test_the_functorch_step_has_the_dp_sgd_noise_scale_on_an_empty_batch():
     """An empty Poisson batch is a noise-only step: N(0, σ²C²) on the sum, over the expected batch."""
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, sampling_rate=Q, z_dim=8,
+    model = former(DPGAN, dm.spec, epsilon=10.0, noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-5, sampling_rate=Q, z_dim=8,
                   generator_hidden=(16,), discriminator_hidden=(64, 64), dp_sgd_impl="functorch")
     _ready(model, dm)
     _, grads = _recorded_gradients(model)
@@ -202,7 +203,7 @@ def test_compiled_and_eager_steps_agree():
     out = {}
     for mode in ("none", "default"):
         torch.manual_seed(0)
-        model = DPGAN(dm.spec, epsilon=10.0, noise_seed=5, **{**FUNCTORCH["nonsaturating_conv"], "compile_critic_step": mode})
+        model = former(DPGAN, dm.spec, epsilon=10.0, noise_seed=5, **{**FUNCTORCH["nonsaturating_conv"], "compile_critic_step": mode})
         _ready(model, dm)
         initial = _flat(p.detach().clone() for p in model.discriminator.parameters())
         model._public_seed, model._public_gen = 0, None
@@ -232,7 +233,7 @@ def test_compilation_failure_falls_back_to_eager_with_one_warning(monkeypatch):
 
 def test_checkpoints_move_between_the_implementations(tmp_path):
     dm = ImageDataModule("digits", batch_size=32)
-    model = DPGAN(dm.spec, epsilon=10.0, **FUNCTORCH["nonsaturating_conv"])
+    model = former(DPGAN, dm.spec, epsilon=10.0, **FUNCTORCH["nonsaturating_conv"])
     trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
     trainer.fit(model, dm)
@@ -241,7 +242,7 @@ def test_checkpoints_move_between_the_implementations(tmp_path):
     assert type(opacus.discriminator).__name__ == "GradSampleModule"
     assert torch.equal(_flat(opacus.discriminator.parameters()), _flat(model.discriminator.parameters()))
     with pytest.raises(ValueError, match="dp_sgd_impl must be one of"):
-        DPGAN(dm.spec, epsilon=1.0, **{**RECIPES["wgan_mlp"], "dp_sgd_impl": "jax"})
+        former(DPGAN, dm.spec, epsilon=1.0, **{**RECIPES["wgan_mlp"], "dp_sgd_impl": "jax"})
 
 
 def test_patch_gradient_convolutions_give_each_samples_own_gradient():

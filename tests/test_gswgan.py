@@ -19,6 +19,7 @@ from lightning_gpate.nets import ConditionalMLPDiscriminator
 from lightning_gpate.privacy import gswgan_epsilon
 from lightning_gpate.privacy.sanitizer import GradientSanitizer
 from lightning_gpate.tracking import GPATEMLFlowLogger
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 ROOT = Path(__file__).resolve().parents[1]
 N_D, SIGMA, B = 5, 4.0, 8  # one (σ, N_D, B) for every test: the accountant's curve is computed once
@@ -97,7 +98,7 @@ def test_sanitizer_rejects_bad_settings():
 # ------------------------------------------------------------------------------------- only D→G is perturbed
 def test_only_the_discriminator_to_sample_gradient_is_perturbed():
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, **SMALL)
     _trainer(0).fit(model, dm)  # optimizers and data attached, nothing trained
     critic, generator = model.discriminator, model.generator
 
@@ -126,7 +127,7 @@ def test_only_the_discriminator_to_sample_gradient_is_perturbed():
 
 def test_critic_steps_leave_the_generator_untouched():
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, **SMALL)
     _trainer(0).fit(model, dm)
     teacher, real_x, real_y = next(iter(model.trainer.train_dataloader))
     generator_state = {k: v.clone() for k, v in model.generator.state_dict().items()}
@@ -142,7 +143,7 @@ def test_a_generator_step_trains_only_the_drawn_discriminator(state):
     its own Adam state. ``reset`` (the default): no draw leaves a trace in any discriminator's state, so
     none depends on the secret history of draws."""
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, discriminator_state=state, budget_accounting="paper" if state == "kept" else "guarantee",
+    model = former(GSWGAN, dm.spec, epsilon=1e4, discriminator_state=state, budget_accounting="paper" if state == "kept" else "guarantee",
                    **SMALL)
     drawn = []
 
@@ -168,7 +169,7 @@ def test_a_drawn_discriminator_starts_from_its_state_at_the_start_of_training():
     randomness: drawing the same discriminator twice in a row trains it from the same weights with a
     fresh Adam state (equal critics for equal batches and latents)."""
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, **SMALL)
     _trainer(0).fit(model, dm)
     teacher, real_x, real_y = next(iter(model.trainer.train_dataloader))
     critics = []
@@ -178,30 +179,30 @@ def test_a_drawn_discriminator_starts_from_its_state_at_the_start_of_training():
         critics.append([p.detach().clone() for p in model.discriminator.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*critics))
     with pytest.raises(ValueError, match="budget_accounting: paper"):
-        GSWGAN(dm.spec, epsilon=1e4, discriminator_state="kept", **SMALL)
+        former(GSWGAN, dm.spec, epsilon=1e4, discriminator_state="kept", **SMALL)
 
 
 def test_the_generator_has_its_own_adam_settings_and_the_paper_shares_one():
     dm = _table()
-    shared = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    shared = former(GSWGAN, dm.spec, epsilon=1e4, **SMALL)
     _trainer(0).fit(shared, dm)
     (g_opt, d_opt) = (o.optimizer for o in shared.optimizers())
     assert g_opt.param_groups[0]["lr"] == d_opt.param_groups[0]["lr"] == 1e-4  # the paper's: one lr, one betas
     assert g_opt.param_groups[0]["betas"] == d_opt.param_groups[0]["betas"] == (0.5, 0.9)
-    own = GSWGAN(dm.spec, epsilon=1e4, generator_lr=1e-3, generator_betas=(0.9, 0.999), **SMALL)
+    own = former(GSWGAN, dm.spec, epsilon=1e4, generator_lr=1e-3, generator_betas=(0.9, 0.999), **SMALL)
     _trainer(0).fit(own, dm)
     (g_opt, d_opt) = (o.optimizer for o in own.optimizers())
     assert (g_opt.param_groups[0]["lr"], g_opt.param_groups[0]["betas"]) == (1e-3, (0.9, 0.999))
     assert (d_opt.param_groups[0]["lr"], d_opt.param_groups[0]["betas"]) == (1e-4, (0.5, 0.9))
     with pytest.raises(ValueError, match="generator_lr"):
-        GSWGAN(dm.spec, epsilon=1.0, generator_lr=0.0, **SMALL)
+        former(GSWGAN, dm.spec, epsilon=1.0, generator_lr=0.0, **SMALL)
 
 
 def test_the_sampled_average_of_the_generator_warms_up_as_the_official_code():
     """exp_mov_avg of the official main.py: alpha = min(1 − 1/(iter + 1), 0.999), so the average is the
     generator after the first step and weighs the early steps equally, not its random initialisation."""
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, ema_decay=0.999, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, ema_decay=0.999, **SMALL)
     initial = [p.detach().clone() for p in model.generator.parameters()]
     snapshots = []
 
@@ -230,7 +231,7 @@ def test_every_discriminator_only_ever_sees_its_own_subset():
         return {tuple(r) for r in x.reshape(-1, x.shape[-1]).tolist()}
 
     # stage train: the drawn discriminator's real batches come from its own rows; draws are uniform
-    model = GSWGAN(dm.spec, epsilon=1e4, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, **SMALL)
     trainer = _trainer(0)
     trainer.fit(model, dm)
     torch.manual_seed(0)
@@ -243,7 +244,7 @@ def test_every_discriminator_only_ever_sees_its_own_subset():
     assert counts.min() >= 8  # ~20 each
 
     # stage pretrain: member t's batch is from subset t, and its loss ignores the other members' data
-    pre = GSWGAN(dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
+    pre = former(GSWGAN, dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
     seen = []
 
     class Record(pl.Callback):
@@ -294,7 +295,7 @@ def test_vectorised_pretraining_equals_a_loop_over_discriminators():
 
     n, b, critic_steps = 3, 4, 2
     dm = ImageDataModule("digits", num_teachers=n, teacher_batch_size=b)
-    model = GSWGAN(dm.spec, epsilon=1e4, delta=1e-5, stage="pretrain", z_dim=4, df_dim=4, fc_dim=8, pretrain_generator_hidden=(8,),
+    model = former(GSWGAN, dm.spec, epsilon=1e4, delta=1e-5, stage="pretrain", z_dim=4, df_dim=4, fc_dim=8, pretrain_generator_hidden=(8,),
                    critic_steps=critic_steps, pretrain_iterations=3)
     discriminators = [model.discriminators.export_teacher(k) for k in range(n)]
     generators = [build_mlp_generator(model, hidden=(8,)) for _ in range(n)]
@@ -349,12 +350,12 @@ def loop_over_members(model, calls, discriminators, generators, n, b, critic_ste
 
 def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_loads(tmp_path):
     dm = _table()
-    pre = GSWGAN(dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
+    pre = former(GSWGAN, dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
     initial = _members(pre)
     trainer = _trainer(2)
     trainer.fit(pre, dm)  # interrupted by max_steps after 2 of 3 iterations
     trainer.save_checkpoint(tmp_path / "pre2.ckpt")
-    resumed = GSWGAN(dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
+    resumed = former(GSWGAN, dm.spec, epsilon=1e4, stage="pretrain", **SMALL)
     t2 = _trainer(100)
     t2.fit(resumed, dm, ckpt_path=tmp_path / "pre2.ckpt")
     assert t2.global_step == 3 and int(resumed.critic_steps_taken) == 6  # continued, then stopped at 3
@@ -363,7 +364,7 @@ def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_l
     pretrained = _members(resumed)
     assert all(not torch.equal(initial[n], pretrained[n]) for n in initial)
 
-    model = GSWGAN(dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), ema_decay=0.5, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), ema_decay=0.5, **SMALL)
     _trainer(0).fit(model, _table())
     assert bool(model.pretrained_loaded)
     assert all(torch.equal(pretrained[n], v) for n, v in _members(model).items())
@@ -374,7 +375,7 @@ def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_l
     # a resume reloads them from the pretrained checkpoint and goes on
     saved = torch.load(tmp_path / "train.ckpt", weights_only=False)
     assert not [k for k in saved["state_dict"] if k.startswith("discriminators.")]
-    resumed_train = GSWGAN(dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), ema_decay=0.5, **SMALL)
+    resumed_train = former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), ema_decay=0.5, **SMALL)
     t4 = _trainer(4)
     t4.fit(resumed_train, dm, ckpt_path=tmp_path / "train.ckpt")
     assert t4.global_step == 4 and resumed_train.accountant.counts["gswgan_steps"] == 4
@@ -385,17 +386,17 @@ def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_l
     assert rows.shape == (7, dm.spec["shape"][0])
 
     with pytest.raises(ValueError, match="different data partition"):
-        other = GSWGAN(dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), **SMALL)
+        other = former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), **SMALL)
         _trainer(0).fit(other, _table(partition_seed=1))
     with pytest.raises(ValueError, match="not a GS-WGAN stage: pretrain checkpoint"):
-        _trainer(0).fit(GSWGAN(dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "train.ckpt"), **SMALL), dm)
+        _trainer(0).fit(former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "train.ckpt"), **SMALL), dm)
 
 
 # ------------------------------------------------------------------------------------- accounting
 @pytest.mark.parametrize("mode", ["guarantee", "paper"])
 def test_epsilon_is_gswgan_epsilon_in_both_accounting_modes(mode):
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=1e4, budget_accounting=mode, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, budget_accounting=mode, **SMALL)
     _trainer(3, logger=GPATEMLFlowLogger(experiment_name="gswgan")).fit(model, dm)
     kw = dict(noise_multiplier=SIGMA, num_discriminators=N_D, batch_size=B, steps=3, delta=1e-5)
     sound, paper = gswgan_epsilon(accounting="sound", **kw), gswgan_epsilon(accounting="paper", **kw)
@@ -412,7 +413,7 @@ def test_training_stops_before_the_step_that_would_exceed_the_budget():
     kw = dict(noise_multiplier=SIGMA, num_discriminators=N_D, batch_size=B, delta=1e-5)
     budget = (gswgan_epsilon(steps=2, **kw) + gswgan_epsilon(steps=3, **kw)) / 2
     dm = _table()
-    model = GSWGAN(dm.spec, epsilon=budget, **SMALL)
+    model = former(GSWGAN, dm.spec, epsilon=budget, **SMALL)
     trainer = _trainer(50)
     trainer.fit(model, dm)
     assert model.budget_exhausted and trainer.global_step == 2
@@ -423,11 +424,11 @@ def test_training_stops_before_the_step_that_would_exceed_the_budget():
 def test_bad_settings_are_refused():
     dm = _table()
     with pytest.raises(ValueError, match="num_teachers"):
-        GSWGAN({**dm.spec, "num_teachers": 0}, epsilon=1.0, **SMALL)
+        former(GSWGAN, {**dm.spec, "num_teachers": 0}, epsilon=1.0, **SMALL)
     with pytest.raises(ValueError, match="stage"):
-        GSWGAN(dm.spec, epsilon=1.0, stage="warmup", **SMALL)
+        former(GSWGAN, dm.spec, epsilon=1.0, stage="warmup", **SMALL)
     with pytest.raises(ValueError, match="noise_multiplier"):
-        GSWGAN(dm.spec, epsilon=1.0, **{**SMALL, "noise_multiplier": 0.0})
+        former(GSWGAN, dm.spec, epsilon=1.0, **{**SMALL, "noise_multiplier": 0.0})
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "cardio_train.csv").is_file(), reason="needs ../shared/data/cardio_train.csv")
@@ -487,6 +488,31 @@ def test_pretraining_stage_is_not_evaluated_as_a_release():
 
     for stage, expected in (("pretrain", []), ("train", ["x"])):
         calls.clear()
-        model = GSWGAN(ImageDataModule("digits", num_teachers=4).spec, stage=stage, epsilon=10.0, delta=1e-5)
+        model = former(GSWGAN, ImageDataModule("digits", num_teachers=4).spec, stage=stage, epsilon=10.0, delta=1e-5)
         Probe()._run(FakeTrainer(), model, "x", final=True)
         assert calls == expected
+
+
+def test_the_minimal_config_plans_its_noise_and_trains_with_the_best_guaranteed_settings():
+    """``configs/gswgan_digits_minimal.yaml`` (the model class, ε = 10 and the data: no other model option) plans σ so
+    that its ``planned_steps`` fit the guarantee (the paper's σ = 1.07 buys almost nothing under it), stores the σ it
+    planned, samples a weight average, and trains within its budget."""
+    import yaml
+
+    from lightning_gpate.models.gswgan import PAPER_SETTINGS
+
+    config = yaml.safe_load((ROOT / "configs" / "gswgan_digits_minimal.yaml").read_text())
+    assert config["model"]["class_path"].endswith("GSWGAN") and set(config["model"]["init_args"]) == {"epsilon"}
+    pl.seed_everything(0)
+    dm = ImageDataModule(**config["data"]["init_args"])
+    model = GSWGAN(dm.spec, **config["model"]["init_args"], gf_dim=8, df_dim=8, fc_dim=16)  # small nets: seconds
+    hp, planned = model.hparams, config["trainer"]["max_steps"]
+    assert hp.planned_steps == planned and hp.ema_decay == 0.99
+    sigma = hp.noise_multiplier
+    at = lambda s: gswgan_epsilon(noise_multiplier=s, num_discriminators=20, batch_size=32, steps=planned, delta=1e-5)  # noqa: E731
+    assert at(sigma) <= 10.0 < at(sigma / 1.02)  # the least noise (to 1%) for which the planned steps fit
+    assert at(PAPER_SETTINGS["noise_multiplier"]) > 1000  # the paper's σ
+    _trainer(3).fit(model, dm)
+    assert 0 < model.accountant.epsilon() <= 10.0 and model.generator_ema is not None
+    x, _ = model.generate(20, seed=0)
+    assert x.shape == (20, *dm.spec["shape"]) and torch.isfinite(x).all()

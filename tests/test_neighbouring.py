@@ -14,6 +14,7 @@ from conftest import query_run
 from lightning_gpate.privacy import GSWGANStepEvent, PrivacyAccountant, PureDPEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.rdp import pure_dp_rdp, rdp_to_epsilon
 from lightning_gpate.tracking import GPATEMLFlowLogger
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 
 @pytest.mark.parametrize("kind", small_models.PRIVATE)
@@ -69,7 +70,7 @@ def test_paid_metadata_carries_its_relation_into_the_model(mixed_frame):
     dm = TabularDataModule(frame=mixed_frame, label="outcome", schema=schema, metadata_epsilon=0.2, label_ratio_epsilon=0.1,
                            num_teachers=3, teacher_batch_size=8)
     assert {c["neighbouring"] for c in dm.spec["metadata_cost"]} == {"add_remove"}
-    model = PATEGAN(dm.spec, epsilon=5.0, lam=0.1)
+    model = former(PATEGAN, dm.spec, epsilon=5.0, lam=0.1)
     assert model.accountant.counts["pure_dp_epsilon"] == pytest.approx(0.3)  # charged at ε, not 2ε
 
 

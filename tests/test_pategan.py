@@ -29,6 +29,7 @@ from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent, m
 from lightning_gpate.privacy.rdp import pure_dp_rdp
 from lightning_gpate.sampling import write_samples
 from lightning_gpate.tracking import GPATEMLFlowLogger
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(generator_hidden=[8], student_hidden=[8], teacher_hidden=[8], z_dim=4, teacher_steps=1,
@@ -75,7 +76,7 @@ def fit(model, dm, steps: int, **trainer_kw):
 def test_teacher_rows_are_disjoint_and_constant_over_iterations():
     n = 64
     dm = id_datamodule(n, teachers=4)
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **SMALL)
     seen = {t: set() for t in range(4)}
     original = model.teachers.accumulate_teacher_grads
 
@@ -102,7 +103,7 @@ def test_teacher_rows_are_disjoint_and_constant_over_iterations():
 
 def test_each_teacher_has_its_own_adam_state():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **SMALL)
     fit(model, dm, steps=2)
     opt_t = model.trainer.optimizers[2]
     params = list(model.teachers.parameters())
@@ -116,7 +117,7 @@ def test_each_teacher_has_its_own_adam_state():
 
 def test_student_sees_only_generator_outputs():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **{**SMALL, "student_steps": 3})
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **{**SMALL, "student_steps": 3})
     generated, student_inputs = [], []
     g_forward, s_forward = model.generator.forward, model.student.forward
 
@@ -141,7 +142,7 @@ def test_student_sees_only_generator_outputs():
 
 def test_replayed_student_batches_are_generated_rows_with_paid_labels():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, replay_capacity=20, student_batch_size=32,
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, replay_capacity=20, student_batch_size=32,
                     **{**SMALL, "query_batch_size": 4})
     generated, student_inputs = [], []
     g_forward, s_forward = model.generator.forward, model.student.forward
@@ -164,7 +165,7 @@ def test_replayed_student_batches_are_generated_rows_with_paid_labels():
 def test_vote_noise_is_laplace_with_scale_one_over_lambda():
     dm = id_datamodule()
     lam = 0.5
-    model = PATEGAN(dm.spec, epsilon=10.0, lam=lam, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=10.0, lam=lam, **SMALL)
     noise = model.vote_noise((400_000,))
     assert noise.var().item() == pytest.approx(2 / lam**2, rel=0.03)  # Laplace variance 2b², b = 1/λ
     assert noise.abs().mean().item() == pytest.approx(1 / lam, rel=0.01)
@@ -174,7 +175,7 @@ def test_vote_noise_is_laplace_with_scale_one_over_lambda():
 def test_noisy_argmax_adds_independent_noise_to_each_count():
     dm = id_datamodule()
     lam, n0, n1 = 0.5, 3.0, 5.0
-    model = PATEGAN(dm.spec, epsilon=10.0, lam=lam, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=10.0, lam=lam, **SMALL)
     counts = torch.tensor([[n0, n1]], dtype=torch.float64).expand(200_000, 2)
     p_real = model.noisy_labels(counts).float().mean().item()
     # P(n1 + L1 > n0 + L0) with L0, L1 iid Lap(b): 1 - exp(-d/b)(1 + d/(2b))/2, d = n1 - n0.
@@ -184,7 +185,7 @@ def test_noisy_argmax_adds_independent_noise_to_each_count():
 
 def test_vote_histograms_count_teachers():
     dm = id_datamodule(teachers=4)
-    model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, **SMALL)
     x, y = model.generate(10, seed=0)
     counts = model.teacher_votes(x, y)
     logits = model.teachers.forward_shared(x, y)
@@ -195,7 +196,7 @@ def test_vote_histograms_count_teachers():
 def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes():
     torch.manual_seed(0)  # the teachers' initialisation: the share below is a statistic of it, not of the test order
     dm = id_datamodule(teachers=6)
-    model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="relative", **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, teacher_vote="relative", **SMALL)
     with torch.no_grad():  # make every teacher call everything fake: paper votes would be unanimous
         model.teachers.forward_shared = (lambda f: (lambda x, y: f(x, y) - 100.0))(model.teachers.forward_shared)
     y = torch.arange(2).repeat(200)
@@ -211,7 +212,7 @@ def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes(
     for c in range(model.num_classes):
         assert 0.35 < counts[y == c, 1].sum() / (6 * int((y == c).sum())) < 0.65
     with pytest.raises(ValueError, match="teacher_vote"):
-        PATEGAN(dm.spec, epsilon=10.0, lam=0.5, teacher_vote="soft", **SMALL)
+        former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, teacher_vote="soft", **SMALL)
 
 
 # ----------------------------------------------------------------------------- accounting
@@ -219,7 +220,7 @@ def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes(
 
 def test_paper_accountant_equals_reference_moments():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=50.0, delta=1e-5, lam=1.0, budget_accounting="paper", conversion="classic",
+    model = former(PATEGAN, dm.spec, epsilon=50.0, delta=1e-5, lam=1.0, budget_accounting="paper", conversion="classic",
                     **{**SMALL, "student_steps": 5, "query_batch_size": 200})
     model.teacher_votes = lambda x, y: torch.tensor([[0.0, 10.0]], dtype=torch.float64).expand(len(y), 2)
     fit(model, dm, steps=1)  # 5 x 200 = 1000 queries with |n0 - n1| = 10
@@ -238,7 +239,7 @@ def test_paper_accountant_equals_reference_moments():
 def test_accountant_records_the_real_vote_gaps():
     torch.manual_seed(0)  # the teachers' initialisation: votes that vary, whatever ran before
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.3, budget_accounting="paper", **{**SMALL, "student_steps": 2})
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.3, budget_accounting="paper", **{**SMALL, "student_steps": 2})
     events = []
     charge = model.charge
     model.charge = lambda event: events.append(event) or charge(event)
@@ -259,7 +260,7 @@ def test_accountant_records_the_real_vote_gaps():
 
 def test_final_epsilon_never_exceeds_the_target_and_the_refused_step_updates_nothing():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=40, **SMALL)  # 5 steps of 8 queries
+    model = former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, planned_queries=40, **SMALL)  # 5 steps of 8 queries
     generator_before = {}
 
     class Watch(pl.Callback):
@@ -289,8 +290,8 @@ def test_final_epsilon_never_exceeds_the_target_and_the_refused_step_updates_not
 
 def test_users_delta_is_the_one_in_epsilon_and_in_the_plan():
     dm = id_datamodule()
-    strict = PATEGAN(dm.spec, epsilon=5.0, delta=1e-7, lam=0.02, **SMALL)
-    loose = PATEGAN(dm.spec, epsilon=5.0, delta=1e-3, lam=0.02, **SMALL)
+    strict = former(PATEGAN, dm.spec, epsilon=5.0, delta=1e-7, lam=0.02, **SMALL)
+    loose = former(PATEGAN, dm.spec, epsilon=5.0, delta=1e-3, lam=0.02, **SMALL)
     event = LaplaceVoteEvent(np.arange(50) % 7, 0.02)
     for model, delta in ((strict, 1e-7), (loose, 1e-3)):
         assert model.accountant.delta == delta
@@ -298,18 +299,18 @@ def test_users_delta_is_the_one_in_epsilon_and_in_the_plan():
         acc = model.accountant
         assert acc.epsilon() == pytest.approx(rdp_to_epsilon(acc.rdp, acc.orders, delta)[0], rel=1e-12)
     assert strict.accountant.epsilon() > loose.accountant.epsilon()
-    planned = [PATEGAN(dm.spec, epsilon=1.0, delta=d, planned_queries=500, **SMALL).lam for d in (1e-7, 1e-3)]
+    planned = [former(PATEGAN, dm.spec, epsilon=1.0, delta=d, planned_queries=500, **SMALL).lam for d in (1e-7, 1e-3)]
     assert planned[0] < planned[1]
 
 
 def test_planned_lambda_is_the_largest_that_fits():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=1000, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, planned_queries=1000, **SMALL)
     fits = model.accountant.epsilon_if(LaplaceVoteEvent(np.zeros(1000), model.lam))
     assert fits <= 1.0
     assert model.accountant.epsilon_if(LaplaceVoteEvent(np.zeros(1000), model.lam * 1.001)) > 1.0
     with pytest.raises(ValueError, match="num_teachers"):
-        PATEGAN({**dm.spec, "num_teachers": 0}, epsilon=1.0, **SMALL)
+        former(PATEGAN, {**dm.spec, "num_teachers": 0}, epsilon=1.0, **SMALL)
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -318,7 +319,7 @@ def test_planned_lambda_is_the_largest_that_fits():
 def test_construction_refuses_bounds_read_from_the_data(mixed_frame):
     dm = TabularDataModule(frame=mixed_frame, label="outcome", num_teachers=4)
     with pytest.raises(PrivateMetadataError, match="income"):
-        PATEGAN(dm.spec, epsilon=1.0, **SMALL)
+        former(PATEGAN, dm.spec, epsilon=1.0, **SMALL)
 
 
 def test_paid_metadata_is_charged_and_split_logged(mixed_frame):
@@ -327,7 +328,7 @@ def test_paid_metadata_is_charged_and_split_logged(mixed_frame):
               "flag": {"categories": [False, True]}, "outcome": {"categories": [0, 1]}}
     dm = TabularDataModule(frame=mixed_frame, label="outcome", schema=schema, metadata_epsilon=0.2,
                            label_ratio_epsilon=0.05, num_teachers=4, metadata_seed=1)
-    model = PATEGAN(dm.spec, epsilon=1.0, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=1.0, **SMALL)
     counts = model.accountant.counts
     assert counts["pure_dp_events"] == 3 and counts["pure_dp_epsilon"] == pytest.approx(0.25)
     split = model.budget_split()
@@ -341,7 +342,7 @@ def test_private_model_keeps_no_empirical_class_ratio_or_training_size(mixed_fra
     dm = TabularDataModule(frame=frame, label="y", schema=schema, num_teachers=4)
     assert dm.spec["class_ratio_source"] == "data"
     with pytest.warns(UserWarning, match="class ratio"):
-        model = PATEGAN(dm.spec, epsilon=1.0, lam=0.1, **SMALL)
+        model = former(PATEGAN, dm.spec, epsilon=1.0, lam=0.1, **SMALL)
     saved = model.hparams["data_spec"]
     assert saved["class_ratio"] == [0.5, 0.5] and saved["class_ratio_source"] == "uniform"
     assert "num_train" not in saved
@@ -354,7 +355,7 @@ def test_private_model_keeps_no_empirical_class_ratio_or_training_size(mixed_fra
 
 def test_same_latent_prior_in_fit_and_sample():
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, latent_prior="uniform", **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, latent_prior="uniform", **SMALL)
     drawn, used = [], {"fit": [], "sample": []}
     latent, g_forward = model.latent, model.generator.forward
     phase = ["fit"]
@@ -385,7 +386,7 @@ def test_number_of_rows_sampled_does_not_depend_on_training_size(tmp_path):
     written = []
     for n in (48, 160):
         dm = id_datamodule(n, teachers=4)
-        model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+        model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **SMALL)
         fit(model, dm, steps=1)
         path = write_samples(model, 37, tmp_path / f"s{n}.csv", seed=0)[0]  # the CSV, then its picture
         written.append(len(pd.read_csv(path)))
@@ -397,7 +398,7 @@ def test_checkpoints_hold_no_vote_noise_state_and_a_resume_draws_fresh_noise(tmp
     """The noise generator's state would let anyone holding a checkpoint recompute past noise: it is
     never saved; a resumed run seeds a new generator from the OS instead of replaying the noise."""
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, **{**SMALL, "noise_seed": None})
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **{**SMALL, "noise_seed": None})
     trainer = fit(model, dm, steps=2)
     trainer.save_checkpoint(tmp_path / "a.ckpt")
     checkpoint = torch.load(tmp_path / "a.ckpt", weights_only=False)
@@ -412,7 +413,7 @@ def test_checkpoints_hold_no_vote_noise_state_and_a_resume_draws_fresh_noise(tmp
 
 def test_images_with_conv_teachers():
     dm = ImageDataModule("digits", num_teachers=5, teacher_batch_size=4, val_fraction=0.0)
-    model = PATEGAN(dm.spec, epsilon=100.0, lam=0.1, gf_dim=8, df_dim=8, fc_dim=16, teacher_channels=[4, 8],
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, gf_dim=8, df_dim=8, fc_dim=16, teacher_channels=[4, 8],
                     teacher_fc=16, z_dim=8, teacher_steps=1, student_steps=1, query_batch_size=8, noise_seed=0)
     fit(model, dm, steps=2)
     x, y = model.generate(10, seed=0)
@@ -430,7 +431,7 @@ def _digits(teachers: int = 5) -> ImageDataModule:
 
 def test_image_path_charges_the_mean_images_once_and_every_vote_before_use():
     dm = _digits()
-    model = PATEGAN(dm.spec, epsilon=5.0, delta=1e-5, lam=0.05, marginal_fraction=0.5, **IMAGE_SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=5.0, delta=1e-5, lam=0.05, marginal_fraction=0.5, **IMAGE_SMALL)
     fit(model, dm, steps=3)
     counts = model.accountant.counts
     assert counts["subsampled_gaussian_events"] == 1 and bool(model.marginals_measured)  # once, not per step
@@ -447,7 +448,7 @@ def test_the_released_generator_is_the_average_of_its_weights_when_asked():
     from lightning_gpate.release import build_release
 
     dm = _digits()
-    model = PATEGAN(dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=0.9, **IMAGE_SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=0.9, **IMAGE_SMALL)
     fit(model, dm, steps=3)
     assert model.generator_module is model.generator_ema
     released = build_release(model)["generator"]
@@ -455,13 +456,13 @@ def test_the_released_generator_is_the_average_of_its_weights_when_asked():
         assert torch.equal(released[name], value)
     assert any(not torch.equal(model.generator.state_dict()[n], v) for n, v in released.items() if v.is_floating_point())
     with pytest.raises(ValueError, match="ema_decay"):
-        PATEGAN(dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=1.0, **IMAGE_SMALL)
+        former(PATEGAN, dm.spec, epsilon=100.0, delta=1e-5, lam=0.1, ema_decay=1.0, **IMAGE_SMALL)
 
 
 def test_image_path_stops_before_the_step_whose_votes_would_exceed_the_budget():
     dm = _digits()
     budget, lam, queries = 3.0, 0.05, 8
-    model = PATEGAN(dm.spec, epsilon=budget, delta=1e-5, lam=lam, marginal_fraction=0.5, **IMAGE_SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=budget, delta=1e-5, lam=lam, marginal_fraction=0.5, **IMAGE_SMALL)
     anchor = SubsampledGaussianEvent(noise_multiplier=model.marginal_noise, sampling_rate=1.0)
     affordable = max(k for k in range(1, 200) if model.accountant.epsilon_if(anchor, LaplaceVoteEvent(np.zeros(k * queries), lam)) <= budget)
     assert 1 < affordable < 100
@@ -484,7 +485,7 @@ def test_image_mean_anchor_is_the_class_mean_with_noise_of_its_sensitivity_and_p
     sizes = torch.bincount(y, minlength=10).double()
     deviations = []
     for seed in range(4):
-        model = PATEGAN(dm.spec, epsilon=2.0, delta=1e-5, lam=0.05, marginal_fraction=0.5, **{**IMAGE_SMALL, "noise_seed": seed})
+        model = former(PATEGAN, dm.spec, epsilon=2.0, delta=1e-5, lam=0.05, marginal_fraction=0.5, **{**IMAGE_SMALL, "noise_seed": seed})
         fit(model, dm, steps=1)
         measured = (model.marginal_targets.flatten(1).double() + 1) / 2
         inside = (true > 0.35) & (true < 0.65)  # where the clip to [0, 1] does not bind
@@ -494,7 +495,7 @@ def test_image_mean_anchor_is_the_class_mean_with_noise_of_its_sensitivity_and_p
     ratio = float(torch.cat(deviations).std())
     assert 0.8 < ratio < 1.25, ratio  # the noise of the sensitivity sqrt(d + 1), not of 1 or 2 sqrt(d)
     # little noise: the measured means are the class means, and the generator's term pulls its class means to them
-    model = PATEGAN(dm.spec, epsilon=1e4, delta=1e-5, lam=0.05, marginal_fraction=0.5, marginal_weight=10.0, lr=1e-3, **IMAGE_SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=1e4, delta=1e-5, lam=0.05, marginal_fraction=0.5, marginal_weight=10.0, lr=1e-3, **IMAGE_SMALL)
     fit(model, dm, steps=1)
     assert torch.allclose((model.marginal_targets.flatten(1).double() + 1) / 2, true, atol=0.02)
     with torch.no_grad():
@@ -568,7 +569,7 @@ def test_a_budget_that_pays_for_no_step_is_an_error_not_a_trained_model():
     from lightning_gpate.models.private import NoPrivateStepError
 
     dm = id_datamodule()
-    model = PATEGAN(dm.spec, epsilon=0.5, delta=1e-5, lam=5.0, **SMALL)  # one batch of 8 votes at λ=5 costs far more
+    model = former(PATEGAN, dm.spec, epsilon=0.5, delta=1e-5, lam=5.0, **SMALL)  # one batch of 8 votes at λ=5 costs far more
     logger = GPATEMLFlowLogger(experiment_name="pategan-no-step")
     with pytest.raises(NoPrivateStepError, match="took no training step"):
         fit(model, dm, steps=10, logger=logger)
@@ -594,7 +595,7 @@ def marker_datamodule(n: int = 400, teachers: int = 4) -> TabularDataModule:
 
 def test_measured_marginals_cost_their_share_once_and_leave_the_votes_the_rest():
     dm = marker_datamodule()
-    model = PATEGAN(dm.spec, epsilon=2.0, delta=1e-5, planned_queries=400, marginal_fraction=0.25, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=2.0, delta=1e-5, planned_queries=400, marginal_fraction=0.25, **SMALL)
     # the Gaussian alone costs a quarter of the budget, by formula: RDP a/(2 z^2), converted with
     # Canonne, Kamath & Steinke 2020 Prop. 12 (the accountant's "improved" conversion)
     orders = np.asarray(model.accountant.orders, dtype=float)
@@ -606,7 +607,7 @@ def test_measured_marginals_cost_their_share_once_and_leave_the_votes_the_rest()
     event = SubsampledGaussianEvent(noise_multiplier=z, sampling_rate=1.0)
     assert model.accountant.epsilon_if(event, LaplaceVoteEvent(np.zeros(400), model.lam)) <= 2.0
     assert model.accountant.epsilon_if(event, LaplaceVoteEvent(np.zeros(400), model.lam * 1.001)) > 2.0
-    assert model.lam < PATEGAN(dm.spec, epsilon=2.0, delta=1e-5, planned_queries=400, **SMALL).lam
+    assert model.lam < former(PATEGAN, dm.spec, epsilon=2.0, delta=1e-5, planned_queries=400, **SMALL).lam
     fit(model, dm, 5)
     # one measurement, paid before use, not repeated on later steps
     assert model.accountant.counts["subsampled_gaussian_events"] == 1 and bool(model.marginals_measured)
@@ -616,7 +617,7 @@ def test_measured_marginals_cost_their_share_once_and_leave_the_votes_the_rest()
 def test_measured_marginals_are_the_noisy_conditional_marginals_and_pull_the_generator_to_them():
     dm = marker_datamodule()
     # a large budget: little noise, so the measured tables are the data's conditional marginals
-    model = PATEGAN(dm.spec, epsilon=1000.0, delta=1e-5, planned_queries=4000, marginal_fraction=0.5, marginal_weight=10.0,
+    model = former(PATEGAN, dm.spec, epsilon=1000.0, delta=1e-5, planned_queries=4000, marginal_fraction=0.5, marginal_weight=10.0,
                     lr=5e-3, **{**SMALL, "generator_hidden": [16]})
     fit(model, dm, 1)
     x, y = dm.model_space("train")
@@ -642,10 +643,10 @@ def test_measured_marginals_are_the_noisy_conditional_marginals_and_pull_the_gen
 def test_measured_marginals_need_the_guarantee_and_a_datamodule():
     dm = marker_datamodule()
     with pytest.raises(ValueError, match="marginal_fraction"):
-        PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, budget_accounting="paper", **SMALL)
+        former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, budget_accounting="paper", **SMALL)
     with pytest.raises(ValueError, match="marginal_fraction must be in"):
-        PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=1.0, **SMALL)
-    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, **SMALL)
+        former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=1.0, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, **SMALL)
     dm.setup("fit")
     trainer = pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
     with pytest.raises(ValueError, match="datamodule"):
@@ -657,7 +658,7 @@ def test_class_deviations_below_the_threshold_fall_back_to_the_pooled_marginal()
     dm = marker_datamodule()
     targets = {}
     for threshold in (0.0, 1e6):
-        model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=100, marginal_fraction=0.5,
+        model = former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, planned_queries=100, marginal_fraction=0.5,
                         marginal_threshold=threshold, **SMALL)
         fit(model, dm, 1)
         targets[threshold] = model.marginal_targets.clone()
@@ -666,3 +667,44 @@ def test_class_deviations_below_the_threshold_fall_back_to_the_pooled_marginal()
     torch.testing.assert_close(targets[1e6][:, 0], targets[1e6][:, 1])
     pooled = targets[1e6][:, 0]
     assert torch.allclose(pooled.sum(-1)[0], torch.tensor(1.0)) and (pooled >= 0).all()
+
+
+def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
+    """``configs/pategan_digits_minimal.yaml`` (the model class, ε = 10 and the data: no other model option) trains
+    with the defaults the MNIST rows chose under the guarantee (half of ε on each class's mean image, relative votes
+    labelled by their noisy share, replayed), within its budget, and its generator draws digits of the data's shape."""
+    from lightning_gpate.models.pategan import PAPER_SETTINGS
+
+    config = yaml.safe_load((ROOT / "configs" / "pategan_digits_minimal.yaml").read_text())
+    assert config["model"]["class_path"].endswith("PATEGAN") and set(config["model"]["init_args"]) == {"epsilon"}
+    pl.seed_everything(0)
+    dm = ImageDataModule(**config["data"]["init_args"])
+    model = PATEGAN(dm.spec, **config["model"]["init_args"], gf_dim=16, df_dim=16, fc_dim=64)  # small nets: seconds
+    hp = model.hparams
+    assert (hp.marginal_fraction, hp.teacher_vote, hp.student_labels, hp.replay_capacity, hp.generator_upsample) == (
+        0.5, "relative", "share", hp.planned_queries, "nearest")
+    assert (hp.teacher_steps, hp.student_steps, hp.query_batch_size, hp.lr, tuple(hp.betas)) == (1, 1, 16, 2e-4, (0.5, 0.999))
+    assert (PAPER_SETTINGS["teacher_vote"], PAPER_SETTINGS["marginal_fraction"]) == ("logit", 0.0)  # the paper's, kept apart
+    fit(model, dm, steps=4)
+    assert bool(model.marginals_measured) and 5.0 <= model.accountant.epsilon() <= 10.0  # ε/2 on the anchor, then votes
+    x, y = model.generate(20, seed=0)
+    assert x.shape == (20, *dm.spec["shape"]) and torch.isfinite(x).all()
+
+
+def test_a_release_saved_before_teacher_fake_batch_size_was_removed_loads_when_it_was_off():
+    """Releases hold every constructor argument: one written before ``teacher_fake_batch_size`` was removed (issue 47:
+    no config or ladder used it) still loads when it held ``None``, and is refused in one line otherwise."""
+    from lightning_gpate.release import CheckpointError, build_release, model_from_release
+
+    dm = TabularDataModule(frame=pd.DataFrame({"x": np.linspace(0, 1, 40), "y": [0, 1] * 20}), label="y",
+                           schema={"x": {"min": 0, "max": 1}, "y": {"categories": [0, 1]}}, class_ratio=[0.5, 0.5],
+                           num_teachers=4, teacher_batch_size=4, test_fraction=0.0)
+    model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **SMALL)
+    fit(model, dm, steps=1)
+    release = build_release(model)
+    old = {**release, "hyper_parameters": {**release["hyper_parameters"], **PATEGAN.REMOVED_OPTIONS}}
+    loaded = model_from_release(old)
+    for key, value in loaded.generator_module.state_dict().items():
+        assert torch.equal(value, model.generator_module.state_dict()[key].cpu())
+    with pytest.raises(CheckpointError, match="teacher_fake_batch_size=8"):
+        model_from_release({**release, "hyper_parameters": {**release["hyper_parameters"], "teacher_fake_batch_size": 8}})

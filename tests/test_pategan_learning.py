@@ -10,6 +10,7 @@ import torch
 from datamodules import TabularDataModule
 from lightning_gpate.models import PATEGAN
 from test_pategan import SMALL, fit, id_datamodule
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 
 def _mixed_datamodule(n=64, teachers=4):
@@ -24,7 +25,7 @@ def _mixed_datamodule(n=64, teachers=4):
 
 def test_discrete_samples_are_released_rows_with_straight_through_gradients():
     dm = _mixed_datamodule()
-    model = PATEGAN(dm.spec, epsilon=10.0, lam=0.5, discrete_samples=True, **SMALL)
+    model = former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, discrete_samples=True, **SMALL)
     y = torch.tensor([0, 1] * 8)
     torch.manual_seed(0)
     soft = model.generator(model.latent(16), y)
@@ -53,21 +54,21 @@ def test_discrete_samples_are_released_rows_with_straight_through_gradients():
 
 def test_share_labels_are_the_noisy_vote_share_at_the_same_price():
     dm = id_datamodule(teachers=4)
-    share = PATEGAN(dm.spec, epsilon=1e9, lam=1e6, student_labels="share", **SMALL)  # λ = 1e6: noise ~1e-6 votes
+    share = former(PATEGAN, dm.spec, epsilon=1e9, lam=1e6, student_labels="share", **SMALL)  # λ = 1e6: noise ~1e-6 votes
     counts = torch.tensor([[4.0, 0.0], [3.0, 1.0], [1.0, 3.0], [0.0, 4.0]], dtype=torch.float64)
     np.testing.assert_allclose(share.noisy_labels(counts).numpy(), [0.0, 0.25, 0.75, 1.0], atol=1e-5)
     # with noise: 1/2 + (ñ1 − ñ0)/(2T), clipped; its mean over many draws is the vote share (no clipping at 2 of 4)
-    noisy = PATEGAN(dm.spec, epsilon=10.0, lam=2.0, student_labels="share", **SMALL)
+    noisy = former(PATEGAN, dm.spec, epsilon=10.0, lam=2.0, student_labels="share", **SMALL)
     draws = noisy.noisy_labels(torch.tensor([[2.0, 2.0]], dtype=torch.float64).expand(100_000, 2))
     assert float(draws.mean()) == pytest.approx(0.5, abs=0.005) and 0.0 <= float(draws.min()) < float(draws.max()) <= 1.0
     # the same queries are charged whatever the student learns from them
     spent = {}
     for labels in ("argmax", "share"):
-        model = PATEGAN(id_datamodule(teachers=4).spec, epsilon=10.0, lam=0.5, student_labels=labels, **SMALL)
+        model = former(PATEGAN, id_datamodule(teachers=4).spec, epsilon=10.0, lam=0.5, student_labels=labels, **SMALL)
         fit(model, id_datamodule(teachers=4), steps=3)
         spent[labels] = (model.accountant.counts["laplace_vote_queries"], model.spent_epsilon())
     assert spent["argmax"] == spent["share"]
     with pytest.raises(ValueError, match="guarantee"):
-        PATEGAN(dm.spec, epsilon=10.0, lam=0.5, student_labels="share", budget_accounting="paper", **SMALL)
+        former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, student_labels="share", budget_accounting="paper", **SMALL)
     with pytest.raises(ValueError, match="student_labels"):
-        PATEGAN(dm.spec, epsilon=10.0, lam=0.5, student_labels="soft", **SMALL)
+        former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, student_labels="soft", **SMALL)

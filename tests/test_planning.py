@@ -13,6 +13,7 @@ from lightning_gpate.planning import plan, synthetic_probe
 from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.pate import confident_gnmax_rdp
 from lightning_gpate.privacy.rdp import pure_dp_rdp
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the quickstart with G-PATE's Confident-GNMax votes (the paper's settings): what ``plan`` plans
@@ -80,7 +81,7 @@ def test_a_plan_starts_from_what_the_run_pays_before_its_first_step():
     frame = pd.DataFrame({"x": rng.uniform(0, 1, 80).round(3), "y": rng.choice([0, 1], 80)})
     dm = TabularDataModule(frame=frame, label="y", schema={"x": {"min": 0, "max": 1}, "y": {"type": "binary", "categories": [0, 1]}},
                            num_teachers=4, class_ratio=[0.5, 0.5], test_fraction=0.0)
-    model = PATEGAN(dm.spec, epsilon=5.0, delta=1e-5, planned_queries=400, marginal_fraction=0.5, query_batch_size=8,
+    model = former(PATEGAN, dm.spec, epsilon=5.0, delta=1e-5, planned_queries=400, marginal_fraction=0.5, query_batch_size=8,
                     student_steps=1, noise_seed=0)
     probe = synthetic_probe(model, [1.0], steps=3)
     t = {r.analysis: r.steps for r in plan(probe, epsilon=5.0).rows}["data-independent, worst case (the stop rule)"]

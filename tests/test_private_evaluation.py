@@ -16,6 +16,7 @@ from datamodules import ImageDataModule
 from lightning_gpate.evaluation import image as image_evaluation
 from lightning_gpate.models import DPGAN
 from lightning_gpate.tracking import GPATEMLFlowLogger
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 FAST = ["LogisticRegression", "DecisionTree", "GaussianNB"]
 ROWS, TEST_FRACTION = 300, 0.3
@@ -108,7 +109,7 @@ def test_image_evaluation_of_a_private_model_never_trains_on_the_training_split(
 
     monkeypatch.setattr(image_evaluation, "train_classifier", spy)
     image_evaluation._FEATURE_CLASSIFIERS.clear()
-    model = DPGAN(dm.spec, epsilon=50.0, delta=1e-5, sampling_rate=32 / 1200, noise_multiplier=1.0, d_steps=1, z_dim=8,
+    model = former(DPGAN, dm.spec, epsilon=50.0, delta=1e-5, sampling_rate=32 / 1200, noise_multiplier=1.0, d_steps=1, z_dim=8,
                   generator_hidden=(32,), discriminator_hidden=(8,))
     quality = ImageQuality(feature_epochs=2)
     small_models.fit(model, dm, steps=2, callbacks=[DownstreamUtility(cnn_epochs=1), quality, ReleaseArtifact()],

@@ -25,6 +25,7 @@ from lightning_gpate.privacy.rdp import rdp_to_epsilon
 from lightning_gpate.privacy.smooth_release import GNSSParameters
 from lightning_gpate.privacy.smooth_sensitivity import gnss_rdp
 from lightning_gpate.tracking import GPATEMLFlowLogger
+from small_models import former  # the former defaults (the paper's) where a test is silent
 
 GPATE_SMALL = dict(**PAPER_SETTINGS, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0, threshold_fraction=0.3,
                    hidden=(16,), teacher_hidden=(8,), z_dim=8, noise_seed=0)
@@ -235,7 +236,7 @@ def test_fixed_run_length_and_configuration_errors():
         GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=10.0,
               smooth_sensitivity={"order": 10.0, "beta": 0.1}, **GPATE_SMALL)
     with pytest.raises(ValueError, match="no data-dependent analysis"):
-        DPGAN(dm.spec, epsilon=5.0, delta=1e-5, budget_accounting="smooth_sensitivity")
+        former(DPGAN, dm.spec, epsilon=5.0, delta=1e-5, budget_accounting="smooth_sensitivity")
     model = GPATE(dm.spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=100.0, **GPATE_SMALL)
     assert model.smooth_sensitivity.params.rule == "default"
     with pytest.raises(ValueError, match="trainer.max_steps"):
@@ -271,7 +272,7 @@ def test_resume_keeps_the_ledger_and_releases_once(tmp_path):
 
 def test_pategan_release_of_laplace_moments():
     dm = table(teachers=7)
-    model = PATEGAN(dm.spec, epsilon=50.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=500.0,
+    model = former(PATEGAN, dm.spec, epsilon=50.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=500.0,
                     smooth_sensitivity=SS, **PATEGAN_SMALL)
     events = recording(model)
     trainer(3).fit(model, dm)

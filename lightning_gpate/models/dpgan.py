@@ -1,10 +1,10 @@
 """DP-GAN: a conditional GAN whose discriminator (critic) is trained with DP-SGD; the generator only
 sees the critic, so it is post-processing of a DP critic. Two recipes on one mechanism:
 
-* **the 2018 recipe** (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the defaults, which the
-  tabular configs use): WGAN critic with weight clipping to [−c, c], RMSprop, 5 critic steps per
-  generator step, MLP nets;
-* **Private GANs, Revisited** (Bie, Kamath & Zhang, TMLR 2023, code ``alexbie98/dpgan-revisit``): the
+* **the 2018 recipe** (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the defaults before issue 47,
+  :data:`PAPER_SETTINGS`, which the tabular configs use): WGAN critic with weight clipping to [−c, c], RMSprop,
+  5 critic steps per generator step, MLP nets;
+* **Private GANs, Revisited** (the defaults; Bie, Kamath & Zhang, TMLR 2023, code ``alexbie98/dpgan-revisit``): the
   non-saturating GAN loss (a logistic discriminator), Adam 2e-4 β (0.5, 0.999), the all-convolutional
   conditional DCGAN without normalisation (``architecture: conv``), and many discriminator steps per
   generator step (n_D = ``d_steps``: 50 at ε = 10 on MNIST, 200 at ε = 1), or their adaptive n_D
@@ -111,6 +111,13 @@ OPACUS_ACCOUNTANT_KEY = "opacus_rdp_accountant"
 #: pins them (a resume from Python that asks for others is refused, as the CLI refuses any change), so that every
 #: critic step of a run is the same Poisson-subsampled Gaussian and the schedule's worst case is fixed in advance.
 MECHANISM_HPARAMS = ("noise_multiplier", "sampling_rate", "accountant", "d_steps", "adaptive_d_steps")
+#: ``adaptive_d_steps``' default: Bie et al.'s MNIST ε = 10 schedule (``configs/mnist/dpgan_eps10_guarantee.yaml``).
+DEFAULT_ADAPTIVE_D_STEPS = {"threshold": 0.6, "grace": 200, "decay": 0.99}
+#: The 2018 recipe's settings where the defaults differ (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the
+#: defaults before issue 47): ``DPGAN(spec, **PAPER_SETTINGS, ...)``. Under a guarantee on MNIST it generated noise
+#: (CNN 0.085 after 6,060 generator steps on an H200: ``benchmarks/results/dpgan_mnist_cpu.md``).
+PAPER_SETTINGS = {"architecture": "mlp", "loss": "wasserstein", "optimizer": "rmsprop", "lr": 5e-5, "d_steps": 5,
+                  "weight_clip": 0.1, "adaptive_d_steps": None, "ema_decay": 0.0}
 
 
 class FlatImageGenerator(nn.Module):
@@ -237,21 +244,25 @@ def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str,
     if not (0 <= options["threshold"] <= 1 and options["grace"] >= 1 and 0 <= options["decay"] < 1):
         raise ValueError(f"adaptive_d_steps needs threshold in [0, 1], grace >= 1 and decay in [0, 1), got {options}")
     if d_steps not in D_STEPS_LADDER:
-        raise ValueError(f"with adaptive_d_steps, d_steps (the first n_D) must be one of {D_STEPS_LADDER}, got {d_steps}")
+        raise ValueError(f"with adaptive_d_steps (on by default), d_steps (the first n_D) must be one of {D_STEPS_LADDER}, got "
+                         f"{d_steps}; set adaptive_d_steps: null for a fixed n_D")
     return options
 
 
 class DPGAN(PrivateGenerativeModel):
-    """Conditional GAN with a DP-SGD critic: the 2018 recipe by default (Xie et al. 2018, Algorithm 1;
-    G-PATE's DP-GAN baseline), *Private GANs, Revisited* (Bie et al. 2023) with ``loss: nonsaturating``,
-    ``optimizer: adam``, ``weight_clip: null``, ``architecture: conv`` and ``d_steps`` 50–200.
+    """Conditional GAN with a DP-SGD critic: *Private GANs, Revisited* by default (Bie et al. 2023: the
+    non-saturating loss, Adam 2e-4, no weight clipping, the all-convolutional nets for images, the adaptive n_D,
+    a weight average; the MNIST rows' recipe, ``configs/mnist/dpgan_eps*_guarantee.yaml``), the 2018 recipe (Xie et
+    al. 2018, Algorithm 1; G-PATE's DP-GAN baseline) with :data:`PAPER_SETTINGS`. On a table the 2018 recipe at lr 5e-4
+    scored better (cervical, three seeds: mean AUROC 0.677 against the defaults' 0.585, ``benchmarks/results/tabular_ladder.md``):
+    the tabular configs state it.
 
     Args:
         data_spec: the DataModule's spec (the DataModule must serve Poisson batches: any
             :class:`~datamodules.base.GenerativeDataModule` with ``num_teachers: 0`` does).
         epsilon: privacy budget ε; training stops before a generator step's ``d_steps`` critic steps would
             exceed it.
-        delta: δ.
+        delta: δ (default 1e-5, as every shipped config).
         sampling_rate: q, the Poisson rate of each critic batch, **declared public** (e.g. the paper's
             64 / 60000 for MNIST: an expected batch of 64 from a dataset whose size is public). Required:
             it is not derived from the private row count. The DataModule's ``batch_size`` is the
@@ -262,28 +273,30 @@ class DPGAN(PrivateGenerativeModel):
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
         z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
         latent_prior: ``"normal"`` or ``"uniform"``.
-        lr: learning rate of both networks (WGAN with RMSprop: 5e-5; Bie et al. with Adam: 2e-4).
-        d_steps: n_D, critic steps per generator step (Xie et al.: 5; Bie et al.: 50 at ε = 10, 200
+        lr: learning rate of both networks (default 2e-4, Bie et al. with Adam; WGAN with RMSprop: 5e-5).
+        d_steps: n_D, critic steps per generator step (default 1, the first rung of the adaptive n_D; Xie et al.: 5;
+            Bie et al.: 50 at ε = 10, 200
             at ε = 1 on MNIST); with ``adaptive_d_steps``, the first n_D, one of :data:`D_STEPS_LADDER`.
-        adaptive_d_steps: Bie et al.'s adaptive n_D (their ``DStepScheduler``), e.g. ``{threshold: 0.6,
-            grace: 200, decay: 0.99}``: after every generator step, an average (decay ``decay``) of the
+        adaptive_d_steps: Bie et al.'s adaptive n_D (their ``DStepScheduler``), default ``{threshold: 0.6,
+            grace: 200, decay: 0.99}`` (their MNIST ε = 10 setting; ε = 1: threshold 0.7): after every generator step, an average (decay ``decay``) of the
             fraction of that step's fresh fakes the critic scores as fake (``D < 0``); once ``grace``
             generator steps have passed at the current n_D and the average is at most ``threshold``, n_D
             moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``. The
             reported ε is that of the schedule's worst case (:meth:`most_critic_steps`), capped by the budget.
         weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step
-            (WGAN: 0.1); ``None``: no weight clipping (the non-saturating loss needs none).
+            (WGAN: 0.1); ``None`` (default): no weight clipping (the non-saturating loss needs none).
         loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or
             ``"nonsaturating"`` (logistic discriminator, ℓ_real = −log σ(D), ℓ_fake = −log(1 − σ(D)),
             generator −log σ(D); Goodfellow et al. 2014, Bie et al. 2023).
         optimizer: ``"rmsprop"`` (WGAN) or ``"adam"`` with ``betas`` (Bie et al.: (0.5, 0.999)), for both
             networks; the critic's is wrapped by the DP optimizer.
         betas: Adam's β1, β2.
-        ema_decay: decay of the generator's weight average that is sampled and released (0: none, the
-            generator itself). Post-processing of the generator: it costs no privacy.
+        ema_decay: decay of the generator's weight average that is sampled and released (default 0.995, the MNIST
+            rows'; 0: none, the generator itself). Post-processing of the generator: it costs no privacy.
         architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables), ``"dcgan"``
             (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only) or ``"conv"`` (the
-            all-convolutional conditional DCGAN of Bie et al., no normalisation; images only).
+            all-convolutional conditional DCGAN of Bie et al., no normalisation; images only). ``None`` (default):
+            ``"conv"`` for images, ``"mlp"`` for tables (stored resolved).
         generator_hidden: hidden widths of the MLP generator.
         discriminator_hidden: hidden widths of the MLP critic (no normalisation).
         gf_dim: generator width (DCGAN, conv); df_dim: critic width (DCGAN, conv; Bie et al.: 128 and
@@ -318,13 +331,15 @@ class DPGAN(PrivateGenerativeModel):
     """
 
     HAS_PAPER_ANALYSIS = False  # DP-SGD's RDP / PLD bounds are guarantees: there is no paper-style analysis
+    #: Options whose ``None`` the constructor resolves from the data's kind and stores resolved (:meth:`store_resolved_hparams`).
+    RESOLVED_HPARAMS = ("architecture",)
 
     def __init__(
         self,
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float,
+        delta: float = 1e-5,
         sampling_rate: float | None = None,
         noise_multiplier: float = 1.1,
         max_grad_norm: float = 1.0,
@@ -332,15 +347,15 @@ class DPGAN(PrivateGenerativeModel):
         conversion: str = "improved",
         z_dim: int = 128,
         latent_prior: str = "normal",
-        lr: float = 5e-5,
-        d_steps: int = 5,
-        weight_clip: float | None = 0.1,
-        loss: str = "wasserstein",
-        optimizer: str = "rmsprop",
+        lr: float = 2e-4,
+        d_steps: int = 1,
+        weight_clip: float | None = None,
+        loss: str = "nonsaturating",
+        optimizer: str = "adam",
         betas: Sequence[float] = (0.5, 0.999),
-        ema_decay: float = 0.0,
-        adaptive_d_steps: dict[str, float] | None = None,
-        architecture: str = "mlp",
+        ema_decay: float = 0.995,
+        adaptive_d_steps: dict[str, float] | None = DEFAULT_ADAPTIVE_D_STEPS,
+        architecture: str | None = None,
         generator_hidden: Sequence[int] = (256, 512),
         discriminator_hidden: Sequence[int] = (64, 64),
         gf_dim: int = 64,
@@ -380,7 +395,8 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
         if adaptive_d_steps is not None:
             if loss != "nonsaturating":
-                raise ValueError("adaptive_d_steps reads the discriminator's accuracy on fakes (D < 0): it needs loss: nonsaturating")
+                raise ValueError("adaptive_d_steps (on by default) reads the discriminator's accuracy on fakes (D < 0): it needs "
+                                 "loss: nonsaturating; set adaptive_d_steps: null for a fixed n_D (d_steps)")
             adaptive_d_steps = check_adaptive_d_steps(adaptive_d_steps, d_steps)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
@@ -390,11 +406,15 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError(f"physical_batch_size must be >= 1 or null (B + 3*sqrt(B)), got {physical_batch_size}")
         if compile_critic_step not in COMPILE_MODES:
             raise ValueError(f"compile_critic_step must be one of {COMPILE_MODES}, got {compile_critic_step!r}")
+        requested = {"architecture": architecture}
+        if architecture is None:  # the default: Bie et al.'s all-convolutional nets for images, the MLP for tables
+            architecture = "conv" if self.is_image else "mlp"
         if architecture not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
         if architecture != "mlp" and not self.is_image:
             raise ValueError(f"architecture {architecture!r} is for images; use 'mlp' for tables")
         self.save_hyperparameters()
+        self.store_resolved_hparams(requested, architecture=architecture)
         self.automatic_optimization = False
         in_features = math.prod(data_spec["shape"])
         if architecture == "conv":

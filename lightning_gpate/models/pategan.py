@@ -84,6 +84,34 @@ TEACHER_VOTES = ("logit", "relative")
 STUDENT_LABELS = ("argmax", "share")
 NOISE_STATE_KEY = "pategan_vote_noise"
 FAKE, REAL = 0, 1  # vote classes
+#: The PATE-GAN paper's settings where the defaults differ (Yoon et al. 2019 and its code): ``PATEGAN(spec,
+#: **PAPER_SETTINGS, ...)``. Under the data-independent guarantee its votes are unanimous "fake" and teach the
+#: student nothing (``benchmarks/results/pategan_vote_signal.md``, ``tabular_ladder.md``); the defaults are the MNIST
+#: rows' (``configs/mnist/pategan_eps*_guarantee.yaml``) and, for tables, the cervical row's settings.
+PAPER_SETTINGS = {"teacher_steps": 5, "student_steps": 5, "query_batch_size": 64, "planned_queries": 10_000, "lr": 1e-4,
+                  "teacher_lr": 1e-4, "betas": (0.9, 0.999), "replay_capacity": 0, "query_labels": "ratio",
+                  "teacher_vote": "logit", "student_labels": "argmax", "discrete_samples": False, "marginal_fraction": 0.0,
+                  "marginal_weight": 1.0, "student_batch_size": None, "generator_upsample": "transposed"}
+
+
+def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, **requested: Any) -> dict[str, Any]:
+    """The values of :attr:`PATEGAN.RESOLVED_HPARAMS` that ``requested`` leaves ``None``, from the data's kind
+    (``"image"`` or ``"tabular"``) and the accounting mode: public numbers only.
+
+    Images: the MNIST rows' settings (``configs/mnist/pategan_eps*_guarantee.yaml``, ``pategan_mnist_cpu.md``: 0.725-0.745
+    at ε = 10, 0.734 at ε = 1 on the CPU proxy): Adam 2e-4 (teachers 1e-4), β (0.5, 0.999), every paid-for label replayed,
+    the noisy vote share as the student's label, the anchor weighted 10. Tables: the cervical row's
+    (``configs/pategan_cervical.yaml``, ``tabular_ladder.md`` rows 20-23): Adam 1e-3 for all nets, discrete samples, the
+    marginals weighted 30, no replay (rung 13: it did not help), argmax labels. Both: half of ε measures the anchor
+    (the per-class mean image or one-way marginals) under ``budget_accounting: guarantee`` (the only mode that covers it).
+    """
+    image = kind == "image"
+    guarantee = budget_accounting == "guarantee"
+    defaults = {"lr": 2e-4 if image else 1e-3, "teacher_lr": 1e-4 if image else 1e-3,
+                "betas": (0.5, 0.999) if image else (0.9, 0.999), "marginal_fraction": 0.5 if guarantee else 0.0,
+                "marginal_weight": 10.0 if image else 30.0, "replay_capacity": int(planned_queries) if image else 0,
+                "student_labels": "share" if image and guarantee else "argmax", "discrete_samples": not image}
+    return {k: defaults[k] if requested.get(k) is None else requested[k] for k in defaults}
 
 
 def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Generator, device, dtype=torch.float64) -> torch.Tensor:
@@ -96,6 +124,10 @@ def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Genera
 class PATEGAN(PrivateGenerativeModel):
     """PATE-GAN: k teachers on disjoint partitions, a student on noisily labelled generated samples,
     a generator trained against the student (Yoon et al. 2019, Algorithm 1).
+
+    The defaults are the best configuration found under the data-independent guarantee (issue 47): few queries a
+    step, relative votes, half of ε on the anchor, for images the MNIST rows' settings and for tables the cervical
+    row's (:func:`resolved_defaults`); the paper's settings are :data:`PAPER_SETTINGS`.
 
     Tables use MLP networks with the paper's shapes (generator and student of depth 3 with widths
     d, d/2, d, teachers with one hidden layer of width d; d = the data's dimension, at least 8);
@@ -118,34 +150,38 @@ class PATEGAN(PrivateGenerativeModel):
             integer orders is exactly the moments accountant's ε̂ = min_l (α(l) + ln(1/δ))/l).
         lam: λ, the inverse scale of the Laplace vote noise; ``None`` picks the largest λ for which
             ``planned_queries`` labelled samples fit the budget under the guarantee.
-        planned_queries: labelled samples to plan the budget for when ``lam`` is ``None``.
-        teacher_steps: n_T teacher steps per generator step (paper: 5).
-        student_steps: n_S student steps per generator step (paper: 5).
-        query_batch_size: generated samples per student step (= vote queries) and per generator step (paper: 64).
-        lr: Adam learning rate of generator, student and teachers (paper: 1e-4).
+        planned_queries: labelled samples to plan the budget for when ``lam`` is ``None`` (default 16,000: the MNIST
+            and cervical rows'; paper: 10,000).
+        teacher_steps: n_T teacher steps per generator step (default 1, the MNIST and cervical rows'; paper: 5).
+        student_steps: n_S student steps per generator step (default 1; paper: 5).
+        query_batch_size: generated samples per student step (= vote queries) and per generator step (default 16:
+            few queries a step, so the budget pays for many generator steps; paper: 64).
+        lr: Adam learning rate of generator and student (and of the teachers, unless ``teacher_lr``); ``None``
+            (default): 2e-4 for images, 1e-3 for tables (:func:`resolved_defaults`; paper: 1e-4).
         ema_decay: if set, an exponential moving average of the generator's weights (this decay, after a
             warm-up: :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) is kept and
             released instead of the generator (post-processing: free); ``None`` (default) is the paper.
-        teacher_lr: Adam learning rate of the teachers, if different (``None``: ``lr``). Teachers that
-            separate real from fake perfectly vote "fake" unanimously and teach the student nothing.
-        betas: Adam betas.
+        teacher_lr: Adam learning rate of the teachers; ``None`` (default): 1e-4 for images, 1e-3 for tables (paper:
+            ``lr``, 1e-4). Teachers that separate real from fake perfectly vote "fake" unanimously and teach the student
+            nothing.
+        betas: Adam betas; ``None`` (default): (0.5, 0.999) for images, (0.9, 0.999) for tables (the paper's).
         z_dim: latent size (``None``: the data dimension for tables, 100 for images).
         latent_prior: ``"normal"`` or ``"uniform"``; the same prior in training and sampling.
         generator_hidden: hidden widths of the tabular generator (``None``: ``[d, d/2]``).
         student_hidden: hidden widths of the tabular student (``None``: ``[d, d/2]``).
         teacher_hidden: hidden widths of the tabular teachers (``None``: ``[d]``).
-        teacher_fake_batch_size: generated samples per teacher step, one batch shared by all teachers
-            with labels from the sampling class ratio (``None``: the per-teacher real batch size).
-        replay_capacity: 0 (the paper): each student step trains on the samples just labelled. ``> 0``:
+        replay_capacity: ``None`` (default): ``planned_queries`` for images (every paid-for label replayed, the MNIST
+            rows'), 0 for tables (replay did not help there: ``tabular_ladder.md`` rung 13).
+            0 (the paper): each student step trains on the samples just labelled. ``> 0``:
             keep the last ``replay_capacity`` labelled samples and train each student step on a draw
             of ``student_batch_size`` of them (free post-processing: the student fits the few labels a
             small budget can buy better, and queries can be fewer per generator step).
-        student_batch_size: samples per student step when replaying (``None``: ``query_batch_size``).
+        student_batch_size: samples per student step when replaying (default 64; ``None``: ``query_batch_size``).
         query_labels: labels of the generated samples the teachers vote on and the generator trains
-            on: ``"ratio"`` (the sampling class ratio) or ``"uniform"`` (every class equally often, so
+            on: ``"ratio"`` (the sampling class ratio, the paper) or ``"uniform"`` (default: every class equally often, so
             that a rare class gets its share of the queries; sampling still uses the class ratio).
         teacher_vote: ``"logit"`` (the paper: a teacher votes "real" when its logit is positive) or
-            ``"relative"``: it votes "real" when its logit exceeds its own median logit on a fresh batch
+            ``"relative"`` (default): it votes "real" when its logit exceeds its own median logit on a fresh batch
             of generated samples of the same class ("more real than the generator's typical output for
             this label"). Teachers trained
             on a few rows each call every generated sample fake, so paper votes are unanimous and teach
@@ -154,12 +190,13 @@ class PATEGAN(PrivateGenerativeModel):
         relative_reference: fresh generated samples per class on which a teacher's median is taken for
             ``teacher_vote: relative`` (at least the queries voted on; default 64). Its forward through every
             teacher is most of a vote's cost on images.
-        discrete_samples: tables only: the teachers (training and voting) and the student see generated
+        discrete_samples: tables only (``None``, default: ``True`` for tables): the teachers (training and voting) and the student see generated
             rows as they are released: binary columns at ±1 (the sign), categorical ones one-hot (the
             argmax), with straight-through gradients to the generator. Real rows are exactly ±1 and
             one-hot, so soft generated values are a giveaway that lets every teacher call every
             generated row fake without learning anything about the data.
-        student_labels: what the student is trained on for each voted sample: ``"argmax"`` (the paper:
+        student_labels: what the student is trained on for each voted sample (``None``, default: ``"share"`` for images
+            under ``budget_accounting: guarantee``, the MNIST rows', else ``"argmax"``): ``"argmax"`` (the paper:
             the noisy majority, 1 = real) or ``"share"``: the noisy share of "real" votes,
             ``clip(½ + (ñ_real − ñ_fake)/(2T), 0, 1)`` with ñ the noisy counts, as a soft target. The
             guarantee already covers the whole noisy histogram (the Laplace mechanism on a vector of
@@ -169,10 +206,13 @@ class PATEGAN(PrivateGenerativeModel):
             argmax only, it is refused.
         marginal_fraction: the share of ε (the ε of that measurement alone) spent before training on
             every column's one-way marginal per class (tables) or on the mean image per class (images; see
-            the module doc); 0 (default) is the paper. Needs ``budget_accounting: guarantee`` and a
+            the module doc); ``None`` (default): 0.5 under ``budget_accounting: guarantee`` (the anchor is what makes
+            a guaranteed PATE-GAN useful: ``pategan_mnist_cpu.md``, ``tabular_ladder.md``), else 0; 0 is the paper. Needs
+            ``budget_accounting: guarantee`` and a
             DataModule (the whole training split is read once).
         marginal_weight: weight of the generator's term to the measured marginals (tables: KL divergence;
-            images: mean over classes of the mean squared pixel difference, in [-1, 1]).
+            images: mean over classes of the mean squared pixel difference, in [-1, 1]); ``None`` (default): 10 for
+            images, 30 for tables (the MNIST and cervical rows').
         marginal_bins: equal-width bins of a numeric column's declared range for those marginals.
         marginal_batch_size: generated rows or images (every class equally often) per generator step for the term.
         marginal_threshold: tables: a class's measured deviation from the pooled marginal is kept beyond this
@@ -181,8 +221,8 @@ class PATEGAN(PrivateGenerativeModel):
             positive class's deviations entirely, 0 scored better (its noisy marginals make its rows
             unlike the negatives'; ``benchmarks/results/tabular_ladder.md``).
         gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
-        generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, the paper) or
-            ``"nearest"`` (no checkerboard lattice; see
+        generator_upsample: the image generator's upsampling, ``"nearest"`` (default, the MNIST rows': no
+            checkerboard lattice) or ``"transposed"`` (DCGAN, the paper; see
             :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`). Public: no privacy cost.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
@@ -195,6 +235,13 @@ class PATEGAN(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
+    #: Options whose ``None`` the constructor resolves from the data's kind and the accounting mode
+    #: (:func:`resolved_defaults`) and stores resolved (:meth:`store_resolved_hparams`).
+    RESOLVED_HPARAMS = ("lr", "teacher_lr", "betas", "marginal_fraction", "marginal_weight", "replay_capacity",
+                        "student_labels", "discrete_samples")
+    #: Options removed (issue 47: no shipped config used them, no ladder measured them), with the value that meant
+    #: "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
+    REMOVED_OPTIONS = {"teacher_fake_batch_size": None}
 
     def __init__(
         self,
@@ -207,34 +254,33 @@ class PATEGAN(PrivateGenerativeModel):
         epsilon_hard_cap: float | None = None,
         smooth_sensitivity: dict[str, Any] | None = None,
         lam: float | None = None,
-        planned_queries: int = 10_000,
-        teacher_steps: int = 5,
-        student_steps: int = 5,
-        query_batch_size: int = 64,
-        lr: float = 1e-4,
+        planned_queries: int = 16_000,
+        teacher_steps: int = 1,
+        student_steps: int = 1,
+        query_batch_size: int = 16,
+        lr: float | None = None,
         ema_decay: float | None = None,
         teacher_lr: float | None = None,
-        betas: tuple[float, float] = (0.9, 0.999),
+        betas: tuple[float, float] | None = None,
         z_dim: int | None = None,
         latent_prior: str = "normal",
         generator_hidden: list[int] | None = None,
         student_hidden: list[int] | None = None,
         teacher_hidden: list[int] | None = None,
-        teacher_fake_batch_size: int | None = None,
-        replay_capacity: int = 0,
-        student_batch_size: int | None = None,
-        query_labels: str = "ratio",
-        teacher_vote: str = "logit",
+        replay_capacity: int | None = None,
+        student_batch_size: int | None = 64,
+        query_labels: str = "uniform",
+        teacher_vote: str = "relative",
         relative_reference: int = 64,
-        discrete_samples: bool = False,
-        student_labels: str = "argmax",
-        marginal_fraction: float = 0.0,
-        marginal_weight: float = 1.0,
+        discrete_samples: bool | None = None,
+        student_labels: str | None = None,
+        marginal_fraction: float | None = None,
+        marginal_weight: float | None = None,
         marginal_bins: int = 10,
         marginal_batch_size: int = 256,
         marginal_threshold: float = 1.0,
         gf_dim: int = 64,
-        generator_upsample: str = "transposed",
+        generator_upsample: str = "nearest",
         df_dim: int = 64,
         fc_dim: int = 1024,
         teacher_channels: list[int] | None = None,
@@ -245,6 +291,12 @@ class PATEGAN(PrivateGenerativeModel):
         teacher_chunk_size: int | None = None,
         log_private_diagnostics: bool = False,
     ) -> None:
+        requested = {"lr": lr, "teacher_lr": teacher_lr, "betas": betas, "marginal_fraction": marginal_fraction,
+                     "marginal_weight": marginal_weight, "replay_capacity": replay_capacity,
+                     "student_labels": student_labels, "discrete_samples": discrete_samples}
+        resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries, **requested)
+        lr, teacher_lr, betas, marginal_fraction, marginal_weight, replay_capacity, student_labels, discrete_samples = (
+            resolved[k] for k in requested)
         num_teachers = int(data_spec.get("num_teachers", 0))
         if num_teachers < 1:
             raise ValueError("PATE-GAN needs teachers: set data.num_teachers (e.g. about N/1000 ... N/10 of the training rows)")
@@ -266,8 +318,6 @@ class PATEGAN(PrivateGenerativeModel):
             raise ValueError(f"replay_capacity must be an integer >= 0, got {replay_capacity}")
         if student_batch_size is not None and (int(student_batch_size) != student_batch_size or student_batch_size < 1):
             raise ValueError(f"student_batch_size must be an integer >= 1 (or null), got {student_batch_size}")
-        if teacher_fake_batch_size is not None and (int(teacher_fake_batch_size) != teacher_fake_batch_size or teacher_fake_batch_size < 1):
-            raise ValueError(f"teacher_fake_batch_size must be an integer >= 1 (or null), got {teacher_fake_batch_size}")
         if not 0.0 <= marginal_fraction < 1.0:
             raise ValueError(f"marginal_fraction must be in [0, 1), got {marginal_fraction}")
         if marginal_fraction > 0 and budget_accounting != "guarantee":
@@ -294,6 +344,7 @@ class PATEGAN(PrivateGenerativeModel):
                          log_private_diagnostics=log_private_diagnostics,
                          epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity)
         self.save_hyperparameters()
+        self.store_resolved_hparams(requested, **resolved)
         self.automatic_optimization = False
         self.num_teachers = num_teachers
         self.marginal_noise = self.plan_gaussian_noise(marginal_fraction) if marginal_fraction > 0 else None
@@ -548,7 +599,7 @@ class PATEGAN(PrivateGenerativeModel):
 
     def _teacher_step(self, real_x: torch.Tensor, real_y: torch.Tensor, opt_t) -> torch.Tensor:
         """One Adam step of every teacher on BCE(its real batch → 1) + BCE(shared fakes → 0)."""
-        fake_y = self.sample_labels(self.hparams.teacher_fake_batch_size or real_y.shape[1])
+        fake_y = self.sample_labels(real_y.shape[1])
         fake_x = self._fakes(fake_y)
         opt_t.zero_grad()
         loss = self.teachers.accumulate_teacher_grads(
