@@ -218,7 +218,7 @@ def critic_bookkeeping_function(critic: nn.Module, *, loss: str, max_grad_norm: 
         own = [named[k] for k in params]
         weights = torch.cat([torch.stack([mask, mask.new_zeros(n)]), mask.new_tensor([[0.0], [1.0 / fake_count]]).expand(2, m)], 1)
         sums, scores = bookkeeping_clipped_sums(critic, sample_loss, torch.cat([x, fakes]), torch.cat([y, fake_labels]), is_fake,
-                                                max_grad_norm, weights, own)
+                                                max_grad_norm, weights, own, rows=[slice(0, n), slice(n, n + m)])
         return sums[0], sums[1], scores[:n], scores[n:]
 
     return gradient

@@ -206,8 +206,9 @@ GHOST_ABOVE = 1 << 24
 
 def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
     """For each parameter of ``layer`` (weight, then bias) given its input ``a`` and output gradient
-    ``g`` over n samples: ``(squared per-sample norms [n], summer)``, ``summer(w)`` for weights ``w`` ``[k, n]``
-    the k sums ``Σ_i w_ji · (sample i's gradient)``, flat: ``[k, numel]``."""
+    ``g`` over n samples: ``(squared per-sample norms [n], summer)``, ``summer(w, rows)`` for weights ``w`` ``[k, n]``
+    the k sums ``Σ_i w_ji · (sample i's gradient)``, flat: ``[k, numel]`` (``rows[j]``: a slice outside which
+    ``w_j`` is 0, which a weight gradient need not visit)."""
     from lightning_gpate.nets.discriminators import LabelTapConv
 
     n = a.shape[0]
@@ -216,22 +217,22 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
         gl = g.flatten(2)  # [n, O, P]
         gv = torch.matmul(gl, layer.tap_mask.t().to(g.dtype))  # [n, O, kh·kw]
         w_norm2 = gv.pow(2).sum((1, 2)) * a.pow(2).sum(1)
-        terms = [(w_norm2, lambda w: torch.einsum("jnc,nok->jock", w[:, :, None] * a, gv).flatten(1))]
+        terms = [(w_norm2, lambda w, rows: torch.einsum("jnc,nok->jock", w[:, :, None] * a, gv).flatten(1))]
         if conv.bias is not None:
             gb = gl.sum(2)
-            terms.append((gb.pow(2).sum(1), lambda w: w @ gb))
+            terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
         return terms
     if isinstance(layer, nn.Linear):
         a2, g2 = a.reshape(n, -1, a.shape[-1]), g.reshape(n, -1, g.shape[-1])  # [n, T, K], [n, T, O]
         if a2.shape[1] == 1:  # one position: the gradient is the outer product g ⊗ a, its norm |g|·|a|
             a1, g1 = a2[:, 0], g2[:, 0]
-            terms = [(g1.pow(2).sum(1) * a1.pow(2).sum(1), lambda w: torch.einsum("jn,no,ni->joi", w, g1, a1).flatten(1))]
+            terms = [(g1.pow(2).sum(1) * a1.pow(2).sum(1), lambda w, rows: torch.einsum("jn,no,ni->joi", w, g1, a1).flatten(1))]
         else:
             per = torch.einsum("nto,ntk->nok", g2, a2)
-            terms = [(per.pow(2).sum((1, 2)), lambda w: w @ per.flatten(1))]
+            terms = [(per.pow(2).sum((1, 2)), lambda w, rows: w @ per.flatten(1))]
         if layer.bias is not None:
             gb = g2.sum(1)
-            terms.append((gb.pow(2).sum(1), lambda w: w @ gb))
+            terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
         return terms
     # nn.Conv2d: sample i's weight gradient is Σ_positions g_i[:, l] ⊗ patch_i[:, l] (opacus' formula)
     weight = layer.weight
@@ -242,17 +243,17 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
         # ghost norm (Li et al.): ‖Σ_l g_l ⊗ p_l‖² = Σ_{l,l'} (g_l·g_l')(p_l·p_l'), then the sums as weight gradients
         # (each an ordinary convolution backward): for layers whose per-sample gradients would be large
         gram = torch.matmul(gl.transpose(1, 2), gl) * torch.matmul(patches, patches.transpose(1, 2))
-        terms = [(gram.sum((1, 2)), lambda w: torch.stack([torch.ops.aten.convolution_backward(
-            g * wk[:, None, None, None], a, weight, None, layer.stride, layer.padding, (1, 1), False, (0, 0), 1,
-            (False, True, False))[1].flatten() for wk in w]))]
+        terms = [(gram.sum((1, 2)), lambda w, rows: torch.stack([torch.ops.aten.convolution_backward(
+            g[r] * wk[r, None, None, None], a[r], weight, None, layer.stride, layer.padding, (1, 1), False, (0, 0), 1,
+            (False, True, False))[1].flatten() for wk, r in zip(w, rows)]))]
     else:  # each sample's gradient, one batched matmul
         per = torch.matmul(gl, patches)  # [n, O, K]
         o, c, kh, kw = weight.shape
         order = (lambda t: t.view(-1, o, kh, kw, c).permute(0, 1, 4, 2, 3).flatten(1)) if channels_last else (lambda t: t)
-        terms = [(per.pow(2).sum((1, 2)), lambda w: order(w @ per.flatten(1)))]
+        terms = [(per.pow(2).sum((1, 2)), lambda w, rows: order(w @ per.flatten(1)))]
     if layer.bias is not None:
         gb = gl.sum(2)
-        terms.append((gb.pow(2).sum(1), lambda w: w @ gb))
+        terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
     return terms
 
 
@@ -271,7 +272,8 @@ def _patches(a: torch.Tensor, layer: nn.Conv2d) -> tuple[torch.Tensor, bool]:
 
 def bookkeeping_clipped_sums(module: nn.Module, sample_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                              x: torch.Tensor, y: torch.Tensor, flag: torch.Tensor, max_grad_norm: float,
-                             weights: torch.Tensor, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                             weights: torch.Tensor, params: Sequence[torch.Tensor], rows: Sequence[slice] | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sums of clipped per-sample gradients without materialising the model's per-sample gradients
     ("book-keeping", Bu, Wang, Zha & Karypis 2023, Alg. 1; ghost norms, Li et al. 2022, §4):
 
@@ -284,8 +286,8 @@ def bookkeeping_clipped_sums(module: nn.Module, sample_loss: Callable[[torch.Ten
     ``Σ_i weights[j, i] · factor_i · g_i`` layer by layer (one matmul, or the layer's weight gradient of the
     weighted output gradient).
 
-    Returns the sums ``[k, P]`` (``weights`` ``[k, n]``), flat in the order of ``params`` (the module's
-    parameters), and the module's outputs (no gradient). Every trainable parameter must belong to a handled
+    Returns the sums ``[k, P]`` (``weights`` ``[k, n]``; ``rows``: for each of the k, a slice of the samples
+    outside which its weights are 0, default all), flat in the order of ``params`` (the module's parameters), and the module's outputs (no gradient). Every trainable parameter must belong to a handled
     layer (:func:`bookkeeping_supports`), called once."""
     layers = _bookkeeping_layers(module)
     record: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
@@ -314,4 +316,5 @@ def bookkeeping_clipped_sums(module: nn.Module, sample_loss: Callable[[torch.Ten
     norms = torch.stack([norm2 for norm2, _ in ordered]).sum(0).sqrt()
     factor = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
     clipped = weights * factor
-    return torch.cat([summer(clipped) for _, summer in ordered], dim=1), scores.detach()
+    rows = [slice(None)] * len(weights) if rows is None else rows
+    return torch.cat([summer(clipped, rows) for _, summer in ordered], dim=1), scores.detach()
