@@ -169,6 +169,15 @@ def critic_losses(loss: str, real_scores: torch.Tensor, fake_scores: torch.Tenso
     return -real_scores, fake_scores
 
 
+def critic_sample_loss(loss: str):
+    """``f(score, is_fake)``: each sample's critic loss, ``ℓ_fake`` where ``is_fake`` else ``ℓ_real`` (:func:`critic_losses`)."""
+    def sample_loss(score: torch.Tensor, is_fake: torch.Tensor) -> torch.Tensor:
+        real, fake = critic_losses(loss, score, score)
+        return torch.where(is_fake, fake, real)
+
+    return sample_loss
+
+
 def critic_gradient_function(critic: nn.Module, *, loss: str, max_grad_norm: float, fake_count: int):
     """The critic's DP-SGD gradient on one physical batch, as one function of fixed-shape tensors (what
     :meth:`DPGAN.functorch_discriminator_step` compiles):
@@ -180,13 +189,11 @@ def critic_gradient_function(critic: nn.Module, *, loss: str, max_grad_norm: flo
     term of :meth:`DPGAN.critic_per_sample_gradients`: each fake's gradient clipped to C, no noise),
     both flat in the order of ``params``; the scores are the critic's outputs (no gradient). With no
     fakes (a second physical batch of the same step) ``fake_term`` is 0."""
-    def sample_loss(score: torch.Tensor, is_fake: torch.Tensor) -> torch.Tensor:
-        real, fake = critic_losses(loss, score, score)
-        return torch.where(is_fake, fake, real)
+    sample_loss = critic_sample_loss(loss)
 
     def gradient(params, buffers, x, y, mask, fakes, fake_labels):
         n, m = x.shape[0], fakes.shape[0]
-        is_fake = torch.cat([torch.zeros(n, dtype=torch.bool, device=x.device), torch.ones(m, dtype=torch.bool, device=x.device)])
+        is_fake = torch.arange(n + m, device=x.device) >= n  # the real rows, then the fakes
         grads, scores = per_sample_gradients(critic, sample_loss, params, buffers, torch.cat([x, fakes]),
                                              torch.cat([y, fake_labels]), is_fake)
         per_sample = list(grads.values())
@@ -208,13 +215,11 @@ def critic_bookkeeping_function(critic: nn.Module, *, loss: str, max_grad_norm: 
     (detached or not), in its order; ``buffers`` are the critic's own (unused)."""
     named = dict(critic.named_parameters())
 
-    def sample_loss(score: torch.Tensor, is_fake: torch.Tensor) -> torch.Tensor:
-        real, fake = critic_losses(loss, score, score)
-        return torch.where(is_fake, fake, real)
+    sample_loss = critic_sample_loss(loss)
 
     def gradient(params, buffers, x, y, mask, fakes, fake_labels):
         n, m = x.shape[0], fakes.shape[0]
-        is_fake = torch.cat([torch.zeros(n, dtype=torch.bool, device=x.device), torch.ones(m, dtype=torch.bool, device=x.device)])
+        is_fake = torch.arange(n + m, device=x.device) >= n  # the real rows, then the fakes
         own = [named[k] for k in params]
         weights = torch.cat([torch.stack([mask, mask.new_zeros(n)]), mask.new_tensor([[0.0], [1.0 / fake_count]]).expand(2, m)], 1)
         sums, scores = bookkeeping_clipped_sums(critic, sample_loss, torch.cat([x, fakes]), torch.cat([y, fake_labels]), is_fake,
@@ -326,10 +331,12 @@ class DPGAN(PrivateGenerativeModel):
             Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
             the estimate on rank 0's shard, the size of the whole batch).
         dp_sgd_impl: how the critic step gets its per-sample gradients (the same mechanism and accounting
-            either way): ``"functorch"`` (``torch.func``: ``vmap`` of ``grad`` over one fixed-shape padded
-            physical batch, the step one function that ``torch.compile`` can compile once;
-            :meth:`functorch_discriminator_step`; the default: 3.7x faster than opacus per critic step at
-            width 8, 1.5x at the MNIST configs' width 48, on a CPU) or ``"opacus"`` (opacus' hooks and
+            either way): ``"functorch"`` (no hooks: the clipped sums by ``torch.func``'s ``vmap`` of ``grad``
+            over one fixed-shape padded physical batch, the step one function that ``torch.compile`` can
+            compile once, or by book-keeping eagerly (``per_sample_method``);
+            :meth:`functorch_discriminator_step`; the default: on a CPU, eagerly with book-keeping,
+            3.3-3.5x faster than opacus per critic step at width 8, 2.5x at the MNIST configs' width 48:
+            ``benchmarks/results/dpgan_mnist_cpu.md``) or ``"opacus"`` (opacus' hooks and
             ``DPOptimizer``: the reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
         physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut
             into physical batches of this size, the last padded with masked rows (every drawn record is
