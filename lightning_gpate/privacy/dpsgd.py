@@ -204,6 +204,11 @@ def bookkeeping_supports(module: nn.Module) -> bool:
 GHOST_ABOVE = 1 << 24
 
 
+def _squared_norms(t: torch.Tensor) -> torch.Tensor:
+    """Each sample's squared L2 norm of ``t`` ``[n, ...]`` (one reduction, no squared copy)."""
+    return torch.linalg.vector_norm(t.flatten(1), dim=1).square()
+
+
 def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
     """For each parameter of ``layer`` (weight, then bias) given its input ``a`` and output gradient
     ``g`` over n samples: ``(squared per-sample norms [n], summer)``, ``summer(w, rows)`` for weights ``w`` ``[k, n]``
@@ -216,7 +221,7 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
         conv = layer.conv
         gl = g.flatten(2)  # [n, O, P]
         gv = torch.matmul(gl, layer.tap_mask.t().to(g.dtype))  # [n, O, kh·kw]
-        w_norm2 = gv.pow(2).sum((1, 2)) * a.pow(2).sum(1)
+        w_norm2 = _squared_norms(gv) * _squared_norms(a)
         terms = [(w_norm2, lambda w, rows: torch.einsum("jnc,nok->jock", w[:, :, None] * a, gv).flatten(1))]
         if conv.bias is not None:
             gb = gl.sum(2)
@@ -229,7 +234,7 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
             terms = [(g1.pow(2).sum(1) * a1.pow(2).sum(1), lambda w, rows: torch.einsum("jn,no,ni->joi", w, g1, a1).flatten(1))]
         else:
             per = torch.einsum("nto,ntk->nok", g2, a2)
-            terms = [(per.pow(2).sum((1, 2)), lambda w, rows: w @ per.flatten(1))]
+            terms = [(_squared_norms(per), lambda w, rows: w @ per.flatten(1))]
         if layer.bias is not None:
             gb = g2.sum(1)
             terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
@@ -237,6 +242,13 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
     # nn.Conv2d: sample i's weight gradient is Σ_positions g_i[:, l] ⊗ patch_i[:, l] (opacus' formula)
     weight = layer.weight
     gl = g.flatten(2)  # [n, O, L]
+    if a.shape[1] < 4:  # an image's few channels: one grouped convolution (cheaper here than copying its patches)
+        per = _per_sample_conv_weight_grouped(layer, a, g)
+        terms = [(_squared_norms(per), lambda w, rows: (w @ per.flatten(1)).view(-1, weight.numel()))]
+        if layer.bias is not None:
+            gb = gl.sum(2)
+            terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
+        return terms
     patches, channels_last = _patches(a, layer)  # [n, L, K]
     (out_ch, positions), k = gl.shape[1:], patches.shape[2]
     if 2 * positions * positions < out_ch * k and len(gl) * out_ch * k > GHOST_ABOVE:
@@ -250,11 +262,22 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
         per = torch.matmul(gl, patches)  # [n, O, K]
         o, c, kh, kw = weight.shape
         order = (lambda t: t.view(-1, o, kh, kw, c).permute(0, 1, 4, 2, 3).flatten(1)) if channels_last else (lambda t: t)
-        terms = [(per.pow(2).sum((1, 2)), lambda w, rows: order(w @ per.flatten(1)))]
+        terms = [(_squared_norms(per), lambda w, rows: order(w @ per.flatten(1)))]
     if layer.bias is not None:
         gb = gl.sum(2)
         terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
     return terms
+
+
+def _per_sample_conv_weight_grouped(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Each sample's weight gradient ``[n, O, C, kh, kw]`` of a convolution as one grouped convolution (a group per
+    sample) of the padded input with the output gradient as its kernel, dilated by the stride."""
+    n, c = a.shape[:2]
+    (kh, kw), (ph, pw) = layer.kernel_size, layer.padding
+    out_ch, oh, ow = g.shape[1:]
+    x = nn.functional.pad(a, (pw, pw, ph, ph)).transpose(0, 1)  # [C, n, H+2p, W+2p]: the samples as channels
+    out = nn.functional.conv2d(x, g.reshape(n * out_ch, 1, oh, ow), groups=n, dilation=layer.stride)  # [C, n·O, ≥kh, ≥kw]
+    return out[:, :, :kh, :kw].reshape(c, n, out_ch, kh, kw).permute(1, 2, 0, 3, 4)
 
 
 def _patches(a: torch.Tensor, layer: nn.Conv2d) -> tuple[torch.Tensor, bool]:
