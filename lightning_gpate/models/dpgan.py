@@ -335,7 +335,7 @@ class DPGAN(PrivateGenerativeModel):
             over one fixed-shape padded physical batch, the step one function that ``torch.compile`` can
             compile once, or by book-keeping eagerly (``per_sample_method``);
             :meth:`functorch_discriminator_step`; the default: on a CPU, eagerly with book-keeping,
-            3.3-3.5x faster than opacus per critic step at width 8, 2.5x at the MNIST configs' width 48:
+            3.6-3.7x faster than opacus per critic step at width 8, 2.7x at the MNIST configs' width 48:
             ``benchmarks/results/dpgan_mnist_cpu.md``) or ``"opacus"`` (opacus' hooks and
             ``DPOptimizer``: the reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
         physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut
