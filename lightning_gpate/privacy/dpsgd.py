@@ -243,22 +243,18 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
     weight = layer.weight
     gl = g.flatten(2)  # [n, O, L]
     if a.shape[1] < 4:  # an image's few channels: one grouped convolution (cheaper here than copying its patches)
-        per = _per_sample_conv_weight_grouped(layer, a, g)
-        terms = [(_squared_norms(per), lambda w, rows: (w @ per.flatten(1)).view(-1, weight.numel()))]
-        if layer.bias is not None:
-            gb = gl.sum(2)
-            terms.append((gb.pow(2).sum(1), lambda w, rows: w @ gb))
-        return terms
-    patches, channels_last = _patches(a, layer)  # [n, L, K]
-    (out_ch, positions), k = gl.shape[1:], patches.shape[2]
-    if 2 * positions * positions < out_ch * k and len(gl) * out_ch * k > GHOST_ABOVE:
+        per = _per_sample_conv_weight_grouped(layer, a, g).flatten(1)
+        terms = [(_squared_norms(per), lambda w, rows: w @ per)]
+    elif 2 * gl.shape[2] ** 2 < weight.numel() and len(gl) * weight.numel() > GHOST_ABOVE:
         # ghost norm (Li et al.): ‖Σ_l g_l ⊗ p_l‖² = Σ_{l,l'} (g_l·g_l')(p_l·p_l'), then the sums as weight gradients
         # (each an ordinary convolution backward): for layers whose per-sample gradients would be large
+        patches, _ = _patches(a, layer)  # [n, L, K]
         gram = torch.matmul(gl.transpose(1, 2), gl) * torch.matmul(patches, patches.transpose(1, 2))
         terms = [(gram.sum((1, 2)), lambda w, rows: torch.stack([torch.ops.aten.convolution_backward(
             g[r] * wk[r, None, None, None], a[r], weight, None, layer.stride, layer.padding, (1, 1), False, (0, 0), 1,
             (False, True, False))[1].flatten() for wk, r in zip(w, rows)]))]
     else:  # each sample's gradient, one batched matmul
+        patches, channels_last = _patches(a, layer)  # [n, L, K]
         per = torch.matmul(gl, patches)  # [n, O, K]
         o, c, kh, kw = weight.shape
         order = (lambda t: t.view(-1, o, kh, kw, c).permute(0, 1, 4, 2, 3).flatten(1)) if channels_last else (lambda t: t)
@@ -287,7 +283,8 @@ def _patches(a: torch.Tensor, layer: nn.Conv2d) -> tuple[torch.Tensor, bool]:
     (kh, kw), (sh, sw), (ph, pw) = layer.kernel_size, layer.stride, layer.padding
     n, c = a.shape[:2]
     if c >= 4:
-        view = nn.functional.pad(a.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).unfold(1, kh, sh).unfold(2, kw, sw)  # [n, H', W', C, kh, kw]
+        padded = nn.functional.pad(a.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph))  # [n, H+2p, W+2p, C]
+        view = padded.unfold(1, kh, sh).unfold(2, kw, sw)  # [n, H', W', C, kh, kw]
         return view.permute(0, 1, 2, 4, 5, 3).reshape(n, view.shape[1] * view.shape[2], kh * kw * c), True
     view = nn.functional.pad(a, (pw, pw, ph, ph)).unfold(2, kh, sh).unfold(3, kw, sw)  # [n, C, H', W', kh, kw]
     return view.permute(0, 2, 3, 1, 4, 5).reshape(n, view.shape[2] * view.shape[3], c * kh * kw), False
@@ -310,8 +307,9 @@ def bookkeeping_clipped_sums(module: nn.Module, sample_loss: Callable[[torch.Ten
     weighted output gradient).
 
     Returns the sums ``[k, P]`` (``weights`` ``[k, n]``; ``rows``: for each of the k, a slice of the samples
-    outside which its weights are 0, default all), flat in the order of ``params`` (the module's parameters), and the module's outputs (no gradient). Every trainable parameter must belong to a handled
-    layer (:func:`bookkeeping_supports`), called once."""
+    outside which its weights are 0, default all), flat in the order of ``params`` (the module's parameters),
+    and the module's outputs (no gradient). Every trainable parameter must belong to a handled layer
+    (:func:`bookkeeping_supports`), called once."""
     layers = _bookkeeping_layers(module)
     record: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
 
