@@ -168,14 +168,18 @@ class HooklessModule(nn.Module):
         pass
 
 
+def _is_tap_conv(layer: nn.Module) -> bool:
+    """A convolution applied to constant maps, computed from its taps (the nets' ``LabelTapConv``): known by
+    what it holds (``conv`` and the ``tap_mask`` ``V``), so that this privacy module imports no network layer."""
+    return isinstance(getattr(layer, "conv", None), nn.Conv2d) and isinstance(getattr(layer, "tap_mask", None), torch.Tensor)
+
+
 def _bookkeeping_layers(module: nn.Module) -> list[nn.Module]:
     """The layers whose per-sample gradients :func:`bookkeeping_clipped_sums` computes: ``nn.Linear``,
-    ``nn.Conv2d`` (groups 1, dilation 1, zero padding) and ``LabelTapConv``."""
-    from lightning_gpate.nets.discriminators import LabelTapConv
-
+    ``nn.Conv2d`` (groups 1, dilation 1, zero padding) and tap convolutions (:func:`_is_tap_conv`)."""
     layers = []
     for layer in module.modules():
-        if isinstance(layer, LabelTapConv) or isinstance(layer, nn.Linear) or (
+        if _is_tap_conv(layer) or isinstance(layer, nn.Linear) or (
                 isinstance(layer, nn.Conv2d) and layer.groups == 1 and layer.dilation == (1, 1)
                 and layer.padding_mode == "zeros" and not isinstance(layer.padding, str)):
             layers.append(layer)
@@ -183,9 +187,7 @@ def _bookkeeping_layers(module: nn.Module) -> list[nn.Module]:
 
 
 def _bookkeeping_parameters(layer: nn.Module) -> list[torch.Tensor]:
-    from lightning_gpate.nets.discriminators import LabelTapConv
-
-    conv = layer.conv if isinstance(layer, LabelTapConv) else layer
+    conv = layer.conv if _is_tap_conv(layer) else layer
     return [p for p in (conv.weight, conv.bias) if p is not None]
 
 
@@ -214,10 +216,8 @@ def _layer_terms(layer: nn.Module, a: torch.Tensor, g: torch.Tensor):
     ``g`` over n samples: ``(squared per-sample norms [n], summer)``, ``summer(w, rows)`` for weights ``w`` ``[k, n]``
     the k sums ``Σ_i w_ji · (sample i's gradient)``, flat: ``[k, numel]`` (``rows[j]``: a slice outside which
     ``w_j`` is 0, which a weight gradient need not visit)."""
-    from lightning_gpate.nets.discriminators import LabelTapConv
-
     n = a.shape[0]
-    if isinstance(layer, LabelTapConv):  # W[o, c, k]: sample i's gradient is v_i[c] · (g_i V^T)[o, k]
+    if _is_tap_conv(layer):  # W[o, c, k]: sample i's gradient is v_i[c] · (g_i V^T)[o, k]
         conv = layer.conv
         gl = g.flatten(2)  # [n, O, P]
         gv = torch.matmul(gl, layer.tap_mask.t().to(g.dtype))  # [n, O, kh·kw]
