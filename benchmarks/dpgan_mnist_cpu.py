@@ -7,13 +7,18 @@ settings are chosen without one. Three commands:
 * ``speed``: discriminator (critic) steps per second of a config (with ``--set`` overrides) on this
   machine: a few generator steps of ``d_steps`` critic steps each, timed after a warm-up step, in wall
   time and in this process's CPU time (which other processes' load does not inflate), with the load
-  average at the time (the machine may be shared: say so beside any figure).
+  average at the time (the machine may be shared: say so beside any figure), and the top-level aten
+  calls of one more training step (``torch.profiler``). Any image config times the same way
+  (``--config configs/mnist/gswgan_eps10_guarantee.yaml``, G-PATE's: per training step).
   With ``--critic-step``: milliseconds per critic step of each DP-SGD path (``--paths``: ``opacus``,
-  the reference's hooks and ``DPOptimizer``; ``functorch``, ``torch.func`` per-sample gradients over
-  fixed-shape padded Poisson batches, eager; ``compiled``, the same step through ``torch.compile``)
-  for each critic ``--critics WIDTH:BATCH``, all in one process, the paths' steps interleaved (so that
-  a shared machine's load falls on all of them alike), on one Poisson batch of the training digits and
-  the same public fakes; on CUDA also the kernel launches per step (``torch.profiler``).
+  the reference's hooks and ``DPOptimizer``; ``functorch``, ``torch.func`` per-sample gradients (vmap)
+  over the Poisson batch, eager; ``bookkeeping``, the clipped sums by book-keeping, eager (the default
+  on a CPU); ``functorch_padded`` / ``bookkeeping_padded``, the same on the fixed physical batch
+  B + 3√B; ``compiled``, the vmap step through ``torch.compile``; ``compiled_cudagraphs``, with CUDA
+  graphs) for each critic ``--critics WIDTH:BATCH``, all in one process, the paths' steps interleaved
+  (so that a shared machine's load falls on all of them alike), on one Poisson batch of the training
+  digits and the same public fakes; with the host work of one step (top-level aten calls, the
+  operators of most CPU time) on a CPU, the kernel launches per step on CUDA (``torch.profiler``).
 * ``fit``: a guaranteed-ε run at reduced scale: ``--critic-steps`` T critic steps at the config's
   batch, the noise multiplier σ chosen by the project's accountant so that T steps spend ``--epsilon``
   (the budget then stops the run), smaller nets through ``--set``; then a CNN trained on 5,000 generated
@@ -28,7 +33,8 @@ settings are chosen without one. Three commands:
 Usage::
 
     python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/dpgan_eps10_guarantee.yaml --set gf_dim=32 df_dim=32
-    python benchmarks/dpgan_mnist_cpu.py speed --critic-step --critics 8:128 48:512 --paths opacus functorch compiled
+    python benchmarks/dpgan_mnist_cpu.py speed --critic-step --critics 8:128 48:512 --paths opacus functorch bookkeeping compiled
+    python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/gpate_eps10_guarantee.yaml --data-set num_teachers=50
     python benchmarks/dpgan_mnist_cpu.py fit --name nd10_dim32 --critic-steps 20000 --set gf_dim=32 df_dim=32 d_steps=10
     python benchmarks/dpgan_mnist_cpu.py schedules --epsilon 10 --batch 128 256 512 --critic-steps 25000 50000 100000
 """
@@ -86,7 +92,14 @@ def _build(a, model_over: dict):
     return config, dm, model
 
 
-PATHS = {"opacus": {"dp_sgd_impl": "opacus"}, "functorch": {"dp_sgd_impl": "functorch", "compile_critic_step": "none"},
+PATHS = {"opacus": {"dp_sgd_impl": "opacus"},
+         "functorch": {"dp_sgd_impl": "functorch", "compile_critic_step": "none", "per_sample_method": "vmap"},
+         "bookkeeping": {"dp_sgd_impl": "functorch", "compile_critic_step": "none", "per_sample_method": "bookkeeping"},
+         # the eager paths on the compiled paths' fixed physical batch (B + 3√B rows, padded): what padding costs
+         "functorch_padded": {"dp_sgd_impl": "functorch", "compile_critic_step": "none", "per_sample_method": "vmap",
+                              "physical_batch_size": "fixed"},
+         "bookkeeping_padded": {"dp_sgd_impl": "functorch", "compile_critic_step": "none", "per_sample_method": "bookkeeping",
+                                "physical_batch_size": "fixed"},
          "compiled": {"dp_sgd_impl": "functorch", "compile_critic_step": "default"},
          "compiled_cudagraphs": {"dp_sgd_impl": "functorch", "compile_critic_step": "reduce-overhead"}}
 
@@ -110,11 +123,34 @@ def _launches_per_step(step, device) -> dict:
     return {"launches": launches, "kernels": kernels}
 
 
+def host_ops_per_step(step) -> dict:
+    """What one ``step()`` asks of the host, by ``torch.profiler`` (CPU): the aten operator calls not nested in
+    another aten call (each about one kernel launch on a GPU) and the five operators of most self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
+    totals: dict[str, float] = {}
+    for e in events:
+        totals[e.name] = totals.get(e.name, 0.0) + e.self_cpu_time_total / 1000
+    heavy = sorted(totals.items(), key=lambda kv: -kv[1])[:5]
+    return {"aten_ops_per_step": _top_level_aten(events), "top_self_cpu_ms": {k: round(v, 2) for k, v in heavy}}
+
+
+def _parents(event):
+    parent = event.cpu_parent
+    while parent is not None:
+        yield parent
+        parent = parent.cpu_parent
+
+
 def critic_step_speed(a) -> int:
     """Milliseconds per critic step of each DP-SGD path, same process, interleaved (see the module's docstring)."""
     import pytorch_lightning as pl
     import torch
     from image_utility import _import, load_config, parse_sets
+    from lightning_gpate.privacy.dpsgd import physical_batch_size_for
 
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
@@ -130,6 +166,8 @@ def critic_step_speed(a) -> int:
         for path in a.paths:
             init = {**config["model"]["init_args"], "epsilon": 1e6, "gf_dim": width, "df_dim": width,
                     "sampling_rate": batch / MNIST_TRAIN, "d_steps": 1, **parse_sets(a.set), **PATHS[path]}
+            if init.get("physical_batch_size") == "fixed":
+                init["physical_batch_size"] = physical_batch_size_for(batch)
             torch.manual_seed(0)  # the same initial critic for every path
             model = _import(config["model"]["class_path"])(data_spec=dm.spec, **init)
             pl.Trainer(max_steps=0, accelerator=device.type, devices=1, logger=False, enable_checkpointing=False,
@@ -162,7 +200,8 @@ def critic_step_speed(a) -> int:
                 cpu[path].append((time.process_time() - c) * 1000 / a.inner)
         for path, model in models.items():
             record = {"command": "speed --critic-step", "path": path, "width": width, "expected_batch": batch,
-                      "real_rows": len(rows), "physical_batch": model.physical_batch_size if path != "opacus" else None,
+                      "real_rows": len(rows), "physical_batch": (model.physical_batch_size if model._critic_step_compiled or model.hparams.physical_batch_size
+                                         else len(rows)) if path != "opacus" else None,
                       "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                       "threads": a.threads, "reps": a.reps, "inner": a.inner,
                       "ms_per_step_wall": round(statistics.median(wall[path]), 2),
@@ -171,57 +210,82 @@ def critic_step_speed(a) -> int:
                       "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}
             if device.type == "cuda":
                 record.update(_launches_per_step(steps[path], device))
+            else:
+                record.update(host_ops_per_step(steps[path]))
+            if path != "opacus":
+                record["per_sample_method"] = model.per_sample_method_used
             records.append(record)
             _append(a.results, record)
             print("RESULT " + json.dumps(record), flush=True)
     base = {r["width"]: r for r in records if r["path"] == "opacus"}
     print("| critic (width, expected batch) | path | ms per step (CPU time) | ms per step (wall) | × opacus (CPU time) |"
-          + (" launches / kernels |" if device.type == "cuda" else ""))
+          + (" launches / kernels |" if device.type == "cuda" else " aten ops |"))
     for r in records:
         ref = base.get(r["width"])
         ratio = f"{ref['ms_per_step_cpu'] / r['ms_per_step_cpu']:.2f}" if ref else "-"
         print(f"| {r['width']}, {r['expected_batch']} | {r['path']} | {r['ms_per_step_cpu']} | {r['ms_per_step_wall']} | {ratio} |"
-              + (f" {r['launches']} / {r['kernels']} |" if device.type == "cuda" else ""))
+              + (f" {r['launches']} / {r['kernels']} |" if device.type == "cuda" else f" {r['aten_ops_per_step']} |"))
     return 0
 
 
 def speed(a) -> int:
     """Critic steps per second: median over the timed generator steps (each ``d_steps`` critic steps
-    and one generator step, data included), after one warm-up step."""
+    and one generator step, data included), after one warm-up step; and the host work of one more
+    training step (``torch.profiler``: top-level aten calls). Any image config (``--config``: GS-WGAN's,
+    G-PATE's) is timed the same way, per training step (its critic steps per second where it has ``d_steps``)."""
     if a.critic_step:
         return critic_step_speed(a)
     import pytorch_lightning as pl
     import torch
+    from torch.profiler import ProfilerActivity, profile
+
     from image_utility import parse_sets
 
     torch.set_num_threads(a.threads)
     pl.seed_everything(0, verbose=False)
     _, dm, model = _build(a, {"epsilon": 1e6, **parse_sets(a.set)})
-    stamps = []
+    stamps, profiled = [], {}
 
     class Stamps(pl.Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            if len(stamps) == a.steps + 1:  # one more step, under the profiler (not timed)
+                profiled["prof"] = profile(activities=[ProfilerActivity.CPU]).__enter__()
+
         def on_train_batch_end(self, trainer, *args) -> None:
+            if "prof" in profiled and "events" not in profiled:
+                profiled["prof"].__exit__(None, None, None)
+                profiled["events"] = profiled["prof"].events()
+                return
             stamps.append((time.perf_counter(), time.process_time()))
 
     load_before = _load_average()
-    trainer = pl.Trainer(max_steps=a.steps + 1, accelerator="cpu", logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=a.steps + 2, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Stamps()])
     trainer.fit(model, dm)
     gaps = [b[0] - c[0] for c, b in zip(stamps[:-1], stamps[1:])]
     cpu = [b[1] - c[1] for c, b in zip(stamps[:-1], stamps[1:])]  # this process's CPU time: what a shared machine's load does not inflate
-    n_d = model.hparams.d_steps
-    per_step = statistics.median(gaps)
+    n_d = model.hparams.get("d_steps") or model.hparams.get("critic_steps")  # DP-GAN, GS-WGAN (G-PATE: none)
+    per_step, cpu_step = statistics.median(gaps), statistics.median(cpu)
     record = {"command": "speed", "config": a.config, "set": a.set, "data_set": a.data_set, "threads": a.threads,
-              "d_steps": n_d, "batch_size": dm.batch_size, "generator_steps_timed": len(gaps),
-              "s_per_generator_step": round(per_step, 4), "critic_steps_per_s": round(n_d / per_step, 3),
-              "cpu_s_per_generator_step": round(statistics.median(cpu), 4),
-              "critic_steps_per_cpu_s": round(n_d / statistics.median(cpu), 3),
-              "critic_params": sum(p.numel() for p in model.discriminator.parameters()),
+              "model": type(model).__name__, "d_steps": n_d, "batch_size": getattr(dm, "batch_size", None),
+              "generator_steps_timed": len(gaps), "s_per_generator_step": round(per_step, 4),
+              "cpu_s_per_generator_step": round(cpu_step, 4),
+              "aten_ops_per_training_step": _top_level_aten(profiled.get("events", [])),
               "generator_params": sum(p.numel() for p in model.generator.parameters()),
               "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}
+    if n_d is not None and hasattr(model, "discriminator"):
+        record.update(critic_steps_per_s=round(n_d / per_step, 3), critic_steps_per_cpu_s=round(n_d / cpu_step, 3),
+                      critic_params=sum(p.numel() for p in model.discriminator.parameters()))
     _append(a.results, record)
     print("RESULT " + json.dumps(record), flush=True)
     return 0
+
+
+def _top_level_aten(events) -> int:
+    """aten operator calls not nested in another aten call (each about one kernel launch on a GPU)."""
+    events = [e for e in events if e.name.startswith("aten::")]
+    ids = {id(e) for e in events}
+    return sum(1 for e in events if not any(id(p) in ids for p in _parents(e)))
 
 
 def fit(a) -> int:
@@ -312,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--critic-step", action="store_true", help="ms per critic step of each DP-SGD path instead")
     sp.add_argument("--critics", nargs="+", default=["8:128", "48:512"], metavar="WIDTH:BATCH",
                     help="critic width (gf_dim = df_dim) and expected Poisson batch")
-    sp.add_argument("--paths", nargs="+", default=["opacus", "functorch", "compiled"], choices=sorted(PATHS))
+    sp.add_argument("--paths", nargs="+", default=["opacus", "functorch", "bookkeeping", "compiled"], choices=sorted(PATHS))
     sp.add_argument("--reps", type=int, default=5, help="timed rounds (median), each path's steps interleaved")
     sp.add_argument("--inner", type=int, default=3, help="critic steps per path and round")
     sp.add_argument("--device", default="cpu", help="cpu or cuda")

@@ -160,22 +160,23 @@ ROWS: tuple[Row, ...] = (
     Row("pategan_eps10_guarantee", "0.6667", "≥ 0.67 (guarantee)", 240, kind="paper", headline=True),
     Row("pategan_eps1_guarantee", "0.4168", "≥ 0.42 (guarantee)", 240, kind="paper", headline=True),
     # DP-MERF: one noisy release, then free generator steps; minutes on a CPU too (--rows 'dpmerf_eps1*guarantee*' --time-scale 10:
-    # 1,200 s of training, the CPU config's 20 minutes)
+    # 1,200 s of training, the CPU config's 20 minutes). Its training checkpoint is small (the generator and the released
+    # embedding): a row cut by its time continues in the next call from where it stopped (splittable)
     Row("dpmerf_eps1_guarantee", "— (cited without a figure; SoK re-run 0.839)", "≥ 0.92, fit ≤ 20 min on 2 CPU cores; " + DPMERF_TUNED, 120,
-        kind="extra", headline=True),
+        kind="extra", splittable=True, headline=True),
     Row("dpmerf_eps1_guarantee_s1", "— (cited without a figure; SoK re-run 0.839)", "≥ 0.92, fit ≤ 20 min on 2 CPU cores; " + DPMERF_TUNED, 120,
-        kind="extra", base="dpmerf_eps1_guarantee", seed=1),
+        kind="extra", splittable=True, base="dpmerf_eps1_guarantee", seed=1),
     Row("dpmerf_eps10_guarantee", "— (cited without a figure; SoK re-run 0.832)", "≥ 0.95; " + DPMERF_TUNED + " (at ε = 1)", 120,
-        kind="extra", headline=True),
+        kind="extra", splittable=True, headline=True),
     Row("dpmerf_eps10_guarantee_s1", "— (cited without a figure; SoK re-run 0.832)", "≥ 0.95; " + DPMERF_TUNED + " (at ε = 1)", 120,
-        kind="extra", base="dpmerf_eps10_guarantee", seed=1),
+        kind="extra", splittable=True, base="dpmerf_eps10_guarantee", seed=1),
     # the DP-MERF paper's own settings (length scale 20.5, 500 digits a step, 600 steps), which DPMERF's defaults are not
     Row("dpmerf_paper_eps1_guarantee", "— (cited without a figure; SoK re-run 0.839)", "the paper's settings, for comparison", 120,
-        kind="extra"),
+        kind="extra", splittable=True),
     # the CPU config at the G-PATE paper's smallest budget (its Table 2: 0.223), the ε = 1 settings carried unchanged
-    Row("dpmerf_eps0.2_guarantee", "G-PATE 0.223", "≥ 0.863 (DPDM); " + DPMERF_TUNED + " (at ε = 1)", 120, kind="extra",
+    Row("dpmerf_eps0.2_guarantee", "G-PATE 0.223", "≥ 0.863 (DPDM); " + DPMERF_TUNED + " (at ε = 1)", 120, kind="extra", splittable=True,
         base="dpmerf_eps1_guarantee", overrides={"epsilon": 0.2}, headline=True),
-    Row("dpmerf_eps0.2_guarantee_s1", "G-PATE 0.223", "≥ 0.863 (DPDM); " + DPMERF_TUNED + " (at ε = 1)", 120, kind="extra",
+    Row("dpmerf_eps0.2_guarantee_s1", "G-PATE 0.223", "≥ 0.863 (DPDM); " + DPMERF_TUNED + " (at ε = 1)", 120, kind="extra", splittable=True,
         base="dpmerf_eps1_guarantee", overrides={"epsilon": 0.2}, seed=1),
     *DPMERF_SWEEP,
     Row("gpate_eps10_teacherlabels_guarantee", "—", "lever", 45),
@@ -638,6 +639,11 @@ def config_fingerprint(path: Path) -> str:
     return hashlib.sha256(json.dumps(meaning, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+#: Models that spend their whole ε in one release before training: their budget never stops the steps, so a row they
+#: ran is partial when its time stopped it before its config's max_steps, whatever ε it spent.
+ONE_RELEASE_MODELS = ("DPMERF",)
+
+
 def row_status(row: Row, r: dict[str, Any] | None) -> str:
     """``current``, ``STALE`` (its config changed since the run, or the record predates fingerprints), ``partial``
     (stopped by the row's time budget before its privacy budget), ``not run yet`` or the error."""
@@ -651,6 +657,8 @@ def row_status(row: Row, r: dict[str, Any] | None) -> str:
     if r.get("privacy") == "guarantee" and not budget_stop and r.get("epsilon_guarantee") is not None \
             and r["epsilon_guarantee"] < 0.95 * float(r.get("epsilon_budget", 0)):
         return f"partial: stopped by {r.get('stopped_by')} at ε {r['epsilon_guarantee']:.2f} of {r.get('epsilon_budget'):g}"
+    if r.get("model") in ONE_RELEASE_MODELS and r.get("stopped_by") == "row time budget" and r.get("steps", 0) < r.get("max_steps", 0):
+        return f"partial: stopped by the row's time at step {r['steps']} of {r['max_steps']}"
     return "current"
 
 
@@ -673,7 +681,11 @@ def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
         r = rows.get(row.name)
         done = r is not None and r.get("status") == "done"
         eps = _epsilons(r)[0] if done else ""
-        cells = [r.get("model", "") if done else "", eps, _f(r.get("cnn_accuracy_val_selected")) if done else "",
+        accuracy = _f(r.get("cnn_accuracy_val_selected")) if done else ""
+        other = rows.get(f"{row.name}_s1", {})  # the same config's second seed, where run: the spread
+        if done and other.get("status") == "done" and row_status(BY_NAME[f"{row.name}_s1"], other) == "current":
+            accuracy += f" (seed 1: {_f(other.get('cnn_accuracy_val_selected'))})"
+        cells = [r.get("model", "") if done else "", eps, accuracy,
                  f"[`{row.name}`](../../{row.config})", _f(r.get("steps")) if done else "",
                  r.get("machine", "") if r else "", r.get("date", "") if r else "", row_status(row, r)]
         lines.append("| " + " | ".join(cells) + " |")

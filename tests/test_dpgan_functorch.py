@@ -1,6 +1,6 @@
-"""DP-GAN's functorch DP-SGD path (``dp_sgd_impl: functorch``): fixed-shape padded Poisson batches whose
-masked rows change nothing, per-sample gradients equal to a loop, sensitivity C, one event per critic
-step at the Poisson rate, and a compiled step equal to the eager one."""
+"""DP-GAN's functorch DP-SGD path (``dp_sgd_impl: functorch``, its clipped sums by vmap or by book-keeping):
+fixed-shape padded Poisson batches whose masked rows change nothing, per-sample gradients equal to a loop,
+sensitivity C, one event per critic step at the Poisson rate, and a compiled step equal to the eager one."""
 
 import math
 
@@ -10,13 +10,15 @@ import torch
 
 from datamodules import ImageDataModule
 from lightning_gpate.models import DPGAN
-from lightning_gpate.models.dpgan import critic_gradient_function
+from lightning_gpate.models.dpgan import critic_bookkeeping_function, critic_gradient_function
 from lightning_gpate.privacy import dpsgd
 from lightning_gpate.privacy.dpsgd import padded_batches, per_sample_gradients
 from test_dpgan import Q, RECIPES, _flat, _ready
 from small_models import former  # the former defaults (the paper's) where a test is silent
 
-FUNCTORCH = {name: {**kw, "dp_sgd_impl": "functorch", "compile_critic_step": "none"} for name, kw in RECIPES.items()}
+#: every recipe with each way to the clipped sums (eager)
+FUNCTORCH = {f"{name}-{method}": {**kw, "dp_sgd_impl": "functorch", "compile_critic_step": "none", "per_sample_method": method}
+             for name, kw in RECIPES.items() for method in ("vmap", "bookkeeping")}
 
 
 def _recorded_gradients(model):
@@ -74,10 +76,11 @@ def test_masked_padding_rows_change_nothing(recipe):
 
 
 @pytest.mark.parametrize("recipe", FUNCTORCH)
-def test_functorch_per_sample_gradients_equal_a_loop_over_samples(recipe):
+def test_functorch_per_sample_gradients_equal_a_loop_over_samples(recipe, monkeypatch):
     """Each row's vmap gradient is its own autograd gradient (computed by the critic's ordinary forward,
-    label maps and all); the step's clipped sum and fake term are the loop's gradients clipped to C,
-    summed over the real rows and averaged over the fakes."""
+    label maps and all); the step's clipped sum and fake term (by vmap, or by book-keeping: per-sample norms
+    materialised per layer or by ghost norms) are the loop's gradients clipped to C, summed over the real
+    rows and averaged over the fakes."""
     dm = ImageDataModule("digits", batch_size=32)
     model = former(DPGAN, dm.spec, epsilon=10.0, **FUNCTORCH[recipe])
     _ready(model, dm)
@@ -109,13 +112,18 @@ def test_functorch_per_sample_gradients_equal_a_loop_over_samples(recipe):
         assert torch.allclose(vmapped[i], loop[i], atol=1e-7, rtol=1e-4)
 
     C = 0.05
-    step = critic_gradient_function(critic, loss=model.hparams.loss, max_grad_norm=C, fake_count=len(labels))
-    real_sum, fake_term, _, _ = step(params, buffers, real_x, real_y, torch.ones(6), fakes, labels)
-    assert min(float(g.norm()) for g in loop) > C  # every record's gradient needed clipping
-    assert torch.allclose(real_sum, sum(g * C / float(g.norm()) for g in loop), atol=1e-7, rtol=1e-4)
     fake_loop = reference(fakes, labels, fake_loss)
-    clipped = sum(g * min(1.0, C / float(g.norm())) for g in fake_loop) / len(labels)
-    assert torch.allclose(fake_term, clipped, atol=1e-7, rtol=1e-4)
+    assert min(float(g.norm()) for g in loop) > C  # every record's gradient needed clipping
+    bookkeeping = model.hparams.per_sample_method == "bookkeeping"
+    build = critic_bookkeeping_function if bookkeeping else critic_gradient_function
+    for ghost_above in ((dpsgd.GHOST_ABOVE, 0) if bookkeeping else (None,)):  # 0: every convolution it can by ghost norms
+        monkeypatch.setattr(dpsgd, "GHOST_ABOVE", ghost_above)
+        step = build(critic, loss=model.hparams.loss, max_grad_norm=C, fake_count=len(labels))
+        real_sum, fake_term, scores, _ = step(params, buffers, real_x, real_y, torch.ones(6), fakes, labels)
+        assert torch.allclose(real_sum, sum(g * C / float(g.norm()) for g in loop), atol=1e-7, rtol=1e-4)
+        clipped = sum(g * min(1.0, C / float(g.norm())) for g in fake_loop) / len(labels)
+        assert torch.allclose(fake_term, clipped, atol=1e-7, rtol=1e-4)
+        assert torch.allclose(scores, critic(real_x, real_y), atol=1e-6)
 
 
 @pytest.mark.parametrize("recipe", FUNCTORCH)
@@ -161,7 +169,7 @@ def test_n_d_critic_steps_charge_n_d_events_at_the_poisson_rate_and_use_every_dr
     monkeypatch.setattr(dpgan_module, "padded_batches", recording)
     dm = ImageDataModule("digits", batch_size=32)
     model = former(DPGAN, dm.spec, epsilon=2.0, d_steps=7, physical_batch_size=24,
-                  **{**FUNCTORCH["nonsaturating_conv"], "noise_multiplier": 1.0, "max_grad_norm": 1.0})
+                   **{**FUNCTORCH["nonsaturating_conv-bookkeeping"], "noise_multiplier": 1.0, "max_grad_norm": 1.0})
     trainer = pl.Trainer(max_steps=1000, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
     trainer.fit(model, dm)
@@ -193,8 +201,9 @@ def test_the_functorch_step_has_the_dp_sgd_noise_scale_on_an_empty_batch():
 
 
 def test_compiled_and_eager_steps_agree():
-    """The critic step through torch.compile equals the eager one (float tolerance), step after step, with
-    the same noise; the step compiles once (the shapes never change)."""
+    """The critic step through torch.compile (vmap) equals the eager one (book-keeping, what ``auto`` picks
+    eagerly; float tolerance), step after step, with the same noise; the step compiles once (the shapes never
+    change)."""
     pytest.importorskip("torch._inductor")
     dm = ImageDataModule("digits", batch_size=32)
     x, y = dm.model_space("train")
@@ -203,7 +212,8 @@ def test_compiled_and_eager_steps_agree():
     out = {}
     for mode in ("none", "default"):
         torch.manual_seed(0)
-        model = former(DPGAN, dm.spec, epsilon=10.0, noise_seed=5, **{**FUNCTORCH["nonsaturating_conv"], "compile_critic_step": mode})
+        model = former(DPGAN, dm.spec, epsilon=10.0, noise_seed=5, **{**FUNCTORCH["nonsaturating_conv-vmap"], "compile_critic_step": mode,
+                                                             "per_sample_method": "auto"})
         _ready(model, dm)
         initial = _flat(p.detach().clone() for p in model.discriminator.parameters())
         model._public_seed, model._public_gen = 0, None
@@ -214,6 +224,7 @@ def test_compiled_and_eager_steps_agree():
         assert not torch.allclose(out[mode], initial)
         if mode == "default":
             assert counters["stats"]["unique_graphs"] == 1  # compiled once, no recompilation
+        assert model.per_sample_method_used == {"none": "bookkeeping", "default": "vmap"}[mode]
     assert torch.allclose(out["default"], out["none"], atol=1e-5, rtol=1e-4)
 
 
@@ -233,7 +244,7 @@ def test_compilation_failure_falls_back_to_eager_with_one_warning(monkeypatch):
 
 def test_checkpoints_move_between_the_implementations(tmp_path):
     dm = ImageDataModule("digits", batch_size=32)
-    model = former(DPGAN, dm.spec, epsilon=10.0, **FUNCTORCH["nonsaturating_conv"])
+    model = former(DPGAN, dm.spec, epsilon=10.0, **FUNCTORCH["nonsaturating_conv-bookkeeping"])
     trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
     trainer.fit(model, dm)
@@ -294,3 +305,58 @@ def test_opacus_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one
     assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
     one, two = (_artifact_tensors(run.data.tags["release_artifact"]) for run in (run_one, run_two))
     assert_same_tensors(one, two, atol=1e-3)
+
+
+def test_bookkeeping_is_for_critics_of_linear_and_convolutional_layers_only():
+    """A critic with other parameters (the DCGAN critic's GroupNorm) takes vmap under ``auto``; asking for
+    book-keeping there, or with a compiled step, is refused in one line."""
+    from lightning_gpate.privacy.dpsgd import bookkeeping_supports
+
+    dm = ImageDataModule("digits", batch_size=32)
+    dcgan = dict(RECIPES["nonsaturating_conv"], architecture="dcgan", dp_sgd_impl="functorch", compile_critic_step="none")
+    model = DPGAN(dm.spec, epsilon=10.0, **dcgan)
+    _ready(model, dm)
+    assert not bookkeeping_supports(model.discriminator._module)
+    model.critic_gradient_step()
+    assert model.per_sample_method_used == "vmap"
+    with pytest.raises(ValueError, match="handles critics of Linear and Conv2d layers only, not this ConditionalDCGANDiscriminator"):
+        refused = DPGAN(dm.spec, epsilon=10.0, **{**dcgan, "per_sample_method": "bookkeeping"})
+        _ready(refused, dm)
+        refused.critic_gradient_step()
+    with pytest.raises(ValueError, match="'bookkeeping' runs eagerly"):
+        refused = DPGAN(dm.spec, epsilon=10.0, **{**FUNCTORCH["nonsaturating_conv-bookkeeping"], "compile_critic_step": "default"})
+        _ready(refused, dm)
+        refused.critic_gradient_step()
+    with pytest.raises(ValueError, match="per_sample_method must be one of"):
+        DPGAN(dm.spec, epsilon=1.0, **{**dcgan, "per_sample_method": "ghost"})
+
+
+def test_an_eager_step_takes_the_poisson_batch_unpadded(monkeypatch):
+    """Eagerly (no fixed shape to keep) the Poisson batch is one physical batch of its own size, every record in
+    it, no padding; compiled, or with ``physical_batch_size`` set, the fixed size."""
+    import lightning_gpate.models.dpgan as dpgan_module
+
+    sizes = []
+    monkeypatch.setattr(dpgan_module, "padded_batches", lambda x, y, size: sizes.append((len(y), size)) or padded_batches(x, y, size))
+    dm = ImageDataModule("digits", batch_size=32)
+    x, y = dm.model_space("train")
+    for kw in ({}, {"physical_batch_size": 24}):
+        model = DPGAN(dm.spec, epsilon=10.0, **{**FUNCTORCH["nonsaturating_conv-bookkeeping"], **kw})
+        _ready(model, dm)
+        model._public_seed, model._public_gen = 0, None
+        for n in (29, 0):
+            model.discriminator_step(x[:n], y[:n])
+    assert sizes == [(29, 29), (0, 1), (29, 24), (0, 24)]
+
+
+def test_label_taps_are_the_label_convolution_of_the_label_maps():
+    from lightning_gpate.nets.discriminators import ConditionalConvDiscriminator
+    from lightning_gpate.nets.generators import one_hot
+
+    torch.manual_seed(0)
+    critic = ConditionalConvDiscriminator(in_shape=(1, 28, 28), num_classes=10, df_dim=8)
+    y = torch.tensor([0, 4, 9, 4])
+    maps = one_hot(y, 10)[:, :, None, None].expand(-1, -1, 28, 28)
+    assert torch.allclose(critic.label_response(y), critic.label_in(maps), atol=1e-6)
+    assert "label_tap_conv.tap_mask" not in critic.state_dict() and set(critic.state_dict()) == {
+        k for k, _ in critic.named_parameters()}  # the state dict is unchanged: parameters only

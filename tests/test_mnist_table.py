@@ -244,3 +244,18 @@ def test_a_row_whose_config_changed_since_its_run_is_marked_stale_and_comments_o
     assert mnist_table.row_status(row, {k: v for k, v in record.items() if k != "config_fingerprint"}).startswith("STALE")
     lines = mnist_table.headline_lines({"rows": {"gan_nonprivate": record}}, smoke=False)
     assert any("`gan_nonprivate`" in line and "NVIDIA H200" in line and "2026-11-26" in line and "STALE" in line for line in lines)
+
+
+def test_a_one_release_row_stopped_by_its_time_before_its_steps_is_partial_though_its_whole_epsilon_is_spent():
+    """DP-MERF spends all of ε in its first step: a row its time stopped at step 357 of 800 must not read as the
+    config's result (the headline table would show it as current)."""
+    import mnist_table
+
+    row = mnist_table.BY_NAME["dpmerf_eps1_guarantee"]
+    record = {"status": "done", "privacy": "guarantee", "model": "DPMERF", "epsilon_guarantee": 1.0, "epsilon_budget": 1.0,
+              "stopped_by": "row time budget", "steps": 357, "max_steps": 800,
+              "config_fingerprint": mnist_table.config_fingerprint(ROOT / row.config)}
+    assert mnist_table.row_status(row, record) == "partial: stopped by the row's time at step 357 of 800"
+    assert mnist_table.row_status(row, {**record, "steps": 800, "stopped_by": "max_steps=800"}) == "current"
+    gpate = {**record, "model": "GPATE", "epsilon_guarantee": 9.89, "epsilon_budget": 10.0, "max_steps": 20000}
+    assert mnist_table.row_status(row, gpate) == "current"  # ε nearly spent: its budget, not its time, bounds it

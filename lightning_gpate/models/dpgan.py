@@ -90,7 +90,8 @@ from lightning_gpate.nets.generators import ConditionalConvGenerator, Conditiona
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.disclosure import private_diagnostics_allowed
 from lightning_gpate.privacy.dpsgd import (
-    HooklessModule, clip_factors, padded_batches, per_sample_gradients, physical_batch_size_for, use_patch_grad_convs,
+    HooklessModule, bookkeeping_clipped_sums, bookkeeping_supports, clip_factors, padded_batches, per_sample_gradients,
+    physical_batch_size_for, use_patch_grad_convs,
 )
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
@@ -103,6 +104,8 @@ ACCOUNTANTS = ("rdp", "pld")
 #: How the critic's DP-SGD step computes per-sample gradients (see ``dp_sgd_impl``).
 DP_SGD_IMPLS = ("functorch", "opacus")
 #: ``compile_critic_step`` values: torch.compile modes, "auto" and "none".
+#: ``per_sample_method`` values: how the functorch step gets each sample's clipped gradient.
+PER_SAMPLE_METHODS = ("auto", "vmap", "bookkeeping")
 COMPILE_MODES = ("auto", "none", "default", "reduce-overhead", "max-autotune")
 #: PLD ε is reported for step counts rounded up to a multiple of this (an upper bound: ε grows with steps).
 PLD_STEP_GRID = 10
@@ -173,6 +176,15 @@ def critic_losses(loss: str, real_scores: torch.Tensor, fake_scores: torch.Tenso
     return -real_scores, fake_scores
 
 
+def critic_sample_loss(loss: str):
+    """``f(score, is_fake)``: each sample's critic loss, ``ℓ_fake`` where ``is_fake`` else ``ℓ_real`` (:func:`critic_losses`)."""
+    def sample_loss(score: torch.Tensor, is_fake: torch.Tensor) -> torch.Tensor:
+        real, fake = critic_losses(loss, score, score)
+        return torch.where(is_fake, fake, real)
+
+    return sample_loss
+
+
 def critic_gradient_function(critic: nn.Module, *, loss: str, max_grad_norm: float, fake_count: int):
     """The critic's DP-SGD gradient on one physical batch, as one function of fixed-shape tensors (what
     :meth:`DPGAN.functorch_discriminator_step` compiles):
@@ -184,13 +196,11 @@ def critic_gradient_function(critic: nn.Module, *, loss: str, max_grad_norm: flo
     term of :meth:`DPGAN.critic_per_sample_gradients`: each fake's gradient clipped to C, no noise),
     both flat in the order of ``params``; the scores are the critic's outputs (no gradient). With no
     fakes (a second physical batch of the same step) ``fake_term`` is 0."""
-    def sample_loss(score: torch.Tensor, is_fake: torch.Tensor) -> torch.Tensor:
-        real, fake = critic_losses(loss, score, score)
-        return torch.where(is_fake, fake, real)
+    sample_loss = critic_sample_loss(loss)
 
     def gradient(params, buffers, x, y, mask, fakes, fake_labels):
         n, m = x.shape[0], fakes.shape[0]
-        is_fake = torch.cat([torch.zeros(n, dtype=torch.bool, device=x.device), torch.ones(m, dtype=torch.bool, device=x.device)])
+        is_fake = torch.arange(n + m, device=x.device) >= n  # the real rows, then the fakes
         grads, scores = per_sample_gradients(critic, sample_loss, params, buffers, torch.cat([x, fakes]),
                                              torch.cat([y, fake_labels]), is_fake)
         per_sample = list(grads.values())
@@ -198,6 +208,29 @@ def critic_gradient_function(critic: nn.Module, *, loss: str, max_grad_norm: flo
         weights = torch.stack([torch.cat([factor[:n] * mask, factor.new_zeros(m)]),
                                torch.cat([factor.new_zeros(n), factor[n:] / fake_count])])  # [2, n + m]
         sums = torch.cat([torch.einsum("ki,i...->k...", weights, g).reshape(2, -1) for g in per_sample], dim=1)
+        return sums[0], sums[1], scores[:n], scores[n:]
+
+    return gradient
+
+
+def critic_bookkeeping_function(critic: nn.Module, *, loss: str, max_grad_norm: float, fake_count: int):
+    """:func:`critic_gradient_function` (the same signature and results: clipped real sum over the unmasked
+    rows, the clipped fake term over ``fake_count``, the scores) by book-keeping
+    (:func:`~lightning_gpate.privacy.dpsgd.bookkeeping_clipped_sums`: one forward, one backward to the
+    layers' outputs, per-sample norms and weighted sums layer by layer; no per-sample gradient of the whole
+    critic). Eager only (an autograd backward inside). ``params`` must be the critic's own parameters
+    (detached or not), in its order; ``buffers`` are the critic's own (unused)."""
+    named = dict(critic.named_parameters())
+
+    sample_loss = critic_sample_loss(loss)
+
+    def gradient(params, buffers, x, y, mask, fakes, fake_labels):
+        n, m = x.shape[0], fakes.shape[0]
+        is_fake = torch.arange(n + m, device=x.device) >= n  # the real rows, then the fakes
+        own = [named[k] for k in params]
+        weights = torch.cat([torch.stack([mask, mask.new_zeros(n)]), mask.new_tensor([[0.0], [1.0 / fake_count]]).expand(2, m)], 1)
+        sums, scores = bookkeeping_clipped_sums(critic, sample_loss, torch.cat([x, fakes]), torch.cat([y, fake_labels]), is_fake,
+                                                max_grad_norm, weights, own, rows=[slice(0, n), slice(n, n + m)])
         return sums[0], sums[1], scores[:n], scores[n:]
 
     return gradient
@@ -311,20 +344,31 @@ class DPGAN(PrivateGenerativeModel):
             Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
             the estimate on rank 0's shard, the size of the whole batch).
         dp_sgd_impl: how the critic step gets its per-sample gradients (the same mechanism and accounting
-            either way): ``"functorch"`` (``torch.func``: ``vmap`` of ``grad`` over one fixed-shape padded
-            physical batch, the step one function that ``torch.compile`` can compile once;
-            :meth:`functorch_discriminator_step`; the default: 3.7x faster than opacus per critic step at
-            width 8, 1.5x at the MNIST configs' width 48, on a CPU) or ``"opacus"`` (opacus' hooks and
+            either way): ``"functorch"`` (no hooks: the clipped sums by ``torch.func``'s ``vmap`` of ``grad``
+            over one fixed-shape padded physical batch, the step one function that ``torch.compile`` can
+            compile once, or by book-keeping eagerly (``per_sample_method``);
+            :meth:`functorch_discriminator_step`; the default: on a CPU, eagerly with book-keeping,
+            3.6-3.7x faster than opacus per critic step at width 8, 2.7x at the MNIST configs' width 48:
+            ``benchmarks/results/dpgan_mnist_cpu.md``) or ``"opacus"`` (opacus' hooks and
             ``DPOptimizer``: the reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
         physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut
             into physical batches of this size, the last padded with masked rows (every drawn record is
-            used). ``None``: ``B + 3√B`` of this process's expected batch B, rounded up to a multiple of 8
-            (one physical batch but about once in 700 steps).
+            used). ``None``: where the step is compiled, ``B + 3√B`` of this process's expected batch B,
+            rounded up to a multiple of 8 (one physical batch but about once in 700 steps; one shape, one
+            graph); where it runs eagerly, the Poisson batch itself (one physical batch, no padding: on a
+            CPU padding rows cost arithmetic and a new shape costs nothing).
         compile_critic_step: with ``functorch``, the ``torch.compile`` mode of the critic step:
             ``"auto"`` (``"reduce-overhead"``, i.e. CUDA graphs, on a GPU; eager on a CPU, where the
             compiled step measured slower: ``benchmarks/results/dpgan_mnist_cpu.md``), a mode
             (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``) or ``"none"`` (eager). Where
             compilation fails the step runs eagerly, with a one-line warning.
+        per_sample_method: with ``functorch``, how the clipped sums are computed (the same sums):
+            ``"vmap"`` (``torch.func``'s vmap of grad: every sample's whole gradient, then clipped and
+            summed; what ``torch.compile`` compiles), ``"bookkeeping"`` (one forward and one backward to
+            the layers' outputs, each sample's norm and the clipped sums from them layer by layer:
+            :func:`~lightning_gpate.privacy.dpsgd.bookkeeping_clipped_sums`; eager only; for critics of
+            linear and convolutional layers) or ``"auto"`` (book-keeping where the step runs eagerly and
+            the critic allows it, else vmap).
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
@@ -367,6 +411,7 @@ class DPGAN(PrivateGenerativeModel):
         dp_sgd_impl: str = "functorch",
         physical_batch_size: int | None = None,
         compile_critic_step: str = "auto",
+        per_sample_method: str = "auto",
         noise_seed: int | None = None,
     ) -> None:
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
@@ -406,6 +451,8 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError(f"physical_batch_size must be >= 1 or null (B + 3*sqrt(B)), got {physical_batch_size}")
         if compile_critic_step not in COMPILE_MODES:
             raise ValueError(f"compile_critic_step must be one of {COMPILE_MODES}, got {compile_critic_step!r}")
+        if per_sample_method not in PER_SAMPLE_METHODS:
+            raise ValueError(f"per_sample_method must be one of {PER_SAMPLE_METHODS}, got {per_sample_method!r}")
         requested = {"architecture": architecture}
         if architecture is None:  # the default: Bie et al.'s all-convolutional nets for images, the MLP for tables
             architecture = "conv" if self.is_image else "mlp"
@@ -437,6 +484,8 @@ class DPGAN(PrivateGenerativeModel):
                 critic.label_taps = True
             self.discriminator = HooklessModule(critic)
         self._critic_step_fn = None  # the functorch step (compiled on first use)
+        self.per_sample_method_used: str | None = None  # "vmap" or "bookkeeping", once the step is built
+        self._critic_step_compiled = False
         # Under DDP the critic's gradient is the noisy all-reduced sum (DPSumOptimizer), never DDP's
         # average of raw gradients: DDP ignores the critic (its weights are broadcast once at the start).
         self._ddp_params_and_buffers_to_ignore = [n for n, _ in self.named_parameters() if n.startswith("discriminator.")] + [
@@ -516,8 +565,13 @@ class DPGAN(PrivateGenerativeModel):
         else:
             make = lambda params: torch.optim.RMSprop(params, lr=hp.lr)  # noqa: E731
         opt_g = make(self.generator.parameters())
+        critic_opt = make(self.discriminator.parameters())
+        if hp.optimizer == "adam" and hp.get("dp_sgd_impl", "opacus") == "functorch":
+            # the critic's Adam as one fused kernel (the same update): the for-loop one is ~10 operator calls per
+            # tensor, ~100 a critic step, a fifth of the functorch step's host work at width 8 (dpgan_mnist_cpu.md)
+            critic_opt = torch.optim.Adam(self.discriminator.parameters(), lr=hp.lr, betas=tuple(hp.betas), fused=True)
         opt_d = DPSumOptimizer(
-            make(self.discriminator.parameters()),
+            critic_opt,
             noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
             expected_batch_size=self.expected_batch_size, loss_reduction="mean",
             generator=mechanism_generator(self.device, self.hparams.noise_seed), secure_mode=self.hparams.secure_mode,
@@ -790,13 +844,23 @@ class DPGAN(PrivateGenerativeModel):
         (built on first use; falls back to eager, with a one-line warning, where compilation fails)."""
         if self._critic_step_fn is None:
             hp = self.hparams
-            eager = critic_gradient_function(self.discriminator._module, loss=hp.loss, max_grad_norm=float(hp.max_grad_norm),
-                                             fake_count=self.fake_batch_size)
-            mode = hp.get("compile_critic_step", "auto")
+            critic = self.discriminator._module
+            mode, method = hp.get("compile_critic_step", "auto"), hp.get("per_sample_method", "auto")
             if mode == "auto":
-                mode = "reduce-overhead" if self.device.type == "cuda" else "none"
-            if mode == "none":  # eager: wide convolutions' per-sample gradients as matmuls (dynamo cannot trace them)
-                use_patch_grad_convs(self.discriminator._module)
+                mode = "none" if self.device.type != "cuda" or method == "bookkeeping" else "reduce-overhead"
+            if method == "bookkeeping" and mode != "none":
+                raise ValueError("per_sample_method 'bookkeeping' runs eagerly: set compile_critic_step to 'none' (or 'auto' on a CPU)")
+            if method == "bookkeeping" and not bookkeeping_supports(critic):
+                raise ValueError(f"per_sample_method 'bookkeeping' handles critics of Linear and Conv2d layers only, "
+                                 f"not this {type(critic).__name__}: use 'vmap' or 'auto'")
+            if method == "auto":
+                method = "bookkeeping" if mode == "none" and bookkeeping_supports(critic) else "vmap"
+            build = critic_bookkeeping_function if method == "bookkeeping" else critic_gradient_function
+            eager = build(critic, loss=hp.loss, max_grad_norm=float(hp.max_grad_norm), fake_count=self.fake_batch_size)
+            if mode == "none" and method == "vmap":  # eager: wide convolutions' per-sample gradients as matmuls (dynamo cannot trace them)
+                use_patch_grad_convs(critic)
+            self.per_sample_method_used = method
+            self._critic_step_compiled = mode != "none"
             self._critic_step_fn = eager if mode == "none" else compiled_or_eager(eager, mode)
         return self._critic_step_fn
 
@@ -826,7 +890,8 @@ class DPGAN(PrivateGenerativeModel):
         buffers = {k: b.detach() for k, b in critic.named_buffers()}
         step = self.critic_gradient_step()
         n = len(real_y)
-        chunks = padded_batches(real_x.to(fakes.dtype), real_y.to(labels.dtype), self.physical_batch_size)
+        fixed = self.hparams.get("physical_batch_size") is not None or self._critic_step_compiled
+        chunks = padded_batches(real_x.to(fakes.dtype), real_y.to(labels.dtype), self.physical_batch_size if fixed else max(n, 1))
         real_sum, fake_term, real_scores, fake_scores = step(named, buffers, *chunks[0], fakes, labels)
         # a CUDA graph's outputs are overwritten by its next replay and are not written in place: own them
         estimate = (real_scores * chunks[0][2]).sum(), fake_scores.mean()

@@ -51,6 +51,35 @@ class ConditionalDCGANDiscriminator(nn.Module):
         return self.fc1(torch.cat([h, yo], 1)).squeeze(1)
 
 
+class LabelTapConv(nn.Module):
+    """A convolution ``conv`` applied to constant maps (each input channel one value over the whole
+    ``image`` of side H×W, e.g. a one-hot label's maps), computed from its kernel's taps: at each output
+    position, the bias plus the taps of each channel that fall inside the image,
+    ``b + (v · W) V`` with ``V[k, p] = 1`` where tap ``k`` falls inside the image at output position
+    ``p``. Input ``v`` ``[n, C]``, output ``[n, O, H', W']``, equal to ``conv(v[:, :, None, None].expand(..., H, W))``.
+    Holds ``conv`` without registering it (its parameters stay where they are: the state dict is
+    unchanged); :func:`lightning_gpate.privacy.dpsgd.bookkeeping_clipped_sums` knows its per-sample gradient."""
+
+    def __init__(self, conv: nn.Conv2d, image: Sequence[int]) -> None:
+        super().__init__()
+        self._conv = (conv,)  # a tuple: not a submodule
+        kh, kw = conv.kernel_size
+        taps = nn.functional.conv2d(torch.ones(1, 1, *image), torch.eye(kh * kw).view(kh * kw, 1, kh, kw),
+                                    stride=conv.stride, padding=conv.padding)
+        self.register_buffer("tap_mask", taps[0].flatten(1), persistent=False)  # V: [kh·kw, H'·W']
+        self.out_side = tuple(taps.shape[2:])
+
+    @property
+    def conv(self) -> nn.Conv2d:
+        return self._conv[0]
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        weight = self.conv.weight.flatten(2)  # [O, C, kh·kw]
+        per_input = torch.einsum("nc,ock->nok", v, weight)
+        out = torch.matmul(per_input, self.tap_mask.to(weight.dtype)) + self.conv.bias[:, None]
+        return out.view(len(v), -1, *self.out_side)
+
+
 class ConditionalConvDiscriminator(nn.Module):
     """The all-convolutional conditional DCGAN discriminator of *Private GANs, Revisited* (Bie, Kamath &
     Zhang, TMLR 2023, after Radford et al. 2016): the image and the one-hot label maps each through a
@@ -88,30 +117,21 @@ class ConditionalConvDiscriminator(nn.Module):
             raise ValueError(f"images of at least 4x4 pixels, got {h}x{w}")
         self.out = nn.Conv2d(4 * df_dim, 1, (side(h), side(w)))
         self.act = nn.LeakyReLU(0.2)
-        #: compute ``label_in`` of the one-hot maps by :meth:`label_response` (the same function, about
+        #: compute ``label_in`` of the one-hot maps by :class:`LabelTapConv` (the same function, about
         #: ten times fewer operations, and a sample's gradient a small einsum instead of a convolution):
-        #: set by DP-SGD paths that compute per-sample gradients with ``torch.func`` (opacus' hooks need
+        #: set by DP-SGD paths that compute per-sample gradients without opacus (whose hooks need
         #: ``label_in`` called).
         self.label_taps = False
-        # V[k, p] = 1 where tap k of label_in's kernel falls inside the image at output position p
-        kh, kw = self.label_in.kernel_size
-        taps = nn.functional.conv2d(torch.ones(1, 1, h, w), torch.eye(kh * kw).view(kh * kw, 1, kh, kw),
-                                    stride=self.label_in.stride, padding=self.label_in.padding)
-        self.register_buffer("label_tap_mask", taps[0].flatten(1), persistent=False)  # [kh·kw, H'·W']
-        self._label_side = taps.shape[2:]
+        self.label_tap_conv = LabelTapConv(self.label_in, (h, w))
 
     def label_response(self, y: torch.Tensor) -> torch.Tensor:
-        """``label_in`` applied to the constant one-hot label maps, without building them: at each output
-        position, the bias plus the kernel taps of the label's channel that fall inside the image,
-        ``b + (onehot(y) · W) V``; ``[n, d/2, H', W']``."""
-        weight = self.label_in.weight.flatten(2)  # [d/2, classes, kh·kw]
-        per_label = torch.einsum("nc,ock->nok", one_hot(y, self.num_classes).to(weight.dtype), weight)
-        out = torch.matmul(per_label, self.label_tap_mask.to(weight.dtype)) + self.label_in.bias[:, None]
-        return out.view(len(y), -1, *self._label_side)
+        """``label_in`` applied to the constant one-hot label maps of ``y``, without building them
+        (:class:`LabelTapConv`); ``[n, d/2, H', W']``."""
+        return self.label_tap_conv(one_hot(y, self.num_classes).to(self.label_in.weight.dtype))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.label_taps:
-            labels = self.label_response(y)
+            labels = self.label_tap_conv(one_hot(y, self.num_classes).to(x.dtype))
         else:
             labels = self.label_in(one_hot(y, self.num_classes)[:, :, None, None].expand(-1, -1, x.shape[2], x.shape[3]))
         h = torch.cat([self.act(self.image_in(x)), self.act(labels)], 1)
