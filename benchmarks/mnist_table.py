@@ -682,8 +682,9 @@ def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
         done = r is not None and r.get("status") == "done"
         eps = _epsilons(r)[0] if done else ""
         accuracy = _f(r.get("cnn_accuracy_val_selected")) if done else ""
-        other = rows.get(f"{row.name}_s1", {})  # the same config's second seed, where run: the spread
-        if done and other.get("status") == "done" and row_status(BY_NAME[f"{row.name}_s1"], other) == "current":
+        second = BY_NAME.get(f"{row.name}_s1")  # the same config's second seed, where the table has it: the spread
+        other = rows.get(f"{row.name}_s1", {})
+        if done and second is not None and other.get("status") == "done" and row_status(second, other) == "current":
             accuracy += f" (seed 1: {_f(other.get('cnn_accuracy_val_selected'))})"
         cells = [r.get("model", "") if done else "", eps, accuracy,
                  f"[`{row.name}`](../../{row.config})", _f(r.get("steps")) if done else "",

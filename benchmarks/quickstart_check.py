@@ -228,11 +228,12 @@ def run_once(threads: int, extra: list[str], seed: int, chart: Path | None = Non
         start, cpu_start = time.perf_counter(), _children_cpu_s()
         out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
         wall, cpu = time.perf_counter() - start, _children_cpu_s() - cpu_start
+        config = Path(config).resolve()
+        record = {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+                  "date": time.strftime("%Y-%m-%d", time.gmtime()), "scored_on": "val" if tune else "test", "seed": seed,
+                  "threads": threads, "wall_s": wall, "cpu_s": cpu, "load_avg_1min": os.getloadavg()[0], "extra": extra}
         if out.returncode != 0:  # recorded as the run it was (a refused config is a result too)
-            return {"config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
-                    "date": time.strftime("%Y-%m-%d", time.gmtime()), "scored_on": "val" if tune else "test", "seed": seed,
-                    "threads": threads, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "fit failed",
-                    "wall_s": wall, "cpu_s": cpu, "load_avg_1min": os.getloadavg()[0], "extra": extra}
+            return {**record, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "fit failed"}
         client = mlflow.MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
         run = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                  order_by=["attributes.start_time DESC"])[0]  # the fresh store holds this run only
@@ -244,7 +245,7 @@ def run_once(threads: int, extra: list[str], seed: int, chart: Path | None = Non
         model = load_generator(release_path)
         steps = int(load_release(release_path)["global_step"])
         hp = model.hparams
-        data_args = yaml.safe_load(Path(config).read_text())["data"]["init_args"]
+        data_args = yaml.safe_load(config.read_text())["data"]["init_args"]
         if tune:
             data_args["val_fraction"] = TUNING_VAL_FRACTION
         dm = ImageDataModule(**{k: v for k, v in data_args.items() if k != "num_teachers"})  # the config's split (the real test digits)
@@ -258,14 +259,12 @@ def run_once(threads: int, extra: list[str], seed: int, chart: Path | None = Non
                            cwd=tmp, env=env, check=True, capture_output=True)
             samples.write_bytes(Path(f"{tmp}/samples.png").read_bytes())
         return {
-            "config": str(Path(config).resolve().relative_to(ROOT)) if Path(config).resolve().is_relative_to(ROOT) else str(config),
-            "date": time.strftime("%Y-%m-%d", time.gmtime()), "scored_on": "val" if tune else "test", "seed": seed, "threads": threads, "wall_s": wall, "cpu_s": cpu, "load_avg_1min": os.getloadavg()[0],
-            "logreg_2000": acc,
+            **record, "logreg_2000": acc,
             "epsilon": metrics.get("epsilon_final"), "epsilon_budget": float(hp.epsilon), "delta": float(hp.delta),
             "budget_accounting": hp.budget_accounting, "steps": steps,
             "cnn_accuracy_final": metrics.get("utility/cnn_accuracy_final"),
             "cnn_accuracy_val_selected": metrics.get("utility/cnn_accuracy_val_selected"),
-            "stop_reason": run.data.tags.get("stop_reason"), "extra": extra, "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+            "stop_reason": run.data.tags.get("stop_reason"),
             "summary": out.stdout[out.stdout.find("lightning-gpate fit: done"):].replace(tmp, "/…"),
         }
 

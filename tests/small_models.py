@@ -8,7 +8,9 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import pytest
 import pytorch_lightning as pl
+import torch
 
 from datamodules import TabularDataModule
 from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
@@ -45,6 +47,20 @@ def former(cls, *args, **options):
     wherever ``options`` is silent: what the tests written before issue 47 made the defaults the best guaranteed
     configuration relied on, stated."""
     return cls(*args, **{**importlib.import_module(cls.__module__).PAPER_SETTINGS, **options})
+
+
+def assert_old_releases_load(model, option: str, other_value) -> None:
+    """A release of the trained ``model`` written before its class's ``REMOVED_OPTIONS`` were removed (holding each
+    one's "off" value) loads the same generator; one that held ``option=other_value`` is refused in one line."""
+    from lightning_gpate.release import CheckpointError, build_release, model_from_release
+
+    release = build_release(model)
+    old = {**release, "hyper_parameters": {**release["hyper_parameters"], **type(model).REMOVED_OPTIONS}}
+    loaded = model_from_release(old)
+    for key, value in loaded.generator_module.state_dict().items():
+        assert torch.equal(value, model.generator_module.state_dict()[key].cpu())
+    with pytest.raises(CheckpointError, match=f"{option}={other_value!r}"):
+        model_from_release({**release, "hyper_parameters": {**release["hyper_parameters"], option: other_value}})
 
 
 def build(kind: str, *, rows: int = 240, test_fraction: float = 0.0, **options):

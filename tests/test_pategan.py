@@ -694,17 +694,11 @@ def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
 def test_a_release_saved_before_teacher_fake_batch_size_was_removed_loads_when_it_was_off():
     """Releases hold every constructor argument: one written before ``teacher_fake_batch_size`` was removed (issue 47:
     no config or ladder used it) still loads when it held ``None``, and is refused in one line otherwise."""
-    from lightning_gpate.release import CheckpointError, build_release, model_from_release
+    from small_models import assert_old_releases_load
 
     dm = TabularDataModule(frame=pd.DataFrame({"x": np.linspace(0, 1, 40), "y": [0, 1] * 20}), label="y",
                            schema={"x": {"min": 0, "max": 1}, "y": {"categories": [0, 1]}}, class_ratio=[0.5, 0.5],
                            num_teachers=4, teacher_batch_size=4, test_fraction=0.0)
     model = former(PATEGAN, dm.spec, epsilon=100.0, lam=0.1, **SMALL)
     fit(model, dm, steps=1)
-    release = build_release(model)
-    old = {**release, "hyper_parameters": {**release["hyper_parameters"], **PATEGAN.REMOVED_OPTIONS}}
-    loaded = model_from_release(old)
-    for key, value in loaded.generator_module.state_dict().items():
-        assert torch.equal(value, model.generator_module.state_dict()[key].cpu())
-    with pytest.raises(CheckpointError, match="teacher_fake_batch_size=8"):
-        model_from_release({**release, "hyper_parameters": {**release["hyper_parameters"], "teacher_fake_batch_size": 8}})
+    assert_old_releases_load(model, "teacher_fake_batch_size", 8)

@@ -565,11 +565,12 @@ class DPGAN(PrivateGenerativeModel):
         else:
             make = lambda params: torch.optim.RMSprop(params, lr=hp.lr)  # noqa: E731
         opt_g = make(self.generator.parameters())
-        critic_opt = make(self.discriminator.parameters())
         if hp.optimizer == "adam" and hp.get("dp_sgd_impl", "opacus") == "functorch":
             # the critic's Adam as one fused kernel (the same update): the for-loop one is ~10 operator calls per
             # tensor, ~100 a critic step, a fifth of the functorch step's host work at width 8 (dpgan_mnist_cpu.md)
             critic_opt = torch.optim.Adam(self.discriminator.parameters(), lr=hp.lr, betas=tuple(hp.betas), fused=True)
+        else:
+            critic_opt = make(self.discriminator.parameters())
         opt_d = DPSumOptimizer(
             critic_opt,
             noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
