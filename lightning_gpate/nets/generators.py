@@ -22,6 +22,14 @@ def concat_label_maps(h: torch.Tensor, y_onehot: torch.Tensor) -> torch.Tensor:
     return torch.cat([h, maps], dim=1)
 
 
+def conv_layout(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the memory layout its convolutions run fastest in: channels-last on the CPU, where oneDNN's 5×5
+    convolutions over few channels (the label maps make 26 at ``gf_dim`` 8) forward and backward 2.3× faster that way
+    (DP-MERF's generator at 1,000 fakes, one thread: 1.76 → 0.78 s; ``benchmarks/results/dpmerf_mnist_tuning.md``). The
+    values are the same up to rounding; elsewhere (CUDA, unmeasured) the layout is left as it is."""
+    return x.contiguous(memory_format=torch.channels_last) if x.device.type == "cpu" and x.dim() == 4 else x
+
+
 def _upsample(in_channels: int, out_channels: int, kind: str) -> nn.Module:
     """×2 spatial upsampling with a 5×5 kernel: a transposed convolution or nearest + convolution."""
     if kind == "transposed":
@@ -72,8 +80,8 @@ class ConditionalDCGANGenerator(nn.Module):
         yo = one_hot(y, self.num_classes)
         h = self.fc0(torch.cat([z, yo], 1))
         h = self.fc1(torch.cat([h, yo], 1)).view(-1, 2 * self.gf, self.h4, self.w4)
-        h = self.up1(concat_label_maps(h, yo))
-        return torch.tanh(self.up2(concat_label_maps(h, yo)))
+        h = self.up1(conv_layout(concat_label_maps(h, yo)))
+        return torch.tanh(self.up2(conv_layout(concat_label_maps(h, yo)))).contiguous()
 
 
 class ConditionalConvGenerator(nn.Module):
