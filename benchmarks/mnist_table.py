@@ -71,7 +71,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
 
@@ -372,7 +372,8 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
     return config, _accepted(_import(config["model"]["class_path"]), model_over), data_over, max_steps
 
 
-def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None) -> tuple[dict[str, Any], Any, Any]:
+def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
+            callbacks: Sequence[pl.Callback] = ()) -> tuple[dict[str, Any], Any, Any]:
     """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule."""
     import torch
 
@@ -394,7 +395,7 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None) ->
     pl.seed_everything(seed, verbose=False)
     dm, model = build(config, model_overrides=model_over, data_overrides=data_over)
     budget = RowBudget(seconds, sync)
-    trainer = _trainer(a, max_steps=max_steps, callbacks=[budget], benchmark=config["trainer"].get("benchmark"))
+    trainer = _trainer(a, max_steps=max_steps, callbacks=[budget, *callbacks], benchmark=config["trainer"].get("benchmark"))
     fit_start, fit_cpu = time.perf_counter(), time.process_time()
     trainer.fit(model, dm, ckpt_path=str(resume) if resume else None)
     sync()
@@ -549,12 +550,31 @@ TUNE_VAL_FRACTION = 1 / 6
 TUNE_RESULTS = RESULTS / "mnist_tuning.jsonl"
 
 
+class ValidationCurve(pl.Callback):
+    """``--tune --score-at``: the validation score of the generator at several step counts of one run (the steps
+    lever in one fit). The scoring runs under a forked random state, so the run's own trajectory is the one a run
+    without it takes."""
+
+    def __init__(self, steps: Sequence[int], score: Callable[[Any], dict[str, Any]]) -> None:
+        self.steps, self.score, self.curve = sorted(set(int(s) for s in steps)), score, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import torch
+
+        step = int(trainer.global_step)
+        if step in self.steps and not any(point["steps"] == step for point in self.curve):
+            with torch.random.fork_rng(devices=[]):
+                self.curve.append({"steps": step, **self.score(pl_module)})
+            print(f"   at step {step}: validation {_f(self.curve[-1].get('validation_cnn_accuracy_val_selected'))}", flush=True)
+
+
 def tune_rows(rows: list[Row], a) -> int:
     """``--tune``: settings chosen without the test digits. Each row (its config with ``--set``, ``--steps``) is fit
     on the tuning split and scored by the table's CNN (``--num-samples`` generated digits, selected on synthetic
     validation) tested on the **validation split** of the training digits, never on the test digits; one JSON line
-    per run in ``--tune-results``. This touches the private training digits outside the release: the choice it
-    informs is not accounted in any ε (the field's convention), and tables that use it say so."""
+    per run in ``--tune-results`` (with ``--score-at``, the score at those step counts too). This touches the private
+    training digits outside the release: the choice it informs is not accounted in any ε (the field's convention), and
+    tables that use it say so."""
     import torch
 
     from image_utility import parse_sets
@@ -562,14 +582,28 @@ def tune_rows(rows: list[Row], a) -> int:
 
     for row in rows:
         print(f"== tuning {row.name} {a.set} steps={a.steps or 'config'}", flush=True)
-        record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=None)
-        model.to(a.device).eval()
-        x, y = model.generate(a.num_samples, seed=0)
-        val = dm.model_space("val")
-        out = cnn_utility((x, y), val, num_classes=10, epochs=a.cnn_epochs, seed=0, device=a.device)
-        record.update({f"validation_{k}": v for k, v in out.items() if k != "cnn_num_train"})
+        val: list[Any] = []  # the validation split, once the DataModule is set up
+
+        def score(model) -> dict[str, Any]:
+            was_training = model.training
+            model.eval()
+            x, y = model.generate(a.num_samples, seed=0)
+            model.train(was_training)
+            if not val:
+                val.append(model.trainer.datamodule.model_space("val"))
+            out = cnn_utility((x, y), val[0], num_classes=10, epochs=a.cnn_epochs, seed=0, device=a.device)
+            return {f"validation_{k}": v for k, v in out.items() if k != "cnn_num_train"}
+
+        curve = ValidationCurve(a.score_at or (), score)
+        record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=None, callbacks=[curve])
+        model.to(a.device)
+        if not val:
+            val.append(dm.model_space("val"))
+        record.update(score(model))
+        if curve.curve:
+            record["validation_curve"] = curve.curve
         record.update(name=a.name or row.name, tuning=True, set=parse_sets(a.set), num_tuning=len(dm.model_space("train")[1]),
-                      num_validation=len(val[1]), threads=torch.get_num_threads(),
+                      num_validation=len(dm.model_space("val")[1]), threads=torch.get_num_threads(),
                       scored_on="validation split of the training digits (not the test digits)")
         grids = a.state / "tuning_grids"
         grids.mkdir(parents=True, exist_ok=True)
@@ -833,6 +867,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-results", type=Path, default=TUNE_RESULTS, help="--tune: JSON lines of the runs")
     p.add_argument("--tune-seconds", type=float, default=1e9, help="--tune: training time budget of a run")
     p.add_argument("--name", default=None, help="--tune: the run's name in --tune-results")
+    p.add_argument("--score-at", type=int, nargs="+", default=None, metavar="STEP",
+                   help="--tune: also score the generator at these step counts of the run (the steps lever in one fit; "
+                        "the scoring does not change the run's trajectory)")
     p.add_argument("--steps", type=int, default=None, help="generator steps (overrides the config's max_steps)")
     p.add_argument("--pretrain-only", action="store_true",
                    help="GS-WGAN: only the discriminators' pretraining of the selected rows (into the cache), no private stage")

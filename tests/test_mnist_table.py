@@ -216,13 +216,35 @@ def test_tuning_fits_on_the_tuning_split_and_scores_on_the_validation_split_neve
     monkeypatch.setattr(GenerativeDataModule, "model_space", lambda self, split: (read.append(split), original(self, split))[1])
     out = tmp_path / "tuning.jsonl"
     assert main(["--smoke", "--tune", "--data-root", str(tmp_path / "no_data"), "--state", str(tmp_path / "state"), "--rows",
-                 "dpmerf_eps1_guarantee", "--steps", "2", "--tune-results", str(out), "--name", "probe", "--set", "length_scale=10"]) == 0
+                 "dpmerf_eps1_guarantee", "--steps", "2", "--tune-results", str(out), "--name", "probe", "--set", "length_scale=10",
+                 "--score-at", "1", "2"]) == 0
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert "test" not in read and "val" in read
     assert record["name"] == "probe" and record["steps"] == 2 and record["set"] == {"length_scale": 10}
+    assert [point["steps"] for point in record["validation_curve"]] == [1, 2]  # --score-at: the steps lever in one run
+    assert all(0 <= point["validation_cnn_accuracy_final"] <= 1 for point in record["validation_curve"])
     assert 0 <= record["validation_cnn_accuracy_final"] <= 1 and "cnn_accuracy_final" not in record
     total = record["num_tuning"] + record["num_validation"]
     assert abs(record["num_validation"] - TUNE_VAL_FRACTION * total) < 0.05 * total
+
+
+def test_scoring_during_a_tuning_run_leaves_the_runs_random_state_as_it_was():
+    """--score-at scores mid-run (generating, training a CNN): the run's own draws after it are the ones it would
+    have made without it."""
+    from types import SimpleNamespace
+
+    import torch
+    from mnist_table import ValidationCurve
+
+    curve = ValidationCurve([5], lambda model: {"draw": float(torch.rand(()))})
+    trainer = SimpleNamespace(global_step=5)
+    torch.manual_seed(0)
+    curve.on_train_batch_end(trainer, None, None, None, 0)
+    after_scoring = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after_scoring, torch.rand(3)) and len(curve.curve) == 1
+    curve.on_train_batch_end(trainer, None, None, None, 1)  # the same step again (a second batch end): scored once
+    assert len(curve.curve) == 1
 
 
 def test_a_row_whose_config_changed_since_its_run_is_marked_stale_and_comments_or_speed_settings_do_not_count(tmp_path, monkeypatch):
