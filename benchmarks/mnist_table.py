@@ -46,6 +46,7 @@ Usage::
     # (unaccounted tuning on the private training digits, the field's convention; results/mnist_tuning.jsonl):
     OMP_NUM_THREADS=1 python benchmarks/mnist_table.py --tune --rows dpmerf_eps1_guarantee --threads 1 --steps 300 \
         --name ls7 --set length_scale=7
+    ... --steps 2400 --score-at 400 800 1200 1600 2000 --name s2400   # one run scored at several step counts
     # GS-WGAN: its discriminators' pretraining (GBs) stays on the machine that made it, so its rows keep their state
     # in the project's ignored outputs/ (kept between calls while the machine stays warm), not in $OUT:
     source .gpu/env.sh && python benchmarks/mnist_table.py --device cuda --data-root .gpu/data/mnist \
