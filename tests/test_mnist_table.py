@@ -35,7 +35,7 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
     assert headline.startswith("# SMOKE RUN (not results)")
     rows_shown = {line.split("`")[1]: line for line in headline.splitlines() if line.startswith("| ") and "`" in line}
     assert set(rows_shown) == {r.name for r in ROWS if r.headline} and "gpate_paper_eps10_guarantee" not in rows_shown
-    assert "gpate_eps10_hybrid_guarantee" in rows_shown and "dpmerf_eps1_guarantee" in rows_shown
+    assert "gpate_eps10_hybrid_guarantee" in rows_shown and "dpmerf_eps1_best" in rows_shown and "dpmerf_eps1_guarantee" not in rows_shown
     gan = rows_shown["gan_nonprivate"]  # run by this call: its hardware, date and a current config
     assert "CPU" in gan and time.strftime("%Y-%m-%d", time.gmtime()) in gan and gan.endswith("| current |")
     assert rows_shown["pategan_eps10_guarantee"].endswith("| not run yet |")
