@@ -236,8 +236,8 @@ def test_scoring_during_a_tuning_run_leaves_the_runs_random_state_as_it_was():
     import torch
     from mnist_table import ValidationCurve
 
-    curve = ValidationCurve([5], lambda model: {"draw": float(torch.rand(()))})
-    trainer = SimpleNamespace(global_step=5)
+    curve = ValidationCurve([5], lambda model, dm: {"draw": float(torch.rand(()))})
+    trainer = SimpleNamespace(global_step=5, datamodule=None)
     torch.manual_seed(0)
     curve.on_train_batch_end(trainer, None, None, None, 0)
     after_scoring = torch.rand(3)
