@@ -81,6 +81,39 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return yaml.safe_load((ROOT / path).read_text())
 
 
+#: Where a config's settings came from (issue 58): every shipped config says it in one comment line,
+#: ``# Settings from: <label> (<what, and the results page that shows it>)``; a table row's record carries the label.
+SETTINGS_PROVENANCE = {
+    "paper": "the paper's or its reference code's settings (sized to the budget or the machine), not tuned here",
+    "validation": "chosen on a validation split of the training data (unaccounted tuning)",
+    "test→validation": "first found in development runs scored on the test split, then re-checked on a validation split",
+    "test": "chosen in development runs scored on the test split, not re-checked: its test figure is optimistic",
+    "untuned": "not tuned for utility (a baseline, a smoke or audit config)",
+}
+PROVENANCE_LINE = "# Settings from: "
+
+
+def settings_provenance(path: str | Path) -> tuple[str, str]:
+    """``(label, detail)`` of a config's ``# Settings from:`` comment (continued on the comment lines indented by
+    two spaces after it); the label is one of :data:`SETTINGS_PROVENANCE`. Raises ``ValueError`` when the config
+    states none, or another."""
+    lines = (ROOT / path).read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(PROVENANCE_LINE)]
+    if len(starts) != 1:
+        raise ValueError(f"{path} must state where its settings came from in one '{PROVENANCE_LINE.strip()}' line "
+                         f"(found {len(starts)})")
+    text = [lines[starts[0]].removeprefix(PROVENANCE_LINE)]
+    for line in lines[starts[0] + 1:]:
+        if not line.startswith("#  "):
+            break
+        text.append(line.removeprefix("#  "))
+    full = " ".join(text)
+    label = next((k for k in sorted(SETTINGS_PROVENANCE, key=len, reverse=True) if full.startswith(k + " (") or full == k), None)
+    if label is None:
+        raise ValueError(f"{path}: '{PROVENANCE_LINE.strip()}' must start with one of {list(SETTINGS_PROVENANCE)}, got {full[:40]!r}")
+    return label, full[len(label):].strip().removeprefix("(").removesuffix(".").removesuffix(")")
+
+
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
     """``KEY=VALUE`` model overrides of the benchmarks' ``--set`` (YAML values; a leading ``model.`` is dropped)."""
     import yaml

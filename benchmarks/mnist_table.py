@@ -120,8 +120,9 @@ DPMERF_SWEEP_PAPER = {0.2: "G-PATE 0.223", 0.4: "—", 0.6: "—", 0.8: "—", 1
 #: What the SoK on private data synthesis re-ran of DP-MERF (the paper cites its own figure nowhere on this table).
 DPMERF_SOK_RERUN = {1: "— (cited without a figure; SoK re-run 0.839)", 10: "— (cited without a figure; SoK re-run 0.832)"}
 DPMERF_SWEEP_TARGETS = {0.2: "≥ 0.863 (DPDM)", 1: "≥ 0.953 (DPDM)", 10: "≥ 0.95"}
-#: What the DP-MERF rows' target cell says of their settings (issue 46: the tuning is said, not hidden).
-DPMERF_TUNED = "settings tuned on a validation split of the training digits, not accounted (dpmerf_mnist_tuning.md)"
+#: What the DP-MERF rows' target cell says of their settings (issue 46: the tuning is said, not hidden; where each setting
+#: came from is the `settings from` column, issue 58).
+DPMERF_TUNED = "tuning not accounted in ε (dpmerf_mnist_tuning.md)"
 DPMERF_SWEEP: tuple[Row, ...] = tuple(
     Row(f"dpmerf_eps{eps:g}_gpu_s{seed}", paper, DPMERF_SWEEP_TARGETS.get(eps, "the sweep (G-PATE's Table 2)") + "; " + DPMERF_TUNED, 120,
         kind="extra",
@@ -391,12 +392,14 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
     """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule."""
     import torch
 
-    from image_utility import build, parse_sets
+    from image_utility import build, parse_sets, settings_provenance
 
     config, model_over, data_over, max_steps = row_settings(row, a)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     record: dict[str, Any] = {"row": row.name, "config": row.config, "model": config["model"]["class_path"].rsplit(".", 1)[1],
-                              "max_steps": max_steps, "time_budget_s": seconds}
+                              "max_steps": max_steps, "time_budget_s": seconds,
+                              # where the config's settings came from (issue 58): the table's `settings from` column
+                              "settings_from": settings_provenance(row.config)[0]}
     sets = {k: v for k, v in parse_sets(getattr(a, "set", None)).items() if k in model_over}
     if sets:  # the table names them beside the row
         record["set"] = sets
@@ -659,7 +662,7 @@ def _epsilons(r: dict[str, Any]) -> tuple[str, str]:
 
 
 COLUMNS = ("row", "status", "hardware", "date", "model", "ε spent (guarantee, δ=1e-5)", "other ε (labelled, not a guarantee)", "steps", "stopped by",
-           "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)", "paper", "target", "best on test (paper's selection)",
+           "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)", "paper", "target", "settings from", "best on test (paper's selection)",
            "IS", "FID", "samples")
 
 
@@ -712,8 +715,26 @@ def row_status(row: Row, r: dict[str, Any] | None) -> str:
     return "current"
 
 
-HEADLINE_COLUMNS = ("model", "ε (guarantee, δ=1e-5)", "CNN acc (val-sel. on synthetic)", "row (config)", "steps", "hardware", "date",
-                    "status")
+HEADLINE_COLUMNS = ("model", "ε (guarantee, δ=1e-5)", "CNN acc (val-sel. on synthetic)", "row (config)", "settings from", "steps",
+                    "hardware", "date", "status")
+
+
+def settings_from(row: Row, r: dict[str, Any] | None) -> str:
+    """Where the row's settings came from: its record's ``settings_from`` (the config's label when it ran), else its
+    config's label now (a row not run yet); a label that changed since the run says both."""
+    from image_utility import settings_provenance
+
+    now = settings_provenance(row.config)[0]
+    then = (r or {}).get("settings_from")
+    return now if then in (None, now) else f"{then} (config now: {now})"
+
+
+#: The legend of the `settings from` column (issue 58: where each row's settings came from).
+SETTINGS_FROM_LEGEND = ("`settings from`: where the config's settings came from (its `# Settings from:` line): "
+                        "*paper* — the paper's or reference code's; *validation* — chosen on a validation split of the "
+                        "training digits (unaccounted tuning); *test→validation* — first found in runs scored on the test "
+                        "digits, then re-checked on a validation split; *test* — chosen in runs scored on the test digits "
+                        "and not re-checked, so its test figure is optimistic; *untuned*.")
 
 
 def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
@@ -726,6 +747,7 @@ def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
              "`STALE`: the config changed since the run (rerun it); `partial`: the run stopped on its time budget before "
              "its privacy budget (not the model's converged utility). Every row (the papers' settings, the levers, "
              "noise-free and extras), the notes and the ladders: [mnist_table_archive.md](mnist_table_archive.md).", "",
+             SETTINGS_FROM_LEGEND, "",
              "| " + " | ".join(HEADLINE_COLUMNS) + " |", "|" + "---|" * len(HEADLINE_COLUMNS)]
     for row in (r for r in ROWS if r.headline):
         r = rows.get(row.name)
@@ -737,7 +759,7 @@ def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
         if done and second is not None and other.get("status") == "done" and row_status(second, other) == "current":
             accuracy += f" (seed 1: {_f(other.get('cnn_accuracy_val_selected'))})"
         cells = [r.get("model", "") if done else "", eps, accuracy,
-                 f"[`{row.name}`](../../{row.config})", _f(r.get("steps")) if done else "",
+                 f"[`{row.name}`](../../{row.config})", settings_from(row, r), _f(r.get("steps")) if done else "",
                  r.get("machine", "") if r else "", r.get("date", "") if r else "", row_status(row, r)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -758,7 +780,7 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
              "training digits (the papers' setting; the data owner's evaluation, not released by any run), FID "
              "against the test digits. ε: the guarantee the row's budget enforced (data-independent, δ = 1e-5); "
              "another ε only where labelled. Rows stop at their privacy budget, their config's max_steps or the "
-             "row's time budget on the GPU (column `stopped by`).", ""]
+             "row's time budget on the GPU (column `stopped by`).", "", SETTINGS_FROM_LEGEND, ""]
     if meta.get("machine"):
         lines += [f"Machine of the last call: {meta['machine']}; torch {meta.get('torch', '?')}. Each row's own: the columns "
                   "`hardware` and `date` (rows measured before 2026-11-28: from the notes below).", ""]
@@ -768,7 +790,7 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
         if r is None or r.get("status") not in ("done",):
             status = "not run yet" if r is None else f"{r.get('status')}: {r.get('error', r.get('stopped_by', ''))}"[:200]
             cells = [f"`{row.name}`", row_status(row, r), "", "", "", "", "", _f(r.get("steps")) if r else "", status, "", "", "", row.paper,
-                     row.target, "", "", "", ""]
+                     row.target, settings_from(row, r), "", "", "", ""]
         else:
             guarantee, other = _epsilons(r)
             steps = _f(r.get("steps")) + (f" (after {r['pretrain_iterations']} pretraining it.)" if r.get("pretrain_iterations") else "")
@@ -776,7 +798,7 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
             cells = [name, row_status(row, r), r.get("machine", ""), r.get("date", ""), r.get("model", ""), guarantee, other, steps,
                      str(r.get("stopped_by", ""))[:120].replace("|", "/"), _f(r.get("s_per_step"), 3),
                      _f(r.get("cnn_accuracy_final")), _f(r.get("cnn_accuracy_val_selected")), row.paper, row.target,
-                     _f(r.get("cnn_accuracy_best_on_test_paper_style")), _f(r.get("inception_score"), 2), _f(r.get("fid"), 1),
+                     settings_from(row, r), _f(r.get("cnn_accuracy_best_on_test_paper_style")), _f(r.get("inception_score"), 2), _f(r.get("fid"), 1),
                      f"[grid]({r['grid']})" if r.get("grid") else ""]
         lines.append("| " + " | ".join(cells) + " |")
     base = meta.get("real_baseline")

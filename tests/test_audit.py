@@ -225,6 +225,11 @@ def test_a_malformed_dataset_file_is_refused_in_one_line_that_quotes_none_of_it(
     assert main([*args[:-1], "0,1,1,2", "--dataset", str(data)]) == 2
     err = capsys.readouterr().err
     assert "must give one value per column" in err and len(err.strip().splitlines()) == 1
+    # an index past the end: refused in one line that states no row count of the private file (it said "rows 0..1")
+    assert main([*args[:-1], "7", "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "--target 7 is not a row of" in err and len(err.strip().splitlines()) == 1
+    assert not any(str(n) in err.replace(str(data), "").replace("--target 7", "") for n in (1, 2)), err
 
 
 def test_every_fit_draws_fresh_mechanism_noise_and_each_private_audit_config_trains(monkeypatch):

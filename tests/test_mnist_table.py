@@ -38,6 +38,9 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
     assert "gpate_eps10_hybrid_guarantee" in rows_shown and "dpmerf_eps1_best" in rows_shown and "dpmerf_eps1_guarantee" not in rows_shown
     gan = rows_shown["gan_nonprivate"]  # run by this call: its hardware, date and a current config
     assert "CPU" in gan and time.strftime("%Y-%m-%d", time.gmtime()) in gan and gan.endswith("| current |")
+    # where each row's settings came from (issue 58): in its record, from its config, and in the table
+    assert rows["gan_nonprivate"]["settings_from"] == "paper" and rows["gpate_paper_eps10_guarantee"]["settings_from"] == "paper"
+    assert "| settings from |" in headline and "| test→validation |" in rows_shown["dpmerf_eps1_best"]
     assert rows_shown["pategan_eps10_guarantee"].endswith("| not run yet |")
     table = (second / "results" / "mnist_table_archive.md").read_text()  # every row
     assert table.startswith("# SMOKE RUN (not results)")
@@ -50,7 +53,7 @@ def test_smoke_table_is_written_and_a_second_call_continues_it(tmp_path):
     gpate = lines["gpate_paper_eps10_guarantee"].split(" | ")
     assert gpate[5].endswith(" of 10") and 0 < float(gpate[5].split()[0]) <= 10  # a guarantee within the budget
     assert gpate[7] == "2" and "0.8092" in lines["gpate_paper_eps10_guarantee"]  # steps; the paper's figure beside it
-    assert float(gpate[10]) >= 0 and float(gpate[15]) >= 1.0  # CNN accuracy, IS
+    assert float(gpate[10]) >= 0 and gpate[14] == "paper" and float(gpate[16]) >= 1.0  # CNN accuracy, settings from, IS
     assert "– (non-private)" in lines["gan_nonprivate"] and "0.9653" in lines["gan_nonprivate"]
     assert "the paper's accounting, not a guarantee" in lines["gswgan_eps10_paper"]  # labelled, never as the guarantee
     assert "not run yet" in lines["dpgan_eps10_guarantee"]

@@ -18,7 +18,7 @@ from lightning_gpate.tracking import GPATEMLFlowLogger
 RELEASED = {
     "gpate": {"g_loss", "answered_fraction"},
     "pategan": {"g_loss", "s_loss", "noisy_real_fraction"},
-    "dpgan": {"g_loss", "epsilon_opacus", "critic_fake_accuracy"},  # the last: fakes through the DP critic
+    "dpgan": {"g_loss", "epsilon_opacus_worst_case", "critic_fake_accuracy"},  # the last: fakes through the DP critic
     "gswgan": set(),
     "dpmerf": {"mmd_loss"},
     "marginal": set(),

@@ -101,7 +101,9 @@ def file_data(path: str | Path, target: str, config_data: dict[str, Any]) -> Aud
     if target.lstrip("-").isdigit():
         index = int(target)
         if not 0 <= index < len(frame):
-            raise AuditError(f"--target {index} is not a row of {path} (rows 0..{len(frame) - 1})")
+            # the file's row count is private (a neighbour's presence changes it): the message states none
+            raise AuditError(f"--target {index} is not a row of {path}: give the index of one of its rows (from 0), "
+                             f"or the row's values")
         without = frame.drop(index=frame.index[index]).reset_index(drop=True)
         with_target, row = frame, frame.iloc[index].to_dict()
     else:

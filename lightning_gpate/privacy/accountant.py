@@ -687,6 +687,15 @@ class PrivacyAccountant:
             self._counts[k] += v
         return self
 
+    def record_worst_case_only(self, event) -> "PrivacyAccountant":
+        """Adds the guarantee of ``event``'s worst case to ``rdp_worst_case`` alone (``rdp`` and ``rdp_paper``
+        unchanged); returns ``self``. For a cost the guarantee must count that no mechanism realised: the
+        steps an adaptive schedule allowed beyond those it took, in a state written before they were
+        recorded (DP-GAN's checkpoints before its worst case was kept)."""
+        self._rdp_worst = self._rdp_worst + _event_cost(worst_case_of(event), self._orders, self.neighbouring,
+                                                        paper=False).guarantee
+        return self
+
     # -- epsilon --------------------------------------------------------------------
 
     def epsilon_and_order(self) -> tuple[float, float]:
