@@ -47,6 +47,10 @@ Usage::
     OMP_NUM_THREADS=1 python benchmarks/mnist_table.py --tune --rows dpmerf_eps1_guarantee --threads 1 --steps 300 \
         --name ls7 --set length_scale=7
     ... --steps 2400 --score-at 400 800 1200 1600 2000 --name s2400   # one run scored at several step counts
+    # a warm start once, then fine-tuning variants of it (each continues the saved run: its release, its ε spent)
+    ... --rows dpgan_warm_eps10_guarantee --steps 1 --tune-save outputs/tune/warm10.ckpt --name warm10
+    ... --rows dpgan_warm_eps10_guarantee --tune-from outputs/tune/warm10.ckpt --steps 401 --score-at 101 201 \
+        --set generator_lr=1e-5 warm_start.anchor_weight=0.5 --name w10_glr1e-5_a0.5
     # GS-WGAN: its discriminators' pretraining (GBs) stays on the machine that made it, so its rows keep their state
     # in the project's ignored outputs/ (kept between calls while the machine stays warm), not in $OUT:
     source .gpu/env.sh && python benchmarks/mnist_table.py --device cuda --data-root .gpu/data/mnist \
@@ -197,6 +201,9 @@ ROWS: tuple[Row, ...] = (
     # the DP-MERF paper's own settings (length scale 20.5, 500 digits a step, 600 steps), which DPMERF's defaults are not
     Row("dpmerf_paper_eps1_guarantee", DPMERF_SOK_RERUN[1], "the paper's settings, for comparison", 120,
         kind="extra", splittable=True),
+    # issue 56: DP-MERF's release as a warm start (its share of ε), then DP-GAN's DP-SGD critic fine-tunes the generator
+    Row("dpgan_warm_eps10_guarantee", "— (FETA-Pro 0.986, DPDM 0.981)", "≥ 0.965", 3600, kind="extra", splittable=True),
+    Row("dpgan_warm_eps1_guarantee", "— (FETA-Pro 0.971, DPDM 0.953)", "≥ 0.95", 3600, kind="extra", splittable=True),
     # the CPU config at the G-PATE paper's small budgets (its Table 2: 0.223 at ε = 0.2), the ε = 1 settings carried unchanged
     *DPMERF_CPU_SWEEP,
     *DPMERF_SWEEP,
@@ -247,6 +254,8 @@ SMOKE_MODEL = {"gf_dim": 8, "df_dim": 8, "fc_dim": 32, "teacher_fc": 16, "teache
                "generator_hidden": [32], "discriminator_hidden": [16], "teacher_precision": "32",
                "vote_chunk_size": 64, "query_batch_size": 16, "generator_batch_size": 8}
 SMOKE_CAPS = {"teacher_warmup_steps": 1, "generator_steps": 2, "teacher_steps": 1, "student_steps": 1, "critic_steps": 1, "d_steps": 1}
+#: A warm start's options in smoke mode (its release and a few steps on it)
+SMOKE_WARM_START = {"features": 200, "steps": 2, "batch_size": 20}
 SMOKE_TEACHERS = 8
 SMOKE_TRAIN, SMOKE_TEST = 1200, 300
 
@@ -370,6 +379,9 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
     if getattr(a, "tune", False):  # the tuning split trains; the validation split is held out (tune_rows)
         data_over["val_fraction"] = TUNE_VAL_FRACTION
     model_over = {**row.overrides, **parse_sets(getattr(a, "set", None))}
+    for key in [k for k in model_over if "." in k]:  # an option of a group (warm_start.anchor_weight=0.5): merged into it
+        group, _, option = key.partition(".")
+        model_over[group] = {**(config["model"]["init_args"].get(group) or {}), **model_over.get(group, {}), option: model_over.pop(key)}
     max_steps = int(config["trainer"].get("max_steps", 1000))
     if row.max_steps is not None:
         max_steps = min(max_steps, row.max_steps)
@@ -383,13 +395,16 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
         init = config["model"]["init_args"]
         model_over.update(SMOKE_MODEL)
         model_over.update({k: min(v, init[k]) for k, v in SMOKE_CAPS.items() if k in init and init[k] is not None})
+        if init.get("warm_start"):
+            model_over["warm_start"] = {**init["warm_start"], **model_over.get("warm_start", {}), **SMOKE_WARM_START}
         max_steps = min(max_steps, a.smoke_steps)
     return config, _accepted(_import(config["model"]["class_path"]), model_over), data_over, max_steps
 
 
 def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
-            callbacks: Sequence[pl.Callback] = ()) -> tuple[dict[str, Any], Any, Any]:
-    """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule."""
+            callbacks: Sequence[pl.Callback] = (), save_to: Path | None = None) -> tuple[dict[str, Any], Any, Any]:
+    """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule. ``save_to``:
+    also write the training checkpoint there (private: for a later fit to continue from)."""
     import torch
 
     from image_utility import build, parse_sets, settings_provenance
@@ -424,6 +439,12 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
         complete=not budget.hit,
         **privacy_record(model),
     )
+    if save_to is not None:
+        save_to.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(save_to)
+        record["saved_checkpoint"] = str(save_to)
+    if resume is not None:
+        record["resumed_from"] = str(resume)
     if budget.hit and a.max_carry_mb > 0 and not a.smoke:  # split over calls if its state is small
         ckpt = state / "ckpt" / f"{row.name}.ckpt"
         ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -610,7 +631,8 @@ def tune_rows(rows: list[Row], a) -> int:
             return {f"validation_{k}": v for k, v in out.items() if k != "cnn_num_train"}
 
         curve = ValidationCurve(a.score_at or (), score)
-        record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=None, callbacks=[curve])
+        record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=a.tune_from, callbacks=[curve],
+                                    save_to=a.tune_save)
         model.to(a.device)
         record.update(score(model, dm))
         if curve.curve:
@@ -898,6 +920,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(~10,000 training digits), append to --tune-results; no table, the test digits unread")
     p.add_argument("--tune-results", type=Path, default=TUNE_RESULTS, help="--tune: JSON lines of the runs")
     p.add_argument("--tune-seconds", type=float, default=1e9, help="--tune: training time budget of a run")
+    p.add_argument("--tune-save", type=Path, default=None,
+                   help="--tune: also save the run's training checkpoint there (e.g. after a warm start: --steps 1)")
+    p.add_argument("--tune-from", type=Path, default=None,
+                   help="--tune: continue from a --tune-save checkpoint (its release and privacy spent) with this run's "
+                        "--set and --steps (total steps): fine-tuning variants of one warm start")
     p.add_argument("--name", default=None, help="--tune: the run's name in --tune-results")
     p.add_argument("--score-at", type=int, nargs="+", default=None, metavar="STEP",
                    help="--tune: also score the generator at these step counts of the run (the steps lever in one fit; "

@@ -152,8 +152,18 @@ def draw(out: Path) -> Path:
     return out
 
 
+#: The field's published MNIST figures without public data (``../shared/REFERENCE.md``, δ = 1e-5 unless said), each with
+#: its protocol (their classifiers and synthetic sets differ from this table's CNN on 10,000 digits): drawn as anchors.
+PUBLISHED_MNIST = {
+    "DPDM (CNN on 60k)": {0.2: 0.863, 1: 0.953, 10: 0.981},
+    "FETA-Pro (ResNets on 55k)": {0.2: 0.862, 1: 0.971, 10: 0.986},
+    "DP-MERF's paper recipe (DPDM's Table 1)": {10: 0.821},
+}
+
+
 def draw_mnist(out: Path) -> Path:
-    """CNN accuracy (val-selected) against ε for every model's headline MNIST row (``mnist_table.json``)."""
+    """CNN accuracy (val-selected) against ε for every model's headline MNIST row (``mnist_table.json``), beside the
+    field's published figures (:data:`PUBLISHED_MNIST`, open markers, their own protocols)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,6 +194,10 @@ def draw_mnist(out: Path) -> Path:
             ax.scatter([eps], [acc], s=60, color=color if current else "white", edgecolors=color, zorder=3)
             if not current:
                 ax.annotate(status.split(":")[0].lower(), (eps, acc), textcoords="offset points", xytext=(6, -3), fontsize=7, color=color)
+    for j, (name, points) in enumerate(PUBLISHED_MNIST.items()):
+        eps = sorted(points)
+        ax.plot(eps, [points[e] for e in eps], ls="--", lw=0.8, marker=("D", "s", "^")[j % 3], markersize=5,
+                markerfacecolor="white", color="dimgrey", alpha=0.8, label=f"published: {name}")
     if gan is not None:
         ax.axhline(gan[0], ls=":", color="black", label=f"non-private GAN: {gan[0]:.3f} ({gan[1]})")
     real = table.get("meta", {}).get("real_baseline", {}).get("cnn_accuracy_val_selected")
@@ -191,18 +205,18 @@ def draw_mnist(out: Path) -> Path:
         ax.axhline(real, ls=":", color="grey", label=f"real training digits: {real:.3f}")
     ax.axhline(CHANCE_DIGITS, color="lightgrey", lw=0.8, label="chance")
     ax.set_xscale("log")
-    epsilons = [p[0] for pts in by_model.values() for p in pts] or [1.0, 10.0]
+    epsilons = [p[0] for pts in by_model.values() for p in pts] + [e for points in PUBLISHED_MNIST.values() for e in points]
     ticks = [t for t in (0.2, 0.5, 1, 2, 5, 10) if min(epsilons) / 1.5 <= t <= max(epsilons) * 1.5]
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_xlim(min(epsilons) / 1.4, max(epsilons) * 1.4)
     ax.set_ylim(0, 1)
     ax.set_xlabel("ε (guarantee, δ = 1e-5)")
     ax.set_ylabel("CNN accuracy on the 10,000 real test digits")
-    ax.set_title("MNIST, each model's headline row (mnist_table.md); hollow: stale or partial", fontsize=9)
+    ax.set_title("MNIST, each model's headline row (mnist_table.md); hollow: stale or partial; grey: published", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
+    fig.savefig(out, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return out
 

@@ -101,8 +101,13 @@ def option_error_line(message: str, parser, command: str) -> str:
         help_hint = f"see {command} --{base}.help {class_path.group(1).rpartition('.')[2]}"
     unknown = re.search(r"Option '([^']+)' is not accepted", message)
     if unknown and class_path:
-        return (f"unknown option {base}.init_args.{unknown.group(1)}"
-                f"{_did_you_mean(closest(unknown.group(1), names), f'{base}.init_args.')} ({help_hint})")
+        # an option group of the class (e.g. DP-GAN's warm_start: a dataclass): its key below init_args, its own names
+        paths = re.findall(r"given class_path '([^']+)'", message)
+        keys = re.findall(r'Parser key "([^"]+)"', message)
+        prefix = f"{base}.init_args." + "".join(f"{k}." for k in keys[1:len(paths)])
+        names = init_arg_names(paths[-1]) or names
+        return (f"unknown option {prefix}{unknown.group(1)}"
+                f"{_did_you_mean(closest(unknown.group(1), names), prefix)} ({help_hint})")
     wrong_type = re.findall(r'Parser key "([^"]+)":\s*Expected a <class \'([^\']+)\'>\. Got value: (.*)', message)
     if wrong_type:
         key, expected, value = wrong_type[-1]

@@ -127,6 +127,27 @@ def test_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_pa
     _assert_same_release(run_one.data.tags["release_artifact"], run_two.data.tags["release_artifact"], atol=1e-4)
 
 
+#: DP-GAN warm-started (issue 56): the release and its steps before the first critic step, its pull in every generator step
+DPGAN_WARM_QUICK = [*DPGAN_QUICK, "--model.warm_start.fraction", "0.3", "--model.warm_start.features", "200",
+                    "--model.warm_start.steps", "3", "--model.warm_start.batch_size", "40", "--model.warm_start.anchor_weight", "0.5",
+                    "--model.generator_architecture", "dcgan", "--model.generator_upsample", "nearest", "--model.gf_dim", "8",
+                    "--model.fc_dim", "32", "--model.z_dim", "5"]
+
+
+def test_a_warm_started_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
+    """Every rank measures the same release (one secret seed, broadcast) and takes the same warm-start steps (their
+    gradients averaged over the ranks), then DP-SGD as above: the same release as one process, one release charged."""
+    _two_processes(DPGAN_WARM_QUICK, "warm-two", tmp_path)
+    (run_two,) = _experiment_runs("warm-two")
+    with _one_process_under_ddp() as ddp_one:
+        assert main([*DPGAN_WARM_QUICK, *ddp_one, "--trainer.logger.init_args.experiment_name", "warm-one"]) == 0
+    run_one, _ = query_run("warm-one")
+    for run in (run_one, run_two):
+        assert run.info.status == "FINISHED" and not [t for t in run.data.tags if t.endswith("_error")], run.data.tags
+    assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
+    _assert_same_release(run_one.data.tags["release_artifact"], run_two.data.tags["release_artifact"], atol=1e-4)
+
+
 # Bie et al.'s recipe, small; the adaptive n_D moves every generator step (threshold 1, grace 1): 1, 2, 5
 DPGAN_REVISITED = [*DPGAN_QUICK, "--model.init_args.loss", "nonsaturating", "--model.init_args.optimizer", "adam",
                    "--model.init_args.lr", "0.0002", "--model.init_args.weight_clip", "null",

@@ -36,6 +36,15 @@ def test_an_unknown_model_option_names_the_closest_one(capsys, config):
                     "(see lightning-gpate fit --model.help GPATE)")
 
 
+def test_an_unknown_option_of_an_option_group_names_the_group_and_its_closest_option(capsys):
+    """DP-GAN's ``warm_start`` is a group of options (a dataclass): a typo in it names the whole key and the group's own
+    options (it said ``model.init_args.steps``, as if the model had it)."""
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "dpgan_digits_minimal.yaml")
+    line = _one_line_error(capsys, ["fit", "--config", config, "--model.warm_start.stepz", "5"])
+    assert line == ("lightning-gpate fit: error: unknown option model.init_args.warm_start.stepz; did you mean "
+                    "model.init_args.warm_start.steps? (see lightning-gpate fit --model.help DPGAN)")
+
+
 def test_a_typo_in_the_yaml_file_names_the_key_and_the_closest_one(capsys, config):
     text = yaml.safe_load(config.read_text())
     text["model"]["init_args"]["deltaa"] = text["model"]["init_args"].pop("delta")

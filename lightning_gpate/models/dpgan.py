@@ -84,6 +84,7 @@ from torch import nn
 
 from lightning_gpate.models.base import refuse_changed_on_resume
 from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
+from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.nets.discriminators import (
     ConditionalConvDiscriminator, ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator,
 )
@@ -97,6 +98,8 @@ from lightning_gpate.privacy.dpsgd import (
 from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 ARCHITECTURES = ("mlp", "dcgan", "conv")
+#: ``generator_upsample`` of the DCGAN generator (``generator_architecture: dcgan``): G-PATE's and DP-MERF's choice.
+UPSAMPLES = ("transposed", "nearest")
 LOSSES = ("wasserstein", "nonsaturating")
 OPTIMIZERS = ("rmsprop", "adam")
 #: The values the adaptive n_D moves through (Bie et al.'s ``D_STEPS_RATE_OPTIONS``).
@@ -283,7 +286,7 @@ def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str,
     return options
 
 
-class DPGAN(PrivateGenerativeModel):
+class DPGAN(WarmStartMixin, PrivateGenerativeModel):
     """Conditional GAN with a DP-SGD critic: *Private GANs, Revisited* by default (Bie et al. 2023: the
     non-saturating loss, Adam 2e-4, no weight clipping, the all-convolutional nets for images, the adaptive n_D,
     a weight average; the MNIST rows' recipe, ``configs/mnist/dpgan_eps*_guarantee.yaml``), the 2018 recipe (Xie et
@@ -308,6 +311,11 @@ class DPGAN(PrivateGenerativeModel):
         z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
         latent_prior: ``"normal"`` or ``"uniform"``.
         lr: learning rate of both networks (default 2e-4, Bie et al. with Adam; WGAN with RMSprop: 5e-5).
+        generator_lr: the generator's own learning rate (``None``, default: ``lr``); a warm-started generator
+            fine-tunes with a smaller one than its critic's.
+        critic_warmup_steps: training steps of critic steps only before the first generator update (each pays
+            its n_D critic steps like any other; Lightning counts none of them, so ``max_steps`` still counts
+            generator updates): a warm-started generator then first moves through a trained critic. Default 0.
         d_steps: n_D, critic steps per generator step (default 1, the first rung of the adaptive n_D; Xie et al.: 5;
             Bie et al.: 50 at ε = 10, 200
             at ε = 1 on MNIST); with ``adaptive_d_steps``, the first n_D, one of :data:`D_STEPS_LADDER`.
@@ -331,6 +339,16 @@ class DPGAN(PrivateGenerativeModel):
             (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only) or ``"conv"`` (the
             all-convolutional conditional DCGAN of Bie et al., no normalisation; images only). ``None`` (default):
             ``"conv"`` for images, ``"mlp"`` for tables (stored resolved).
+        generator_architecture: the generator's net when it is not ``architecture``'s (the critic stays
+            ``architecture``'s): ``"dcgan"`` with ``generator_upsample: nearest`` is DP-MERF's generator family
+            (``gf_dim`` 8, ``fc_dim`` 200, ``z_dim`` 5: DP-MERF's MNIST generator), what a warm start trains best.
+            ``None`` (default): ``architecture``'s.
+        generator_upsample: the DCGAN generator's upsampling, ``"transposed"`` (default) or ``"nearest"`` (×2
+            nearest-neighbour, then a 5×5 convolution: no lattice).
+        warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
+            options, e.g. ``{fraction: 0.5, steps: 2400, anchor_weight: 0.1}``): a share of ε buys DP-MERF's one
+            release before the first critic step, the generator trains on it (post-processing), and its pull may
+            stay in every generator step. ``None`` (default): none. RDP accounting only (``accountant: rdp``).
         generator_hidden: hidden widths of the MLP generator.
         discriminator_hidden: hidden widths of the MLP critic (no normalisation).
         gf_dim: generator width (DCGAN, conv); df_dim: critic width (DCGAN, conv; Bie et al.: 128 and
@@ -393,6 +411,8 @@ class DPGAN(PrivateGenerativeModel):
         z_dim: int = 128,
         latent_prior: str = "normal",
         lr: float = 2e-4,
+        generator_lr: float | None = None,
+        critic_warmup_steps: int = 0,
         d_steps: int = 1,
         weight_clip: float | None = None,
         loss: str = "nonsaturating",
@@ -401,6 +421,9 @@ class DPGAN(PrivateGenerativeModel):
         ema_decay: float = 0.995,
         adaptive_d_steps: dict[str, float] | None = DEFAULT_ADAPTIVE_D_STEPS,
         architecture: str | None = None,
+        generator_architecture: str | None = None,
+        generator_upsample: str = "transposed",
+        warm_start: WarmStart | None = None,
         generator_hidden: Sequence[int] = (256, 512),
         discriminator_hidden: Sequence[int] = (64, 64),
         gf_dim: int = 64,
@@ -425,6 +448,10 @@ class DPGAN(PrivateGenerativeModel):
             raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
         if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
+        if int(critic_warmup_steps) != critic_warmup_steps or critic_warmup_steps < 0:
+            raise ValueError(f"critic_warmup_steps must be an integer >= 0, got {critic_warmup_steps}")
+        if generator_lr is not None and not (generator_lr >= 0 and math.isfinite(generator_lr)):
+            raise ValueError(f"generator_lr must be a finite number >= 0 or null (lr), got {generator_lr}")
         if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm}")
         if d_steps < 1:
@@ -457,25 +484,35 @@ class DPGAN(PrivateGenerativeModel):
         requested = {"architecture": architecture}
         if architecture is None:  # the default: Bie et al.'s all-convolutional nets for images, the MLP for tables
             architecture = "conv" if self.is_image else "mlp"
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
-        if architecture != "mlp" and not self.is_image:
-            raise ValueError(f"architecture {architecture!r} is for images; use 'mlp' for tables")
+        for option, value in (("architecture", architecture), ("generator_architecture", generator_architecture)):
+            if value is not None and value not in ARCHITECTURES:
+                raise ValueError(f"{option} must be one of {ARCHITECTURES}, got {value!r}")
+            if value not in (None, "mlp") and not self.is_image:
+                raise ValueError(f"{option} {value!r} is for images; use 'mlp' for tables")
+        if generator_upsample not in UPSAMPLES:
+            raise ValueError(f"generator_upsample must be one of {UPSAMPLES}, got {generator_upsample!r}")
+        if warm_start is not None and accountant != "rdp":
+            raise ValueError("warm_start composes its Gaussian release with the critic's steps under RDP: use accountant: rdp")
         self.save_hyperparameters()
         self.store_resolved_hparams(requested, architecture=architecture)
         self.automatic_optimization = False
         in_features = math.prod(data_spec["shape"])
-        if architecture == "conv":
+        generator_net = generator_architecture or architecture
+        if generator_net == "conv":
             self.generator = ConditionalConvGenerator(z_dim=z_dim, num_classes=self.num_classes, out_shape=data_spec["shape"], gf_dim=gf_dim)
-            critic = ConditionalConvDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim)
-        elif architecture == "dcgan":
-            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim)
-            critic = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim, norm="group")
+        elif generator_net == "dcgan":
+            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
         else:
             self.generator = build_mlp_generator(self, hidden=generator_hidden)
+        if architecture == "conv":
+            critic = ConditionalConvDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim)
+        elif architecture == "dcgan":
+            critic = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim, norm="group")
+        else:
             critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
         if ema_decay > 0:  # the sampled generator (generator_module): an average of the generator's iterates
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
+        self.init_warm_start(warm_start)  # its share of ε planned alone; the critic's steps get the rest
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         # (functorch: the same holder without hooks, so that checkpoints move between the implementations)
         if dp_sgd_impl == "opacus":
@@ -562,16 +599,17 @@ class DPGAN(PrivateGenerativeModel):
 
         hp = self.hparams
         if hp.optimizer == "adam":
-            make = lambda params: torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas))  # noqa: E731
+            make = lambda params, lr: torch.optim.Adam(params, lr=lr, betas=tuple(hp.betas))  # noqa: E731
         else:
-            make = lambda params: torch.optim.RMSprop(params, lr=hp.lr)  # noqa: E731
-        opt_g = make(self.generator.parameters())
+            make = lambda params, lr: torch.optim.RMSprop(params, lr=lr)  # noqa: E731
+        generator_lr = hp.get("generator_lr")
+        opt_g = make(self.generator.parameters(), hp.lr if generator_lr is None else generator_lr)
         if hp.optimizer == "adam" and hp.get("dp_sgd_impl", "opacus") == "functorch":
             # the critic's Adam as one fused kernel (the same update): the for-loop one is ~10 operator calls per
             # tensor, ~100 a critic step, a fifth of the functorch step's host work at width 8 (dpgan_mnist_cpu.md)
             critic_opt = torch.optim.Adam(self.discriminator.parameters(), lr=hp.lr, betas=tuple(hp.betas), fused=True)
         else:
-            critic_opt = make(self.discriminator.parameters())
+            critic_opt = make(self.discriminator.parameters(), hp.lr)
         opt_d = DPSumOptimizer(
             critic_opt,
             noise_multiplier=self.hparams.noise_multiplier, max_grad_norm=self.hparams.max_grad_norm,
@@ -641,17 +679,30 @@ class DPGAN(PrivateGenerativeModel):
         self.generator_steps_paid += 1
         return True
 
+    def events_before_first_step(self) -> list:
+        """The warm start's release while it is still to be paid (none without a warm start)."""
+        return self.warm_start_events()
+
+    def budget_shares(self) -> list[str]:
+        """With a warm start: what its share bought, and that the critic's DP-SGD steps got the rest."""
+        shares = self.warm_start_share()
+        if shares:
+            shares.append(f"the rest: {int(self.critic_steps_taken):,} DP-SGD critic steps (noise multiplier "
+                          f"{self.hparams.noise_multiplier:g}, sampling rate {self.sampling_rate:.4g}) fine-tuned the generator")
+        return shares
+
     def check_affords_a_step(self) -> None:
         """Refuse a run whose budget cannot pay for a single generator step (it would end with an
         untrained generator and ε spent 0), saying what one costs and what would fit."""
-        cost = self.epsilon_if(self.generator_step_event())
+        cost = self.accountant.epsilon_if(*self.events_before_first_step(), self.generator_step_event())
         if cost <= self.epsilon_budget:
             return
         hp = self.hparams
         sigma = self.noise_multiplier_for_one_step()
+        after = ", after the warm start's release" if self.events_before_first_step() else ""
         raise NoPrivateStepError(
             f"DP-GAN can take no private step within epsilon={self.epsilon_budget:g} (delta={self.delta:g}): one generator "
-            f"step ({int(self.d_steps_now)} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}) "
+            f"step ({int(self.d_steps_now)} critic steps with noise_multiplier={hp.noise_multiplier:g} at sampling_rate={self.sampling_rate:.4g}{after}) "
             f"already costs epsilon={cost:.3g}. Lower sampling_rate, raise noise_multiplier (>= {sigma:.3g} affords one "
             f"step; more noise affords more), lower d_steps, or raise the budget"
         )
@@ -659,7 +710,8 @@ class DPGAN(PrivateGenerativeModel):
     def noise_multiplier_for_one_step(self) -> float:
         """Smallest σ (to 1%) at which one generator step fits the budget left (for error messages)."""
         def fits(sigma: float) -> bool:
-            return self.epsilon_if(self.generator_step_event(noise_multiplier=sigma)) <= self.epsilon_budget
+            event = self.generator_step_event(noise_multiplier=sigma)
+            return self.accountant.epsilon_if(*self.events_before_first_step(), event) <= self.epsilon_budget
 
         lo, hi = float(self.hparams.noise_multiplier), float(self.hparams.noise_multiplier) * 2
         while not fits(hi) and hi < 1e6:
@@ -935,8 +987,10 @@ class DPGAN(PrivateGenerativeModel):
             with frozen(self.discriminator):
                 scores = self.discriminator(fake, labels)
                 g_loss = self.generator_loss(scores)
+                # the warm start's release keeps its pull (post-processing; 0 without one)
+                pulled = g_loss + self.warm_start_pull(self.public_generator)
                 opt_g.zero_grad()
-                self.manual_backward(g_loss)
+                self.manual_backward(pulled)
         finally:
             self.discriminator.enable_hooks()
         opt_g.step()
@@ -949,6 +1003,8 @@ class DPGAN(PrivateGenerativeModel):
         applied; then one generator step. (n_D is the number of batches the DataModule served, a public
         count: after an adaptive change, the count of the next item it serves, or of the one after where
         the loader fetched ahead.)"""
+        if not self.ensure_warm_started(generator=self.public_generator):
+            return None  # the budget refused the warm start's release (NoPrivateStepError on the first step)
         if not self.pay_for_generator_step(len(batch)):
             return None  # budget reached: none of these critic steps, nor the generator step, is applied
         # the fakes of every critic step at once (the generator does not change in between): one forward
@@ -957,6 +1013,11 @@ class DPGAN(PrivateGenerativeModel):
         estimates = [self.discriminator_step(real_x, real_y, (fakes[k * m:(k + 1) * m], labels[k * m:(k + 1) * m]))
                      for k, (real_x, real_y) in enumerate(batch)]
         self.critic_steps_taken += len(batch)
+        if int(self.generator_steps_paid) <= self.hparams.get("critic_warmup_steps", 0):
+            # the critic's warm-up: its steps (paid like any other) before the first generator update, so that the
+            # generator's first steps follow a critic that already tells fakes from records (Lightning counts no step)
+            self.log("critic_warmup", float(self.generator_steps_paid))
+            return None
         g_loss, fake_detected = self.generator_step()
         metrics = {"g_loss": g_loss}  # through the DP critic: post-processing
         if self.hparams.loss == "nonsaturating":

@@ -33,17 +33,16 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from lightning_gpate.models.anchor import class_mean_gap
 from lightning_gpate.models.private import ConfigError, PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.models.warm_start import default_length_scale, embedding_loss, release_event
 from lightning_gpate.privacy import SubsampledGaussianEvent
-from lightning_gpate.privacy.merf import fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum
+from lightning_gpate.privacy.merf import fourier_frequencies, mean_embeddings, release_embedding_sum
 from lightning_gpate.privacy.randomness import mechanism_generator
 
-#: Images: the default length scale is this times √d (d pixels in [-1, 1]): 10 for MNIST's 784, the length a
-#: validation split of the training digits chose (``benchmarks/results/dpmerf_mnist_tuning.md``: 10 → 0.899, 14 → 0.876
-#: at 300 steps; the paper's 20.5 with its batch 0.851 at 600). Other image sizes scale it with √d, as distances between
-#: images grow (not validated beyond MNIST). Tables keep ``√(2d/3)`` (:func:`default_length_scale`).
-IMAGE_LENGTH_SCALE_PER_SQRT_DIM = 10.0 / 28.0
+# The default length scale (:func:`~lightning_gpate.models.warm_start.default_length_scale`, one definition for DP-MERF and
+# every warm start): images 10 at MNIST's 784 pixels, scaled with √d (10 → 0.899, 14 → 0.876 at 300 steps on a validation
+# split, first seen on test-digit sweeps of G-PATE's anchor: ``benchmarks/results/dpmerf_mnist_tuning.md``; the paper's
+# 20.5 with its batch 0.851 at 600; not validated beyond MNIST); tables ``√(2d/3)``.
 #: The default generated batch a step: 1,000 (the ε = 1 ladder: with length 10 and ``gf_dim`` 8, 0.851 → 0.914 at 600
 #: steps against the paper's recipe on the validation split; G-PATE's anchor's batch).
 DEFAULT_GENERATOR_BATCH_SIZE = 1000
@@ -56,14 +55,6 @@ VALIDATED_MAX_STEPS = 800
 #: step; 600 steps): ``DPMERF(spec, **PAPER_SETTINGS, ...)`` or ``configs/mnist/dpmerf_paper_eps1_guarantee.yaml``.
 #: With ``gf_dim`` 4 (half the paper's width) they gave 0.851 on the validation split and 0.860 on the test digits.
 PAPER_SETTINGS = {"length_scale": 20.5, "generator_batch_size": 500}
-
-
-def default_length_scale(data_spec: dict[str, Any]) -> float:
-    """``length_scale: None`` resolved by data kind (public: shapes only). Images: ``IMAGE_LENGTH_SCALE_PER_SQRT_DIM · √d``
-    (10 for 28×28). Tables: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
-    (:func:`~lightning_gpate.privacy.merf.median_distance_of_uniform`; the tabular benchmark passes its own scales)."""
-    dim = math.prod(int(s) for s in data_spec["shape"])
-    return IMAGE_LENGTH_SCALE_PER_SQRT_DIM * math.sqrt(dim) if data_spec["kind"] == "image" else median_distance_of_uniform(dim)
 
 
 class LabelledGenerator(nn.Module):
@@ -79,10 +70,8 @@ class LabelledGenerator(nn.Module):
         return self.net(z, y)
 
 
-def gaussian_release_event(noise_multiplier: float) -> SubsampledGaussianEvent:
-    """The cost of DP-MERF's one release: the Gaussian mechanism with noise multiplier σ relative to
-    its L2 sensitivity (sampling rate 1: no subsampling)."""
-    return SubsampledGaussianEvent(noise_multiplier=float(noise_multiplier), sampling_rate=1.0, steps=1)
+#: The cost of DP-MERF's one release (the warm start's: one mechanism, one definition).
+gaussian_release_event = release_event
 
 
 class DPMERF(PrivateGenerativeModel):
@@ -308,10 +297,9 @@ class DPMERF(PrivateGenerativeModel):
         per-class gap of :func:`~lightning_gpate.models.anchor.class_mean_gap` (G-PATE's anchor term; a mean over
         the 2M features, hence the factor 2M)."""
         hp = self.hparams
-        means, _ = mean_embeddings(self.released_embedding, count_weight=hp.count_weight)
-        gap = class_mean_gap(lambda y: self.generator(self.latent(len(y)), y), means, int(hp.generator_batch_size),
-                             lambda x: fourier_features(x, self.frequencies), unbiased=hp.unbiased)
-        return means.shape[1] * (self.class_shares().to(gap) * gap).sum()
+        return embedding_loss(lambda y: self.generator(self.latent(len(y)), y), self.released_embedding, self.frequencies,
+                              self.class_shares(), count_weight=hp.count_weight, batch_size=int(hp.generator_batch_size),
+                              unbiased=hp.unbiased)
 
     def training_step(self, batch, batch_idx):
         if not bool(self.released):

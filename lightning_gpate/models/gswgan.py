@@ -74,6 +74,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
 from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.models.sharding import (gather_members, local_backward, owned_members, rank_and_world,
                                               replicated_backward, select_members, shared_seed)
 from lightning_gpate.privacy.distributed import is_distributed
@@ -240,7 +241,7 @@ def wgan_gp_critic_loss(
 
 
 # ============================================================================ model
-class GSWGAN(PrivateGenerativeModel):
+class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
     """GS-WGAN: generator trained through N_D disjointly trained discriminators with a sanitised
     gradient (Chen et al. 2020, Algorithm 1); conditional, images (DCGAN nets) or tables (MLP nets).
 
@@ -298,6 +299,10 @@ class GSWGAN(PrivateGenerativeModel):
         log_private_diagnostics: also log what is computed from the private data without noise: the
             discriminator drawn (the secret GS-WGAN's subsampling rests on), the critic and generator
             losses through non-private discriminators, pretraining losses; under ``private/*``.
+        warm_start: a private warm start of the private stage (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a
+            mapping of its options): a share of ε buys DP-MERF's one release before the first sanitised step, the
+            generator trains on it (post-processing) and may keep its pull; σ is planned for what the budget leaves.
+            Ignored by ``stage: pretrain`` (nothing private is released there). ``None`` (default): none.
         secure_mode: draw the sanitiser's noise as opacus' ``secure_mode`` does (robust to
             floating-point attacks, 4× the draws).
         noise_seed: seed of the sanitiser's noise and of the choice of discriminator (and its real
@@ -338,6 +343,7 @@ class GSWGAN(PrivateGenerativeModel):
         discriminator_hidden: Sequence[int] = (128,),
         gf_dim: int = 64,
         generator_upsample: str = "transposed",
+        warm_start: WarmStart | None = None,
         df_dim: int = 32,
         fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
@@ -359,9 +365,7 @@ class GSWGAN(PrivateGenerativeModel):
         if generator_batch_size < 2:
             raise ValueError(f"generator_batch_size must be >= 2 (BatchNorm in the generator), got {generator_batch_size}")
         requested = {"noise_multiplier": noise_multiplier}
-        if noise_multiplier is None:  # the default: the least noise for which the planned steps fit the budget
-            noise_multiplier = self.plan_noise_multiplier(num_discriminators, generator_batch_size, int(planned_steps))
-        if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        if noise_multiplier is not None and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
         if not (clip_bound > 0 and math.isfinite(clip_bound)):
             raise ValueError(f"clip_bound must be a finite number > 0, got {clip_bound}")
@@ -380,6 +384,9 @@ class GSWGAN(PrivateGenerativeModel):
                              "draws, which no analysis here covers: use it with budget_accounting: paper (not a guarantee), "
                              "or discriminator_state: reset")
         self.save_hyperparameters()
+        self.init_warm_start(warm_start if stage == "train" else None)  # its share of ε, planned before σ takes the rest
+        if noise_multiplier is None:  # the default: the least noise for which the planned steps fit the budget
+            noise_multiplier = self.plan_noise_multiplier(num_discriminators, generator_batch_size, int(planned_steps))
         self.store_resolved_hparams(requested, noise_multiplier=noise_multiplier)
         self.automatic_optimization = False
         self.num_discriminators = num_discriminators
@@ -417,7 +424,9 @@ class GSWGAN(PrivateGenerativeModel):
         def log_excess(sigma: float) -> float:  # <= 0: fits
             event = GSWGANStepEvent(noise_multiplier=sigma, num_discriminators=num_discriminators, batch_size=batch_size,
                                     steps=planned_steps)
-            return math.log(self.epsilon_if(event) / limit)
+            before = self.events_before_first_step()  # the warm start's release, paid first
+            spent = self.accountant.epsilon_if(*before, event) if before else self.epsilon_if(event)
+            return math.log(spent / limit)
 
         lo, f_lo = 1.0, log_excess(1.0)  # the subsampled Gaussian's RDP is numerically unstable far from σ = 1: stay in [1/16, 2^16]
         if f_lo <= 0:
@@ -619,7 +628,21 @@ class GSWGAN(PrivateGenerativeModel):
                 self.trainer.should_stop = True
         self.log_private(logs)
 
+    def events_before_first_step(self) -> list:
+        """The warm start's release while it is still to be paid (none without one)."""
+        return self.warm_start_events()
+
+    def budget_shares(self) -> list[str]:
+        """With a warm start: what its share bought, and that the sanitised steps got the rest."""
+        shares = self.warm_start_share()
+        if shares:
+            shares.append(f"the rest: sanitised generator steps (noise multiplier {self.hparams.noise_multiplier:.4g}) through "
+                          f"{self.num_discriminators:,} discriminators")
+        return shares
+
     def _train_step(self, teacher: torch.Tensor, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
+        if not self.ensure_warm_started():
+            return None  # the budget refused the warm start's release
         if not self.charge(self.privacy_event()):
             return None  # budget reached: nothing of this step is applied
         k = int(teacher)  # the same on every rank (one secret seed); never logged unless opted in
@@ -696,6 +719,9 @@ class GSWGAN(PrivateGenerativeModel):
             torch.distributed.broadcast(grad, src=owner)
         opt_g.zero_grad()
         replicated_backward(self, fake, grad, params=self.generator.parameters())
+        pull = self.warm_start_pull()  # the warm start's release keeps its pull (post-processing; 0 without one)
+        if torch.is_tensor(pull):
+            replicated_backward(self, pull, params=self.generator.parameters())  # added to the sanitised gradient
         return loss
 
     def noise_generator(self) -> torch.Generator:

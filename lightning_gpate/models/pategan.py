@@ -76,6 +76,7 @@ from lightning_gpate.models.sharding import (gather_members, owned_members, repl
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
 from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares
+from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -94,7 +95,8 @@ PAPER_SETTINGS = {"teacher_steps": 5, "student_steps": 5, "query_batch_size": 64
                   "marginal_weight": 1.0, "student_batch_size": None, "generator_upsample": "transposed"}
 
 
-def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, **requested: Any) -> dict[str, Any]:
+def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, *, warm_start: bool = False,
+                      **requested: Any) -> dict[str, Any]:
     """The values of :attr:`PATEGAN.RESOLVED_HPARAMS` that ``requested`` leaves ``None``, from the data's kind
     (``"image"`` or ``"tabular"``) and the accounting mode: public numbers only.
 
@@ -103,12 +105,14 @@ def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, *
     the noisy vote share as the student's label, the anchor weighted 10. Tables: the cervical row's
     (``configs/pategan_cervical.yaml``, ``tabular_ladder.md`` rows 20-23): Adam 1e-3 for all nets, discrete samples, the
     marginals weighted 30, no replay (rung 13: it did not help), argmax labels. Both: half of ε measures the anchor
-    (the per-class mean image or one-way marginals) under ``budget_accounting: guarantee`` (the only mode that covers it).
+    (the per-class mean image or one-way marginals) under ``budget_accounting: guarantee`` (the only mode that covers it),
+    except for images with a ``warm_start``: its release replaces the class-mean images (none by default).
     """
     image = kind == "image"
     guarantee = budget_accounting == "guarantee"
     defaults = {"lr": 2e-4 if image else 1e-3, "teacher_lr": 1e-4 if image else 1e-3,
-                "betas": (0.5, 0.999) if image else (0.9, 0.999), "marginal_fraction": 0.5 if guarantee else 0.0,
+                "betas": (0.5, 0.999) if image else (0.9, 0.999),
+                "marginal_fraction": 0.5 if guarantee and not (image and warm_start) else 0.0,
                 "marginal_weight": 10.0 if image else 30.0, "replay_capacity": int(planned_queries) if image else 0,
                 "student_labels": "share" if image and guarantee else "argmax", "discrete_samples": not image}
     return {k: defaults[k] if requested.get(k) is None else requested[k] for k in defaults}
@@ -121,7 +125,7 @@ def laplace_noise(shape: Sequence[int], *, scale: float, generator: torch.Genera
     return (e[0] - e[1]) * scale
 
 
-class PATEGAN(PrivateGenerativeModel):
+class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
     """PATE-GAN: k teachers on disjoint partitions, a student on noisily labelled generated samples,
     a generator trained against the student (Yoon et al. 2019, Algorithm 1).
 
@@ -210,6 +214,10 @@ class PATEGAN(PrivateGenerativeModel):
             a guaranteed PATE-GAN useful: ``pategan_mnist_cpu.md``, ``tabular_ladder.md``), else 0; 0 is the paper. Needs
             ``budget_accounting: guarantee`` and a
             DataModule (the whole training split is read once).
+        warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
+            options): a share of ε buys DP-MERF's one release before the first vote, the generator trains on it
+            (post-processing) and may keep its pull; λ is planned for what the budget leaves. For images it replaces
+            the class-mean images (``marginal_fraction`` then defaults to 0). ``None`` (default): none.
         marginal_weight: weight of the generator's term to the measured marginals (tables: KL divergence;
             images: mean over classes of the mean squared pixel difference, in [-1, 1]); ``None`` (default): 10 for
             images, 30 for tables (the MNIST and cervical rows').
@@ -255,6 +263,7 @@ class PATEGAN(PrivateGenerativeModel):
         smooth_sensitivity: dict[str, Any] | None = None,
         lam: float | None = None,
         planned_queries: int = 16_000,
+        warm_start: WarmStart | None = None,
         teacher_steps: int = 1,
         student_steps: int = 1,
         query_batch_size: int = 16,
@@ -294,7 +303,8 @@ class PATEGAN(PrivateGenerativeModel):
         requested = {"lr": lr, "teacher_lr": teacher_lr, "betas": betas, "marginal_fraction": marginal_fraction,
                      "marginal_weight": marginal_weight, "replay_capacity": replay_capacity,
                      "student_labels": student_labels, "discrete_samples": discrete_samples}
-        resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries, **requested)
+        resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries,
+                                     warm_start=warm_start is not None, **requested)
         lr, teacher_lr, betas, marginal_fraction, marginal_weight, replay_capacity, student_labels, discrete_samples = (
             resolved[k] for k in requested)
         num_teachers = int(data_spec.get("num_teachers", 0))
@@ -356,6 +366,7 @@ class PATEGAN(PrivateGenerativeModel):
             # P̂(column j = v | class c), measured once (a DP release: public state from then on)
             self.register_buffer("marginal_targets", torch.zeros(len(cards), self.num_classes, max(cards)))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
+        self.init_warm_start(warm_start)  # its share of ε planned alone, before λ takes what is left
         self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
         if image:
             self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
@@ -407,8 +418,9 @@ class PATEGAN(PrivateGenerativeModel):
         return self.marginal_noise is not None and bool(self.marginals_measured)
 
     def events_before_first_step(self) -> list:
-        """The marginals' measurement while it is still to be paid (see the private base)."""
-        return [self.marginal_event()] if self.marginal_noise is not None and not self.measured() else []
+        """The marginals' measurement and the warm start's release while they are still to be paid (see the private base)."""
+        marginals = [self.marginal_event()] if self.marginal_noise is not None and not self.measured() else []
+        return marginals + self.warm_start_events()
 
     def measure_marginals(self) -> bool:
         """Pay for and measure every column's one-way marginal per class on the whole training split
@@ -616,8 +628,10 @@ class PATEGAN(PrivateGenerativeModel):
         opt_g, opt_s, opt_t = self.optimizers()
         hp = self.hparams
         m = hp.query_batch_size
-        if self.events_before_first_step() and not self.measure_marginals():
+        if self.marginal_noise is not None and not self.measured() and not self.measure_marginals():
             return None  # the budget refused the measurement: nothing trains
+        if not self.ensure_warm_started():
+            return None  # the budget refused the warm start's release
 
         for _ in range(hp.teacher_steps):
             t_loss = self._teacher_step(real_x, real_y, opt_t)
@@ -645,6 +659,7 @@ class PATEGAN(PrivateGenerativeModel):
             m_loss = self.marginal_loss()
             self.log("mean_image_mse" if self.is_image else "marginal_kl", m_loss.detach())  # generator vs the noisy release: public
             g_loss = g_loss + hp.marginal_weight * m_loss
+        g_loss = g_loss + self.warm_start_pull()  # the warm start's release keeps its pull (0 without one)
         opt_g.zero_grad()
         replicated_backward(self, g_loss, params=self.generator.parameters())
         opt_g.step()
@@ -692,5 +707,15 @@ class PATEGAN(PrivateGenerativeModel):
         if self.marginal_noise is not None:
             split["marginal_noise_multiplier"] = self.marginal_noise
             split["marginal_epsilon_alone"] = self.hparams.marginal_fraction * self.budget_limit()
+        if self.warm_release is not None:
+            split["warm_start_noise_multiplier"] = self.warm_release.noise_multiplier
+            split["warm_start_epsilon_alone"] = self.warm_release.options.fraction * self.budget_limit()
         return split
+
+    def budget_shares(self) -> list[str]:
+        """With a warm start: what its share bought, and that the teachers' votes got the rest."""
+        shares = self.warm_start_share()
+        if shares:
+            shares.append(f"the rest: the teachers' Laplace votes (λ = {self.lam:.4g}) trained the student the generator follows")
+        return shares
 

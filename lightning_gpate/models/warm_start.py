@@ -1,0 +1,340 @@
+"""One private warm start for any GAN: DP-MERF's one-shot release, the generator trained on it, its pull kept.
+
+A share ``fraction`` of the model's ε buys, once before the first private step, DP-MERF's release (Harder,
+Adamczewski & Park, AISTATS 2021; :mod:`lightning_gpate.privacy.merf`): the sum over the whole training split of
+every record's ``e_y ⊗ [a·φ(x), b]`` (``features`` random Fourier features of a Gaussian kernel of length
+``length_scale``, the class count beside them; L2 sensitivity exactly 1 under add/remove) plus Gaussian noise,
+one :class:`~lightning_gpate.privacy.SubsampledGaussianEvent` of sampling rate 1 in the model's accountant,
+composed with the model's own steps. From then on the release is public, and everything the warm start does
+with it is post-processing:
+
+* **warm start** (``steps`` > 0): before the first private step, the model's own generator takes ``steps`` Adam
+  steps on DP-MERF's loss ``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` (:func:`embedding_loss`, the loss
+  :class:`~lightning_gpate.models.DPMERF` trains on), reading nothing but the release: FETA-Pro's
+  recipe (Gong et al., USENIX Security 2026: noisy statistics first, then DP-SGD under the same accountant);
+* **anchor** (``anchor_weight`` > 0): every later generator step adds ``anchor_weight`` times the same loss to the
+  model's own, so that the private fine-tuning keeps the release's pull (without it a DP critic roughens the
+  strokes: 0.930 → 0.880 in the probe of issue 56).
+
+``WarmStart`` holds the options (what a config or ``--model.warm_start.*`` gives, validated where defined);
+:class:`WarmStartRelease` holds the release (buffers kept in training checkpoints: a resume never measures
+twice) and computes the loss; :class:`WarmStartMixin` is what a model adds to use them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from lightning_gpate.models.anchor import class_mean_gap
+from lightning_gpate.privacy import SubsampledGaussianEvent
+from lightning_gpate.privacy.merf import (
+    fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum,
+)
+
+#: What a release was measured with: a resume keeps the checkpoint's (its σ follows from ``fraction``, its shape from
+#: ``features``, its frequencies from ``length_scale`` and ``feature_seed``); the other options only read it.
+RELEASE_OPTIONS = ("fraction", "features", "length_scale", "feature_seed", "count_weight")
+#: Images: the default length scale is this times √d (10 for MNIST's 784 pixels: DP-MERF's default, first found on
+#: test-digit sweeps of G-PATE's anchor and re-checked on a validation split, ``dpmerf_mnist_tuning.md``; other sizes
+#: scale it with √d, as distances between images grow).
+IMAGE_LENGTH_SCALE_PER_SQRT_DIM = 10.0 / 28.0
+
+
+def default_length_scale(data_spec: dict[str, Any]) -> float:
+    """``length_scale: None`` resolved by data kind (public: shapes only). Images: ``IMAGE_LENGTH_SCALE_PER_SQRT_DIM · √d``
+    (10 for 28×28). Tables: ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d``
+    (:func:`~lightning_gpate.privacy.merf.median_distance_of_uniform`: the paper's median heuristic would read the data)."""
+    dim = math.prod(int(s) for s in data_spec["shape"])
+    return IMAGE_LENGTH_SCALE_PER_SQRT_DIM * math.sqrt(dim) if data_spec["kind"] == "image" else median_distance_of_uniform(dim)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarmStart:
+    """The options of a private warm start (module doc). Privacy parameters are keyword-only and checked here.
+
+    Args:
+        fraction: the share of the model's ε that buys the release (the ε of the release alone is
+            ``fraction·ε``; the model's own steps get what the composition leaves).
+        features: random Fourier features ``2M`` of the release (DP-MERF: 10,000).
+        length_scale: ℓ of the Gaussian kernel in the generator's space (``None``: 10 for 28×28 images, scaled with
+            √d; tables ``√(2d/3)``), or a list (the mean of their kernels).
+        feature_seed: public seed of the features' frequencies (``None``: drawn from the public random state of
+            ``seed_everything``, then stored).
+        count_weight: b, the share of a record's unit norm its class count takes (DP-MERF: 0.3).
+        steps: generator steps on the release before the first private step (0: no warm start, only the anchor).
+        batch_size: fakes a warm-start step and an anchor term, in equal numbers per class.
+        lr: Adam's learning rate of the warm-start steps (DP-MERF's 0.01), decayed by ``lr_decay`` every
+            ``lr_decay_steps`` steps; betas ``betas``.
+        anchor_weight: weight of the release's loss added to every later generator step (0: none).
+    """
+
+    fraction: float = 0.5
+    features: int = 10_000
+    length_scale: float | list[float] | None = None
+    feature_seed: int | None = None
+    count_weight: float = 0.3
+    steps: int = 800
+    batch_size: int = 1000
+    lr: float = 0.01
+    lr_decay: float = 0.9
+    lr_decay_steps: int = 120
+    betas: tuple[float, float] = (0.9, 0.999)
+    anchor_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction < 1:
+            raise ValueError(f"warm_start.fraction must lie in (0, 1) (the share of epsilon the release buys), got {self.fraction}")
+        if int(self.steps) != self.steps or self.steps < 0:
+            raise ValueError(f"warm_start.steps must be an integer >= 0, got {self.steps}")
+        if int(self.batch_size) != self.batch_size or self.batch_size < 2:
+            raise ValueError(f"warm_start.batch_size must be an integer >= 2, got {self.batch_size}")
+        if not (self.lr > 0 and 0 < self.lr_decay <= 1 and int(self.lr_decay_steps) == self.lr_decay_steps and self.lr_decay_steps >= 1):
+            raise ValueError("warm_start needs lr > 0, lr_decay in (0, 1] and an integer lr_decay_steps >= 1, got "
+                             f"{self.lr}, {self.lr_decay}, {self.lr_decay_steps}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"warm_start.betas must be two numbers in [0, 1), got {self.betas}")
+        if not (0 <= self.anchor_weight < math.inf):
+            raise ValueError(f"warm_start.anchor_weight must be a finite number >= 0, got {self.anchor_weight}")
+        if self.steps == 0 and self.anchor_weight == 0:
+            raise ValueError("a warm start with steps: 0 and anchor_weight: 0 would spend its share of epsilon on a release "
+                             "nothing reads: give steps (train the generator on it first), anchor_weight (pull towards it), or both")
+        if not 0 < self.count_weight < 1:
+            raise ValueError(f"warm_start.count_weight must lie in (0, 1), got {self.count_weight}")
+        if self.length_scale is not None and not isinstance(self.length_scale, (int, float)):
+            object.__setattr__(self, "length_scale", [float(s) for s in self.length_scale])
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        fourier_frequencies(self.features, 1, self.length_scale if self.length_scale is not None else 1.0, 0)  # validates both
+
+    @classmethod
+    def of(cls, value: "WarmStart | dict[str, Any] | None") -> "WarmStart | None":
+        """A :class:`WarmStart` from what a model was given (itself, a mapping of its options, or ``None``); an
+        unknown key is refused in one line that lists the known ones."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"warm_start must be a WarmStart, a mapping of its options or null, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"warm_start has no option {', '.join(map(repr, unknown))}: its options are {sorted(known)}")
+        return cls(**value)
+
+    def resolved(self, data_spec: dict[str, Any]) -> "WarmStart":
+        """This warm start with ``length_scale`` and ``feature_seed`` resolved (public: the data's shape and the public
+        random state), as the model stores it: a checkpoint or a release rebuilds the same features."""
+        length = self.length_scale if self.length_scale is not None else default_length_scale(data_spec)
+        seed = self.feature_seed if self.feature_seed is not None else int(torch.randint(2**31 - 1, (1,)))
+        return WarmStart(**{**asdict(self), "length_scale": length, "feature_seed": seed})
+
+    def as_hparams(self) -> dict[str, Any]:
+        """Plain values for the hyperparameters (checkpoints, MLflow params)."""
+        out = asdict(self)
+        out["betas"] = list(self.betas)
+        return out
+
+
+def release_event(noise_multiplier: float) -> SubsampledGaussianEvent:
+    """The cost of the one release: the Gaussian mechanism with noise multiplier σ relative to its L2
+    sensitivity 1 (sampling rate 1: no subsampling)."""
+    return SubsampledGaussianEvent(noise_multiplier=float(noise_multiplier), sampling_rate=1.0, steps=1)
+
+
+def embedding_loss(generate: Callable[[torch.Tensor], torch.Tensor], released: torch.Tensor, frequencies: torch.Tensor,
+                   class_shares: torch.Tensor, *, count_weight: float, batch_size: int, unbiased: bool = False) -> torch.Tensor:
+    """DP-MERF's loss ``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` on ``batch_size`` fakes in equal numbers per class
+    (the paper's Eq. 7 with its embedding split by class; ``μ̂_c`` the release's class-c sum over its noisy count).
+
+    Args:
+        generate: labels ``[m]`` → fakes ``[m, ...]`` (fresh latents; differentiable).
+        released: the release ``[K, 2M + 1]``.
+        frequencies: the features' frequencies ``[M, d]``.
+        class_shares: ``p̂`` ``[K]``, the weight of each class.
+        count_weight: the release's b.
+        batch_size: fakes a call.
+        unbiased: subtract each class's sampling bias (:func:`~lightning_gpate.models.anchor.class_mean_gap`).
+    """
+    means, _ = mean_embeddings(released, count_weight=count_weight)
+    gap = class_mean_gap(generate, means, int(batch_size), lambda x: fourier_features(x, frequencies), unbiased=unbiased)
+    return means.shape[1] * (class_shares.to(gap) * gap).sum()
+
+
+class WarmStartRelease(nn.Module):
+    """The release of a warm start and what reads it: buffers ``released`` ``[K, 2M + 1]`` (the noisy sum; zeros until
+    measured), ``measured`` and ``steps_done`` (warm-start steps taken), kept in training checkpoints, never in a
+    release artifact (the generator carries what it learnt). The frequencies are redrawn from the public seed."""
+
+    def __init__(self, options: WarmStart, data_spec: dict[str, Any], *, noise_multiplier: float) -> None:
+        super().__init__()
+        if options.length_scale is None or options.feature_seed is None:
+            raise ValueError("WarmStartRelease takes a resolved WarmStart (WarmStart.resolved)")
+        self.options = options
+        self.noise_multiplier = float(noise_multiplier)
+        self.num_classes = int(data_spec["num_classes"])
+        self.dim = math.prod(int(s) for s in data_spec["shape"])
+        self.register_buffer("frequencies", fourier_frequencies(options.features, self.dim, options.length_scale, options.feature_seed),
+                             persistent=False)
+        self.register_buffer("released", torch.zeros(self.num_classes, int(options.features) + 1))
+        self.register_buffer("measured", torch.zeros((), dtype=torch.bool))
+        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
+
+    def event(self) -> SubsampledGaussianEvent:
+        return release_event(self.noise_multiplier)
+
+    @torch.no_grad()
+    def measure(self, x: torch.Tensor, y: torch.Tensor, *, generator: torch.Generator, chunk_size: int = 2048) -> None:
+        """Release ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b] + N(0, σ²)`` of the whole training split ``(x, y)`` with the
+        mechanism's secret ``generator``. The caller has charged :meth:`event` first."""
+        if bool(self.measured):
+            raise RuntimeError("the warm start's release was already measured: a run releases it once")
+        released = release_embedding_sum(x.flatten(1).to(self.frequencies.device), y.to(self.frequencies.device), self.frequencies,
+                                         self.num_classes, count_weight=self.options.count_weight, noise_multiplier=self.noise_multiplier,
+                                         generator=generator, chunk_size=chunk_size)
+        self.released.copy_(released.float())
+        self.measured.fill_(True)
+
+    def class_shares(self) -> torch.Tensor:
+        """The released class shares (uniform where the noisy counts leave none): post-processing."""
+        counts = mean_embeddings(self.released, count_weight=self.options.count_weight)[1].clamp_min(0)
+        return counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
+
+    def loss(self, generate: Callable[[torch.Tensor], torch.Tensor], class_shares: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`embedding_loss` of ``generate`` against the release (``class_shares``: default the released ones)."""
+        shares = self.class_shares() if class_shares is None else class_shares
+        return embedding_loss(generate, self.released, self.frequencies, shares, count_weight=self.options.count_weight,
+                              batch_size=self.options.batch_size)
+
+
+class WarmStartMixin:
+    """What a private GAN adds to take a ``warm_start`` option (:class:`WarmStart`): call
+    :meth:`init_warm_start` in the constructor after ``save_hyperparameters``, return :meth:`warm_start_events` from
+    ``events_before_first_step``, call :meth:`ensure_warm_started` first in ``training_step`` (it returns ``False``
+    when the budget refused the release: skip the step), and add :meth:`warm_start_pull` to the generator's loss.
+    The model provides ``generator``, ``latent``, ``plan_gaussian_noise``, ``charge``, ``whole_split_datamodule``, and
+    ``noise_seed`` in its hyperparameters; a ``generator_ema`` (a weight average) restarts from the warm-started
+    generator."""
+
+    def init_warm_start(self, warm_start: "WarmStart | dict[str, Any] | None") -> None:
+        # a submodule (its buffers in the state dict) or None; no class attribute: nn.Module finds submodules
+        # through __getattr__, which a class attribute would shadow
+        options = WarmStart.of(warm_start)
+        self._warm_start_given = options  # before resolving: what a resume may adopt from its checkpoint
+        if options is None:
+            self.warm_release = None
+            return
+        if self.budget_accounting != "guarantee":
+            raise ValueError("warm_start is a Gaussian release under the guarantee's accounting: use budget_accounting: guarantee")
+        options = options.resolved(self.data_spec)
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):  # resolved, as plain values
+            hparams["warm_start"] = options.as_hparams()
+        self.warm_release = WarmStartRelease(options, self.data_spec, noise_multiplier=self.plan_gaussian_noise(options.fraction))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A resume continues the release in the checkpoint: the length scale and feature seed this model resolved
+        itself are replaced by the checkpoint's (the frequencies redrawn); a release option given otherwise
+        (:data:`RELEASE_OPTIONS`) is refused in one line. The other options (steps, the pull) may change."""
+        super().on_load_checkpoint(checkpoint)
+        release = getattr(self, "warm_release", None)
+        saved = (checkpoint.get("hyper_parameters") or {}).get("warm_start")
+        if release is None or saved is None:
+            if (release is None) != (saved is None):
+                from lightning_gpate.release import CheckpointError
+
+                raise CheckpointError(f"the checkpoint was trained {'with' if saved else 'without'} a warm_start and this run "
+                                      f"asks for {'none' if saved else 'one'}: a resumed fit keeps the checkpoint's release")
+            return
+        from lightning_gpate.models.base import refuse_changed_on_resume
+
+        given = self._warm_start_given
+        asked = {k: getattr(given, k) for k in RELEASE_OPTIONS if getattr(given, k) is not None}
+        refuse_changed_on_resume("the checkpoint", {k: saved.get(k) for k in RELEASE_OPTIONS}, asked)
+        options = replace(release.options, **{k: saved[k] for k in RELEASE_OPTIONS})
+        if options != release.options:
+            release.options = options
+            release.frequencies = fourier_frequencies(options.features, release.dim, options.length_scale,
+                                                      options.feature_seed).to(release.frequencies.device)
+            for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+                hparams["warm_start"] = options.as_hparams()
+
+    def warm_start_events(self) -> list:
+        """The release while it is still to be paid (for budget plans and the first step)."""
+        release = self.warm_release
+        return [release.event()] if release is not None and not bool(release.measured) else []
+
+    def warm_start_share(self) -> list[str]:
+        """The fit summary's line for the warm start's share of the budget (public facts only)."""
+        release = self.warm_release
+        if release is None:
+            return []
+        o = release.options
+        made = "released once" if bool(release.measured) else "not released yet"
+        what = [f"{int(release.steps_done)} of {o.steps} warm-start generator steps on it"] if o.steps else []
+        if o.anchor_weight:
+            what.append(f"every later generator step pulls towards it (weight {o.anchor_weight:g})")
+        return [f"{o.fraction:.0%} of the budget (ε {o.fraction * self.budget_limit():g} alone) bought the warm start: each class's "
+                f"mean embedding under {o.features:,} random features, {made} (noise multiplier {release.noise_multiplier:.3g}); "
+                + "; ".join(what)]
+
+    def warm_start_generate(self, generator: torch.Generator | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda y: self.generator(self.latent(len(y), generator=generator), y)
+
+    def ensure_warm_started(self, *, generator: torch.Generator | None = None) -> bool:
+        """Before the first private step: pay for and measure the release (once: a resume has it), then take the
+        warm-start steps still to take (post-processing). ``False`` when the budget refused the release."""
+        release = self.warm_release
+        if release is None:
+            return True
+        if not bool(release.measured):
+            datamodule = self.whole_split_datamodule("warm_start")
+            if not self.charge(release.event()):
+                return False
+            from lightning_gpate.models.sharding import shared_seed
+            from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
+
+            # the mechanism's secret noise, the same on every DDP rank (so that every replica holds the same release)
+            seed = shared_seed(self, derived_seed(self.hparams.get("noise_seed"), "warm_start"))
+            x, y = datamodule.model_space("train")
+            release.measure(x, y, generator=mechanism_generator(self.device, seed))
+        if int(release.steps_done) < release.options.steps:
+            self.take_warm_start_steps(generator=generator)
+        return True
+
+    def take_warm_start_steps(self, *, generator: torch.Generator | None = None) -> None:
+        """The generator's steps on the release (DP-MERF's optimiser: Adam with a step decay), with a progress bar;
+        then the weight average, if any, restarts from the warm-started generator."""
+        from lightning_gpate.progress import progress
+
+        release, o = self.warm_release, self.warm_release.options
+        opt = torch.optim.Adam(self.generator.parameters(), lr=o.lr, betas=o.betas)
+        schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=o.lr_decay_steps, gamma=o.lr_decay)
+        for _ in range(int(release.steps_done)):  # a resume continues the schedule where it stopped
+            schedule.step()
+        from lightning_gpate.models.sharding import replicated_backward
+
+        generate = self.warm_start_generate(generator)
+        self.generator.train()
+        loss = None
+        for _ in progress(range(int(release.steps_done), o.steps), desc="warm start", total=o.steps - int(release.steps_done), unit="step"):
+            loss = release.loss(generate)
+            opt.zero_grad()
+            # under DDP every rank takes the mean step of the ranks: the replicas stay identical whatever latents each drew
+            replicated_backward(self, loss, params=self.generator.parameters())
+            opt.step()
+            schedule.step()
+            release.steps_done += 1
+        opt.zero_grad(set_to_none=True)
+        if getattr(self, "generator_ema", None) is not None:
+            self.generator_ema.load_state_dict(self.generator.state_dict())
+        if loss is not None:
+            self.log("warm_start_loss", loss.detach(), batch_size=1)  # towards the release: post-processing
+
+    def warm_start_pull(self, generator: torch.Generator | None = None) -> torch.Tensor | float:
+        """``anchor_weight`` × the release's loss on fresh fakes, to add to a generator step's loss (0 without)."""
+        release = self.warm_release
+        if release is None or not release.options.anchor_weight:
+            return 0.0
+        return release.options.anchor_weight * release.loss(self.warm_start_generate(generator))

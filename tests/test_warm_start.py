@@ -1,0 +1,234 @@
+"""The private warm start (issue 56): one DP-MERF release charged once in the model's accountant, composed with the
+model's own steps (against dp-accounting), generator steps that read nothing but the release, a resume that never
+measures twice, and options that fail in one line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from datamodules import ImageDataModule
+from lightning_gpate.models import DPGAN
+from lightning_gpate.models.private import NoPrivateStepError
+from lightning_gpate.models.warm_start import WarmStart, WarmStartRelease
+
+Q = 0.025  # declared public: 32 expected rows of the 1258 in the digits' training split
+#: A small warm-started DP-GAN on the 8x8 digits: DP-MERF's generator family, a fixed n_D
+SMALL = dict(delta=1e-5, sampling_rate=Q, noise_multiplier=1.0, loss="nonsaturating", architecture="conv", df_dim=8,
+             generator_architecture="dcgan", generator_upsample="nearest", gf_dim=8, fc_dim=32, z_dim=5,
+             d_steps=2, adaptive_d_steps=None, ema_decay=0.0)
+WARM = {"fraction": 0.4, "features": 200, "steps": 3, "batch_size": 40, "anchor_weight": 0.5}
+
+
+def _trainer(max_steps: int, tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, default_root_dir=tmp_path)
+
+
+def _dp_accounting_epsilon(orders, release_sigma: float, critic_steps: int, sigma: float = 1.0, q: float = Q) -> float:
+    """dp-accounting's RDP accountant, on the model's orders: one Gaussian mechanism (the release, sensitivity 1) and
+    ``critic_steps`` Poisson-subsampled Gaussians."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    reference = RdpAccountant([float(a) for a in orders])
+    reference.compose(dp_accounting.GaussianDpEvent(release_sigma))
+    if critic_steps:
+        reference.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count=critic_steps)
+    return reference.get_epsilon(1e-5)
+
+
+def test_the_warm_start_is_one_release_composed_with_the_critic_steps_also_after_a_resume(tmp_path):
+    """ε reported = dp-accounting's composition of one Gaussian release (its noise planned for 40% of ε alone) and the
+    critic steps; a resume continues from the release in the checkpoint (measured once, its steps not repeated)."""
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=10.0, warm_start=WARM, **SMALL)
+    release = model.warm_release
+    assert isinstance(release, WarmStartRelease) and model.hparams.warm_start["length_scale"] == pytest.approx(10 * 8 / 28)
+    trainer = _trainer(3, tmp_path)
+    trainer.fit(model, dm)
+    assert bool(release.measured) and int(release.steps_done) == 3 and int(model.critic_steps_taken) == 6
+    orders = model.accountant.orders
+    # the release alone costs 40% of the budget: its σ is what that ε buys (an independent check of the plan)
+    assert _dp_accounting_epsilon(orders, release.noise_multiplier, 0) == pytest.approx(4.0, rel=1e-3)
+    assert math.isclose(model.guarantee_epsilon(), _dp_accounting_epsilon(orders, release.noise_multiplier, 6), rel_tol=1e-9)
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1 + 3  # the release, then one event a generator step
+    released = release.released.clone()
+    assert released.abs().sum() > 0
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+
+    pl.seed_everything(5, verbose=False)  # another public random state: another feature seed drawn ...
+    resumed = DPGAN(dm.spec, epsilon=10.0, warm_start={**WARM, "steps": 4, "anchor_weight": 0.1}, **SMALL)
+    assert resumed.hparams.warm_start["feature_seed"] != model.hparams.warm_start["feature_seed"]
+    measured = []
+    original = WarmStartRelease.measure
+    WarmStartRelease.measure = lambda self, *a, **k: (measured.append(1), original(self, *a, **k))[1]
+    try:
+        _trainer(5, tmp_path).fit(resumed, dm, ckpt_path=tmp_path / "m.ckpt")
+    finally:
+        WarmStartRelease.measure = original
+    assert measured == [] and torch.equal(resumed.warm_release.released, released)
+    # ... replaced by the checkpoint's (the frequencies the release was measured with); its fourth step taken on resume
+    assert resumed.hparams.warm_start["feature_seed"] == model.hparams.warm_start["feature_seed"]
+    assert torch.equal(resumed.warm_release.frequencies, release.frequencies)
+    assert int(resumed.warm_release.steps_done) == 4 and int(resumed.critic_steps_taken) == 10
+    assert math.isclose(resumed.guarantee_epsilon(), _dp_accounting_epsilon(orders, release.noise_multiplier, 10), rel_tol=1e-9)
+    assert resumed.accountant.counts["subsampled_gaussian_events"] == 1 + 5
+    shares = " ".join(resumed.budget_shares())
+    assert "40% of the budget (ε 4 alone) bought the warm start" in shares and "10 DP-SGD critic steps" in shares
+    # a release option asked otherwise is refused in one line
+    from lightning_gpate.release import CheckpointError
+
+    other = DPGAN(dm.spec, epsilon=10.0, warm_start={**WARM, "fraction": 0.3}, **SMALL)
+    with pytest.raises(CheckpointError, match="pins fraction=0.4"):
+        _trainer(6, tmp_path).fit(other, dm, ckpt_path=tmp_path / "m.ckpt")
+
+
+def test_the_warm_start_steps_read_nothing_but_the_release(tmp_path, monkeypatch):
+    """Post-processing: two fits on different private digits with the same release (the measurement replaced by a
+    fixed one), the same public seeds and a frozen generator afterwards (generator_lr 0) end with the same generator.
+    Were a warm-start step to read a private batch, the two would differ."""
+    fixed = torch.rand(10, WARM["features"] + 1, generator=torch.Generator().manual_seed(0)) + 0.5
+
+    def measure(self, x, y, *, generator, chunk_size=2048):  # the same release whatever the data
+        self.released.copy_(fixed)
+        self.measured.fill_(True)
+
+    monkeypatch.setattr(WarmStartRelease, "measure", measure)
+    generators = []
+    for invert in (False, True):
+        dm = ImageDataModule("digits", batch_size=32)
+        dm.setup("fit")  # before the seed in both runs: the same public random state from the seed on
+        if invert:  # other private digits: every pixel inverted, the labels rolled
+            train = dm.model_space("train")
+            monkeypatch.setattr(dm, "model_space", lambda split, _t=train: (-_t[0], (_t[1] + 1) % 10) if split == "train" else
+                                ImageDataModule.model_space(dm, split))
+        pl.seed_everything(3, verbose=False)
+        model = DPGAN(dm.spec, epsilon=10.0, warm_start={**WARM, "feature_seed": 1, "anchor_weight": 0.0}, generator_lr=0.0,
+                      **SMALL)
+        _trainer(1, tmp_path).fit(model, dm)
+        assert int(model.warm_release.steps_done) == 3
+        generators.append(torch.cat([p.detach().flatten() for p in model.generator.state_dict().values() if p.is_floating_point()]))
+    assert torch.equal(generators[0], generators[1])
+
+
+def test_a_budget_the_release_leaves_nothing_of_is_refused_before_any_step():
+    """A release on 99% of ε leaves no critic step: refused before the data is read, in a message that says the
+    release came first."""
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=1.0, warm_start={**WARM, "fraction": 0.99}, **SMALL)
+    with pytest.raises(NoPrivateStepError, match="after the warm start's release"):
+        _trainer(2, Path(".")).fit(model, dm)
+    assert model.accountant.epsilon() == 0.0 and not bool(model.warm_release.measured)
+
+
+def test_warm_start_options_are_checked_where_defined():
+    with pytest.raises(ValueError, match="has no option 'stepz'"):
+        WarmStart.of({"stepz": 3})
+    with pytest.raises(ValueError, match="fraction must lie in"):
+        WarmStart(fraction=1.0)
+    with pytest.raises(ValueError, match="nothing reads"):
+        WarmStart(steps=0, anchor_weight=0.0)
+    with pytest.raises(ValueError, match="even integer"):
+        WarmStart(features=101)
+    with pytest.raises(TypeError):
+        WarmStart(0.5)  # keyword-only, as every privacy parameter
+    dm = ImageDataModule("digits", batch_size=32)
+    with pytest.raises(ValueError, match="accountant: rdp"):
+        DPGAN(dm.spec, epsilon=10.0, warm_start=WARM, **{**SMALL, "accountant": "pld"})
+
+
+def test_a_warm_started_release_samples_digits_and_holds_no_release_of_the_data(tmp_path):
+    """The release artifact holds the generator (and the options to rebuild it), not the noisy embedding: that stays in
+    the private training checkpoint, as DP-MERF's does."""
+    from lightning_gpate.release import build_release, model_from_release
+
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=10.0, warm_start=WARM, **SMALL)
+    _trainer(1, tmp_path).fit(model, dm)
+    release = build_release(model)
+    assert not any("warm_release" in k for k in release["generator"])
+    assert release["hyper_parameters"]["warm_start"]["feature_seed"] == model.hparams.warm_start["feature_seed"]
+    loaded = model_from_release(release)
+    x, y = loaded.generate(20, seed=0)
+    assert x.shape == (20, 1, 8, 8) and np.isfinite(x.numpy()).all()
+    assert bool(loaded.warm_release.measured) is False  # a release carries no measurement
+
+
+def test_the_command_line_takes_the_warm_start_as_one_option_group(tmp_path, monkeypatch, capsys):
+    """``--model.warm_start.<option>`` over a config: the fit's summary says what the warm start's share bought."""
+    from lightning_gpate.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[1] / "configs" / "dpgan_digits_minimal.yaml"
+    args = ["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
+            "--model.generator_architecture", "dcgan", "--model.generator_upsample", "nearest", "--model.gf_dim", "8",
+            "--model.fc_dim", "32", "--model.z_dim", "5", "--model.df_dim", "8", "--model.adaptive_d_steps", "null",
+            "--model.warm_start.fraction", "0.3", "--model.warm_start.features", "200", "--model.warm_start.steps", "2",
+            "--model.warm_start.batch_size", "20", "--utility.enabled", "false", "--image_quality.enabled", "false"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "30% of the budget (ε 3 alone) bought the warm start" in out and "2 of 2 warm-start generator steps" in out
+
+
+@pytest.mark.parametrize("kind", ["pategan", "gswgan"])
+def test_pate_gan_and_gs_wgan_take_the_warm_start_and_pay_its_release_once(kind, tmp_path):
+    """PATE-GAN and GS-WGAN take the same option: the release is charged once before their own steps, and their
+    guarantee's RDP curve is their own steps' plus exactly the Gaussian mechanism's λ/(2σ²) (Mironov 2017, Cor. 3),
+    computed here from the formula; their own noise (λ, σ) is planned for what the release leaves."""
+    from lightning_gpate.models import GSWGAN, PATEGAN
+    from lightning_gpate.privacy.accountant import GSWGANStepEvent, LaplaceVoteEvent, PrivacyAccountant
+
+    dm = ImageDataModule("digits", batch_size=16, num_teachers=5)
+    common = dict(gf_dim=8, fc_dim=32, df_dim=8, generator_upsample="nearest", z_dim=5)
+    if kind == "pategan":
+        def build(warm):
+            return PATEGAN(dm.spec, epsilon=10.0, delta=1e-5, planned_queries=200, warm_start=warm, **common)
+        own_noise = lambda m: m.lam  # noqa: E731
+    else:
+        def build(warm):
+            return GSWGAN(dm.spec, epsilon=10.0, planned_steps=50, critic_steps=1, warm_start=warm, **common)
+        own_noise = lambda m: m.hparams.noise_multiplier  # noqa: E731
+    plain, warm = build(None), build({**WARM, "fraction": 0.3})
+    assert own_noise(warm) != own_noise(plain)  # planned for what the release leaves
+    if kind == "pategan":
+        assert warm.hparams.marginal_fraction == 0.0  # the release replaces the class-mean images
+    pl.seed_everything(0, verbose=False)
+    _trainer(2, tmp_path).fit(warm, dm)
+    release = warm.warm_release
+    assert bool(release.measured) and int(release.steps_done) == WARM["steps"]
+    assert "30% of the budget (ε 3 alone) bought the warm start" in " ".join(warm.budget_shares())
+    # the model's own steps, recorded alone from what it counted; plus the one Gaussian mechanism by its formula
+    own = PrivacyAccountant(delta=1e-5, orders=warm.accountant.orders)
+    counts = warm.accountant.counts
+    if kind == "pategan":
+        own.record(LaplaceVoteEvent(np.zeros(int(counts["laplace_vote_queries"])), warm.lam))
+    else:
+        own.record(GSWGANStepEvent(noise_multiplier=warm.hparams.noise_multiplier, num_discriminators=5,
+                                   batch_size=warm.hparams.generator_batch_size, steps=int(counts["gswgan_steps"])))
+    gaussian = np.asarray(warm.accountant.orders) / (2 * release.noise_multiplier ** 2)
+    assert counts["subsampled_gaussian_events"] == 1  # the release, once
+    np.testing.assert_allclose(warm.accountant.rdp_worst_case, own.rdp_worst_case + gaussian, rtol=1e-9)
+
+
+def test_the_critic_warms_up_before_the_first_generator_update_and_its_steps_are_paid(tmp_path):
+    """``critic_warmup_steps``: the first training steps take (and pay for) their critic steps only; the generator
+    moves from the next one on, and ``max_steps`` still counts generator updates."""
+    dm = ImageDataModule("digits", batch_size=32)
+    model = DPGAN(dm.spec, epsilon=10.0, critic_warmup_steps=3, **SMALL)
+    before = [p.detach().clone() for p in model.generator.parameters()]
+    frozen_until = []
+    step = model.generator_step
+    model.generator_step = lambda: (frozen_until.append(int(model.generator_steps_paid)), step())[1]
+    trainer = _trainer(2, tmp_path)
+    trainer.fit(model, dm)
+    assert trainer.global_step == 2 and frozen_until == [4, 5]  # the generator stepped on the 4th and 5th paid steps
+    assert int(model.critic_steps_taken) == 10 == model.accountant.counts["subsampled_gaussian_steps"]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.generator.parameters()))
+    with pytest.raises(ValueError, match="critic_warmup_steps"):
+        DPGAN(dm.spec, epsilon=10.0, critic_warmup_steps=-1, **SMALL)
