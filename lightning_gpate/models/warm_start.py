@@ -305,7 +305,9 @@ class WarmStartMixin:
 
     def take_warm_start_steps(self, *, generator: torch.Generator | None = None) -> None:
         """The generator's steps on the release (DP-MERF's optimiser: Adam with a step decay), with a progress bar;
-        then the weight average, if any, restarts from the warm-started generator."""
+        then the weight average, if any, restarts from the warm-started generator. A resume in the middle continues
+        the count and the learning-rate schedule (Adam's moments start afresh: they are not checkpointed)."""
+        from lightning_gpate.models.sharding import replicated_backward
         from lightning_gpate.progress import progress
 
         release, o = self.warm_release, self.warm_release.options
@@ -313,8 +315,6 @@ class WarmStartMixin:
         schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=o.lr_decay_steps, gamma=o.lr_decay)
         for _ in range(int(release.steps_done)):  # a resume continues the schedule where it stopped
             schedule.step()
-        from lightning_gpate.models.sharding import replicated_backward
-
         generate = self.warm_start_generate(generator)
         self.generator.train()
         loss = None
