@@ -99,9 +99,10 @@ SAMPLES_DIR = "outputs"
 
 
 def samples_output(spec: dict[str, Any], run_name: str | None) -> str:
-    """The ``--output`` of the summary's ``sample`` command: ``outputs/<run name>/samples.npz`` (``.csv`` for tables)."""
-    ext = "csv" if spec["kind"] == "tabular" else "npz"
-    return "/".join([SAMPLES_DIR, *([run_name] if run_name else []), f"samples.{ext}"])
+    """The ``--output`` of the summary's ``sample`` command: ``outputs/<run name>/samples.npz`` (``.csv`` for tables;
+    for a folder of images, a folder ``samples`` of PNGs in class folders: what the user gave)."""
+    name = "samples" if spec.get("dataset") == "folder" else f"samples.{'csv' if spec['kind'] == 'tabular' else 'npz'}"
+    return "/".join([SAMPLES_DIR, *([run_name] if run_name else []), name])
 
 
 def _sqlite_ui_command(tracking_uri: str | None) -> str:

@@ -1,4 +1,5 @@
-"""Image data: embedded digits, MNIST and Fashion-MNIST (their IDX files), CelebA (torchvision), or an image CSV.
+"""Image data: embedded digits, MNIST and Fashion-MNIST (their IDX files), CelebA (torchvision), an image CSV, or a
+user's own images (a folder of class folders, an ``.npz``, arrays: :mod:`datamodules.folder`).
 
 Images are stored as uint8 and mapped to [-1, 1] per batch (the generators end in tanh); the spec's
 ``value_max`` maps generated images back to the dataset's own range.
@@ -6,7 +7,8 @@ Images are stored as uint8 and mapped to [-1, 1] per batch (the generators end i
 MNIST and Fashion-MNIST keep their official split: the 60,000 training images are the training data
 (the private data of a private model, partitioned among its teachers), the 10,000 test images are the
 ``test`` split (utility is measured on them; they select nothing). Their classes are public by the
-definition of the data sets. An image CSV's classes are public only when declared (``classes``).
+definition of the data sets. The classes of an image CSV, a folder, an ``.npz`` or arrays are public only when
+declared (``classes``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 
 from datamodules.base import DataError, GenerativeDataModule, read_data_csv
 
-IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist", "celeba", "csv")
+IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist", "celeba", "csv", "folder", "npz", "arrays")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
 
@@ -48,21 +50,29 @@ class ImageDataModule(GenerativeDataModule):
     Args:
         dataset: ``digits`` (scikit-learn's 8×8 digits, embedded, no download), ``mnist``,
             ``fashion_mnist`` (their four official IDX files, :mod:`datamodules.idx`), ``celeba``
-            (label: ``celeba_attribute``, default gender) or ``csv`` (``path`` to a CSV of flattened
-            square grey images, last column the label, e.g. ``../shared/data/mnist_5k.csv.gz``).
+            (label: ``celeba_attribute``, default gender), ``csv`` (``path`` to a CSV of flattened
+            square grey images, last column the label, e.g. ``../shared/data/mnist_5k.csv.gz``), ``folder``
+            (``root``: a folder of class folders, ``root/<class>/<image>.png``, PNG or JPEG, grey or colour),
+            ``npz`` (``path`` to an ``.npz`` with ``images`` and ``labels``) or ``arrays`` (``images`` and
+            ``labels`` given in memory: the Python API). See :mod:`datamodules.folder`.
         root: MNIST/Fashion-MNIST: the folder holding the four IDX files (``train-images-idx3-ubyte``
             etc., ``.gz`` or not), or torchvision's root with them under ``MNIST/raw`` /
-            ``FashionMNIST/raw``; CelebA: torchvision's root.
+            ``FashionMNIST/raw``; CelebA: torchvision's root; ``folder``: the folder of class folders.
         download: let torchvision download a missing dataset (into ``root``).
         verify_checksums: check MNIST/Fashion-MNIST files against their published MD5s (a mismatch
             is an error before any run starts; ``False``: only their headers and sizes are checked).
-        image_size: resize to this square size (``None``: native; CelebA defaults to 64).
-        path: CSV file for ``dataset="csv"``.
+        image_size: resize to this square size, a public transform (``None``: native, and a folder's images
+            must all have one square size; CelebA defaults to 64).
+        channels: ``folder``: 1 (grey) or 3 (colour), every image converted (``None``: every image must
+            have the same).
+        path: CSV file for ``dataset="csv"``, ``.npz`` file for ``dataset="npz"``.
+        images, labels: ``dataset="arrays"``: the images (``[n, H, W]``, ``[n, H, W, C]`` or ``[n, C, H, W]``,
+            uint8 or floats in [0, 1]) and their labels; not hyperparameters (never saved in a checkpoint).
         csv_header: whether the CSV's first line is a header (``None``: detected — a header is a first
             line with a field that is not a number where the second line has one; the decision is
             logged, and no row is ever dropped without it).
-        classes: the CSV's classes, declared public (label codes follow this order; a label not
-            among them is an error). ``None``: read from the labels, which is private metadata —
+        classes: the CSV's (folder's, arrays') classes, declared public (label codes follow this order; a
+            label or class folder not among them is an error). ``None``: read from the labels, which is private metadata —
             private models refuse it (a record with a new class would change ``num_classes`` and
             every other record's label code).
         celeba_attribute: CelebA attribute used as the binary label.
@@ -81,6 +91,9 @@ class ImageDataModule(GenerativeDataModule):
         csv_header: bool | None = None,
         classes: list[Any] | None = None,
         verify_checksums: bool = True,
+        channels: int | None = None,
+        images: Any = None,
+        labels: Any = None,
         batch_size: int = 64,
         num_teachers: int = 0,
         teacher_batch_size: int = 32,
@@ -97,8 +110,11 @@ class ImageDataModule(GenerativeDataModule):
         )
         if dataset not in IMAGE_DATASETS:
             raise DataError(f"unknown image dataset {dataset!r}; choose one of {IMAGE_DATASETS}")
-        if image_size is not None and image_size < 4:
-            raise DataError(f"image_size must be >= 4, got {image_size}")
+        from datamodules.folder import check_format_options
+
+        check_format_options(image_size, channels)
+        if (dataset == "arrays") != (images is not None or labels is not None) or (dataset == "arrays" and (images is None or labels is None)):
+            raise DataError("images and labels go together with dataset 'arrays' (the Python API), and only with it")
         self.dataset, self.root, self.download = dataset, root, download
         self.image_size, self.path, self.celeba_attribute = image_size, path, celeba_attribute
         self.csv_header = csv_header
@@ -107,15 +123,18 @@ class ImageDataModule(GenerativeDataModule):
         if classes is not None and len(classes) < 2:
             raise DataError(f"data.classes needs at least 2 classes, got {list(classes)}")
         self.classes = None if classes is None else list(classes)
-        self.verify_checksums = verify_checksums
-        self.save_hyperparameters()
+        self.verify_checksums, self.channels = verify_checksums, channels
+        self._arrays = None if images is None else (images, labels)
+        self.save_hyperparameters(ignore=["images", "labels"])
         self._transform = uint8_to_model_space
 
     def _load(self) -> dict[str, Any]:
         loader = {
             "digits": self._load_digits, "mnist": self._load_idx, "fashion_mnist": self._load_idx,
             "celeba": self._load_celeba, "csv": self._load_csv,
+            "folder": self._load_folder, "npz": self._load_arrays, "arrays": self._load_arrays,
         }[self.dataset]
+        self._layout = None
         splits, class_names, value_max, private = loader()
         size = self.image_size or (64 if self.dataset == "celeba" else None)
         if size is not None:
@@ -134,7 +153,29 @@ class ImageDataModule(GenerativeDataModule):
             "private_metadata": private,
             "value_max": value_max,
         }
+        if self._layout is not None:  # arrays in: the form generated images go back out in (the Python API)
+            spec["layout"] = self._layout
         return {"splits": splits, "spec": spec}
+
+    def _load_folder(self):
+        from datamodules.folder import read_image_folder
+
+        x, y, names, private = read_image_folder(self.root, classes=self.classes, image_size=self.image_size, channels=self.channels)
+        return {"train": (x, y)}, names, 255.0, private
+
+    def _load_arrays(self):
+        from datamodules.folder import images_from_arrays, read_npz
+
+        if self.dataset == "npz":
+            if self.path is None:
+                raise DataError("dataset 'npz' needs data.path (an .npz with arrays 'images' and 'labels')")
+            x, y, names, private, layout = read_npz(self.path, classes=self.classes, image_size=self.image_size)
+        else:
+            x, y, names, private, layout = images_from_arrays(*self._arrays, classes=self.classes, image_size=self.image_size)
+        if self.channels is not None and x.shape[1] != self.channels:
+            raise DataError(f"the images have {x.shape[1]} channels, data.channels says {self.channels}")
+        self._layout = layout
+        return {"train": (x, y)}, names, layout["value_max"], private
 
     def _load_digits(self):
         from sklearn.datasets import load_digits

@@ -1,12 +1,18 @@
-"""A Python API for pandas users: fit a (private) generator on a DataFrame, sample DataFrames back.
+"""A Python API: fit a (private) generator on a DataFrame or on images, sample DataFrames or arrays back.
 
 >>> from lightning_gpate import Synthesizer
 >>> synth = Synthesizer("pategan", epsilon=1.0, delta=1e-5, max_steps=2000)      # doctest: +SKIP
 >>> synth.fit(frame, label="Biopsy", schema={...}, num_teachers=10)             # doctest: +SKIP
 >>> synthetic = synth.sample(1000)                                              # doctest: +SKIP
 
-It wraps the same pieces as ``lightning-gpate fit``: a :class:`~datamodules.TabularDataModule`, the
-model, a Lightning ``Trainer`` with the MLflow logger and the evaluation callbacks, so a run started
+Images (numpy arrays, a folder of class folders, or an ``.npz``; the classes declared public):
+
+>>> synth = Synthesizer("dpmerf", epsilon=1.0, delta=1e-5, max_steps=800)        # doctest: +SKIP
+>>> synth.fit(images, labels, classes=[0, 1, 2])                                # doctest: +SKIP
+>>> images, labels = synth.sample(1000)                                         # doctest: +SKIP
+
+It wraps the same pieces as ``lightning-gpate fit``: a :class:`~datamodules.TabularDataModule` (or
+:class:`~datamodules.ImageDataModule`), the model, a Lightning ``Trainer`` with the MLflow logger and the evaluation callbacks, so a run started
 from Python appears in MLflow with the same parameters, ε, utility report, samples and release artifact.
 """
 
@@ -61,10 +67,11 @@ def model_class(model: str | type) -> type:
 
 
 class Synthesizer:
-    """Fit a generator on a DataFrame and sample synthetic DataFrames in the same schema.
+    """Fit a generator on a DataFrame (or images) and sample synthetic DataFrames in the same schema (or arrays).
 
     Args:
-        model: model name (``"gan"``, ``"pategan"``, ``"gpate"``, ``"dpgan"``, ``"gswgan"``), class or class path.
+        model: model name (``"gan"``, ``"pategan"``, ``"gpate"``, ``"dpgan"``, ``"gswgan"``, ``"dpmerf"``,
+            ``"marginaltree"``), class or class path.
         epsilon: privacy budget ε of a private model (required for one; refused for ``"gan"``).
         delta: δ of a private model's (ε, δ) guarantee (required for one).
         max_steps: generator steps (a private model stops earlier when its budget is spent).
@@ -119,41 +126,51 @@ class Synthesizer:
         self.datamodule = None
         self.trainer = None
         self.report: dict[str, float] = {}
+        #: what ``lightning-gpate fit`` prints at its end (model, data, steps, ε, utility, release, MLflow run)
+        self.summary: str | None = None
         self.run_id: str | None = None
 
     # ----------------------------------------------------------------- training
     def fit(
         self,
-        data: pd.DataFrame,
+        data: "pd.DataFrame | Any",
+        labels: Any = None,
         *,
-        label: str,
+        label: str | None = None,
         schema: dict[str, dict[str, Any]] | None = None,
         class_ratio: list[float] | None = None,
+        classes: list[Any] | None = None,
+        image_size: int | None = None,
+        channels: int | None = None,
         **data_options: Any,
     ) -> "Synthesizer":
-        """Train on ``data`` (the label column conditions the generator).
+        """Train on ``data``: a table (the ``label`` column conditions the generator) or images (their ``labels``).
 
         Args:
-            data: the private table, one row per record.
-            label: the class column.
+            data: the private table, one row per record; or images: a numpy array (``[n, H, W]`` grey,
+                ``[n, H, W, C]`` or ``[n, C, H, W]``; uint8, or floats in [0, 1]) with ``labels``, or the path of a
+                folder of class folders (``root/<class>/<image>.png``) or of an ``.npz`` with ``images`` and ``labels``.
+            labels: the images' labels, one per image (arrays only).
+            label: the class column (tables only).
             schema: per-column declarations (types, public ``min``/``max``/``categories``); a private
                 model refuses metadata read from the data unless declared here or paid for
                 (``metadata_epsilon``, ``label_ratio_epsilon`` where the DataModule offers them).
-            class_ratio: the label's class ratio, declared public.
-            **data_options: more :class:`~datamodules.TabularDataModule` arguments (``batch_size``,
-                ``num_teachers``, ``test_fraction``, ``missing``, …).
+            class_ratio: the label's class ratio, declared public (tables).
+            classes: the images' classes, declared public (the label codes follow this order); a private model
+                refuses classes read from the data.
+            image_size: resize every image to this square size (a public transform); ``None``: they must have one.
+            channels: a folder's images converted to 1 (grey) or 3 (colour); ``None``: they must all have the same.
+            **data_options: more :class:`~datamodules.TabularDataModule` (or :class:`~datamodules.ImageDataModule`)
+                arguments (``batch_size``, ``num_teachers``, ``test_fraction``, ``missing``, …).
 
         Returns:
             ``self``, trained; :attr:`report` holds the utility report, :attr:`run_id` the MLflow run.
         """
         import pytorch_lightning as pl
 
-        from callbacks import DownstreamUtility, ReleaseArtifact, SampleLogger
-        from datamodules import TabularDataModule
+        from callbacks import DownstreamUtility, FitSummary, ReleaseArtifact, SampleLogger
         from lightning_gpate.tracking import GPATEMLFlowLogger
 
-        if not isinstance(data, pd.DataFrame):
-            raise TypeError(f"data must be a pandas DataFrame, got {type(data).__name__}")
         pl.seed_everything(self.seed, verbose=False)
         model_batch = self._model_batch_size()
         if model_batch is not None:  # Lightning refuses a run whose model and data log different `batch_size`s
@@ -161,7 +178,21 @@ class Synthesizer:
                 raise ValueError(
                     f"{self.model_cls.__name__} has its own batch_size={model_batch}; the data's batch_size="
                     f"{data_options['batch_size']} must be the same (set it once, as a model option)")
-        self.datamodule = TabularDataModule(frame=data, label=label, schema=schema, class_ratio=class_ratio, **data_options)
+        if isinstance(data, pd.DataFrame):
+            from datamodules import TabularDataModule
+
+            if label is None or labels is not None or classes is not None or image_size is not None or channels is not None:
+                raise TypeError("a table is fitted with label='<its class column>' (labels, classes, image_size and channels are "
+                                "for images)")
+            self.datamodule = TabularDataModule(frame=data, label=label, schema=schema, class_ratio=class_ratio, **data_options)
+            data_arguments = {"label": label, "schema": schema, "class_ratio": class_ratio}
+        else:
+            if label is not None or schema is not None or class_ratio is not None:
+                raise TypeError(f"label, schema and class_ratio are for tables: a table must be a pandas DataFrame, got "
+                                f"{type(data).__name__} (images are fitted with their labels and classes=[...])")
+            self.datamodule, source = self._image_datamodule(data, labels, classes=classes, image_size=image_size,
+                                                             channels=channels, **data_options)
+            data_arguments = {"images": source, "classes": classes, "image_size": image_size, "channels": channels}
         privacy = {"epsilon": self.epsilon_budget, "delta": self.delta} if self.private else {}
         self.model = self.model_cls(self.datamodule.spec, **privacy, **self.model_options)
         utility = DownstreamUtility(enabled=self.evaluate, **self.utility_options)
@@ -172,15 +203,45 @@ class Synthesizer:
             "enable_model_summary": False, "log_every_n_steps": 10, "devices": 1,
             **self.trainer_options,
         }
-        self._release = ReleaseArtifact()
-        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), self._release, *options.get("callbacks", [])]
+        self._release, summary = ReleaseArtifact(), FitSummary()
+        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), self._release, summary, *options.get("callbacks", [])]
         self.trainer = pl.Trainer(**options)
         self.run_id = logger.run_id
-        self._log_arguments(logger, label=label, schema=schema, class_ratio=class_ratio, data_options=data_options)
+        self._log_arguments(logger, **data_arguments, data_options=data_options)
         self.trainer.fit(self.model, datamodule=self.datamodule)
         self.model.eval()
         self.report = dict(utility.last_metrics)
+        self.summary = summary.text(self.trainer, self.model)
         return self
+
+    @staticmethod
+    def _image_datamodule(data: Any, labels: Any, **options: Any):
+        """An :class:`~datamodules.ImageDataModule` of arrays, a folder or an ``.npz``, and how to name that source
+        in the run's ``synthesizer.json`` (never the pixels)."""
+        from datamodules import ImageDataModule
+
+        if isinstance(data, (str, Path)):
+            if labels is not None:
+                raise TypeError("a folder or an .npz holds its labels: give no labels with a path")
+            path = Path(data)
+            if path.suffix.lower() == ".npz":
+                return ImageDataModule("npz", path=str(path), **options), str(path)
+            return ImageDataModule("folder", root=str(path), **options), str(path)
+        try:
+            import torch
+
+            if isinstance(data, torch.Tensor):
+                data = data.detach().cpu().numpy()
+            if isinstance(labels, torch.Tensor):
+                labels = labels.detach().cpu().numpy()
+        except ImportError:  # pragma: no cover
+            pass
+        if not hasattr(data, "shape"):
+            raise TypeError(f"data must be a pandas DataFrame, an image array (with labels), or the path of an image folder "
+                            f"or .npz; got {type(data).__name__}")
+        if labels is None:
+            raise TypeError("images need their labels: fit(images, labels, classes=[...])")
+        return ImageDataModule("arrays", images=data, labels=labels, **options), f"arrays {list(data.shape[1:])}"
 
     def _model_batch_size(self) -> int | None:
         import inspect
@@ -209,14 +270,24 @@ class Synthesizer:
             raise RuntimeError("fit the Synthesizer first (or load one with Synthesizer.load(ckpt_path))")
         return self.model
 
-    def sample(self, num_rows: int, *, seed: int | None = None) -> pd.DataFrame:
+    def sample(self, num_rows: int, *, seed: int | None = None):
         """``num_rows`` synthetic rows with the original column names, order, dtypes, ranges and
-        categories (labels drawn from the model's public/uniform class ratio)."""
+        categories (labels drawn from the model's public/uniform class ratio).
+
+        For an image model: ``(images, labels)`` numpy arrays, in the form the images came in (arrays: their axes,
+        uint8 or floats in [0, 1], the class values as declared; a folder: uint8 ``[n, H, W]`` grey or
+        ``[n, H, W, 3]``, the class folders' names); :func:`~lightning_gpate.sampling.write_image_folder` writes PNGs.
+        """
         from lightning_gpate.evaluation.report import synthetic_table
 
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
-        return synthetic_table(self._require_model(), num_rows, seed=seed)
+        model = self._require_model()
+        if model.data_spec["kind"] == "image":
+            from lightning_gpate.sampling import image_arrays
+
+            return image_arrays(model, num_rows, seed=seed)
+        return synthetic_table(model, num_rows, seed=seed)
 
     @property
     def epsilon(self) -> float | None:
@@ -245,7 +316,11 @@ class Synthesizer:
         ``train`` by default) against real ``train``/``test`` frames of your choice."""
         from lightning_gpate.evaluation.tabular import evaluate_tabular
 
-        label = self._require_model().data_spec["label"]["name"]
+        spec = self._require_model().data_spec
+        if spec["kind"] != "tabular":
+            raise TypeError("evaluate_against compares tables; an image model's utility is its report (evaluate=True) or "
+                            "`lightning-gpate evaluate`")
+        label = spec["label"]["name"]
         return evaluate_tabular(train, test, self.sample(num_rows or len(train), seed=seed), label=label, seed=seed, **options)
 
     @classmethod

@@ -214,7 +214,8 @@ def sample_command(argv: Sequence[str]) -> int:
     parser.add_argument("--ckpt_path", required=True, help="release artifact of a run (release/release.pt, printed by fit; "
                         "its MLflow tag release_artifact), or a private training checkpoint (its release is extracted)")
     parser.add_argument("--num_samples", type=int, required=True, help="rows or images to generate (>= 1)")
-    parser.add_argument("--output", required=True, help="output .csv (tables) or .npz (images); a .png picture is written beside it")
+    parser.add_argument("--output", required=True, help="output .csv (tables), .npz (images) or a new folder (images: "
+                        "PNGs in class folders, OUTPUT/<class>/<n>.png); a .png picture is written beside it")
     parser.add_argument("--seed", type=int, default=None, help="seed of the latent draws")
     parser.add_argument("--reference", default=None, help="a reference set YOU declare public, drawn beside the samples in the "
                         "picture: .npz with images and labels (as this command writes) or a .csv table. Without it the picture "

@@ -188,8 +188,9 @@ def write_samples(
     beside it (same name, ``.png``).
 
     Tables: ``output`` is a ``.csv``; the picture shows the marginals of a few columns. Images:
-    ``output`` is an ``.npz``; the picture is a grid with one labelled class per row
-    (:func:`image_grid`). ``reference`` (``(images, labels)`` in [-1, 1] or a DataFrame, see
+    ``output`` is an ``.npz``, or a new folder (a name without a suffix) of PNGs in class folders,
+    ``output/<class>/<n>.png``: the layout a folder of a user's images has (:func:`write_image_folder`); the
+    picture is a grid with one labelled class per row (:func:`image_grid`), beside it (``output.png``). ``reference`` (``(images, labels)`` in [-1, 1] or a DataFrame, see
     :func:`load_reference` and :func:`lightning_gpate.evaluation.store.real_test_split`) is drawn beside the synthetic data under
     ``reference_title``. Returns the written paths.
     """
@@ -209,14 +210,89 @@ def write_samples(
         columns = [label] + [c for c in frame.columns if c != label][:MARGINAL_COLUMNS - 1]
         png = _atomic(output.with_suffix(".png"), lambda p: marginal_plot(reference, frame, p, columns=columns, real_label=reference_title))
         return [csv, png]
-    if output.suffix.lower() != ".npz":
-        raise ValueError(f"image samples are written as .npz (plus a .png grid): give an output ending in .npz, not {output.name!r}")
+    as_folder = output.suffix == "" or output.is_dir()
+    if not as_folder and output.suffix.lower() != ".npz":
+        raise ValueError(f"image samples are written as .npz, or as PNGs in class folders (an output without a suffix: "
+                         f"a new folder), each with a .png grid beside it: not {output.name!r}")
+    if as_folder and output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(f"{output} exists and is not an empty folder: give a new folder for the PNGs (nothing is overwritten)")
     from datamodules.image import images_to_original_range
 
     x, y = model.generate(num_samples, seed=seed)
+    if as_folder:
+        folder = write_image_folder(x, y, spec["class_names"], output)
+        grid = image_grid(x, y, list(spec["class_names"]), reference=reference, reference_title=reference_title)
+        return [folder, _atomic(output.with_name(output.name + ".png"), lambda p: save_png(grid, p))]
     images = images_to_original_range(x, spec)
     classes = np.asarray(spec["class_names"])
     npz = _atomic(output, lambda p: np.savez_compressed(p, images=images, labels=y.numpy(), class_names=classes))
     grid = image_grid(x, y, list(classes), reference=reference, reference_title=reference_title)
     png = _atomic(output.with_suffix(".png"), lambda p: save_png(grid, p))
     return [npz, png]
+
+
+def class_folder_name(name: str) -> str:
+    """A class name as a folder name: path separators and a leading dot replaced (``T-shirt/top`` → ``T-shirt_top``)."""
+    safe = str(name).replace("/", "_").replace("\\", "_").strip() or "_"
+    return "_" + safe[1:] if safe.startswith(".") else safe
+
+
+def write_image_folder(x: torch.Tensor, y: torch.Tensor, class_names: Sequence[str], output: str | Path) -> Path:
+    """Generated images (``[n, C, H, W]`` in [-1, 1]) as 8-bit PNGs in class folders, ``output/<class>/<n>.png`` (grey
+    or RGB as the data), the layout :class:`~datamodules.ImageDataModule` reads with ``dataset: folder``. Written in a
+    hidden folder beside ``output`` and renamed: a failure leaves no partial folder. ``output`` must not exist, or be
+    empty. Every class gets its folder, also one that drew no image."""
+    from PIL import Image
+
+    from datamodules.image import model_space_to_unit
+
+    output = Path(output)
+    names = [class_folder_name(n) for n in class_names]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two classes have the same folder name: {names}")
+    pixels = (model_space_to_unit(x.detach().float().cpu()) * 255.0).round().to(torch.uint8).numpy()
+    labels = y.detach().cpu().numpy()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        counts = [0] * len(names)
+        for name in names:
+            (tmp / name).mkdir()
+        for image, label in zip(pixels, labels):
+            mode_image = image[0] if image.shape[0] == 1 else image[:3].transpose(1, 2, 0)
+            Image.fromarray(np.ascontiguousarray(mode_image)).save(tmp / names[label] / f"{counts[label]:06d}.png", format="PNG")
+            counts[label] += 1
+        if output.is_dir():
+            output.rmdir()  # empty (checked by the caller): replaced by the written folder
+        os.replace(tmp, output)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output
+
+
+def image_arrays(model, num_samples: int, *, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``num_samples`` generated images and labels as numpy arrays in the form the data came in (its spec's ``layout``
+    for arrays: axes, uint8 or floats in [0, 1], the class values as given; otherwise uint8 ``[n, H, W]`` (grey) or
+    ``[n, H, W, C]`` for a dataset of 8-bit images, floats in its own range for others, the class names as labels)."""
+    from datamodules.image import images_to_original_range
+
+    spec = model.data_spec
+    layout = spec.get("layout") or {
+        "axes": "NHW" if spec["shape"][0] == 1 else "NHWC", "value_max": float(spec["value_max"]),
+        "dtype": "uint8" if float(spec["value_max"]) == 255.0 else "float32", "class_values": list(spec["class_names"]),
+    }
+    x, y = model.generate(num_samples, seed=seed)
+    images = images_to_original_range(x, spec)  # [n, C, H, W] in [0, value_max]
+    if layout["dtype"] == "uint8":
+        images = np.round(images).clip(0, 255).astype(np.uint8)
+    axes = layout["axes"]
+    if axes == "NHW":
+        images = images[:, 0]
+    elif axes == "NHWC":
+        images = np.moveaxis(images, 1, -1)
+    values = layout["class_values"]
+    labels = np.asarray([values[i] for i in y.tolist()])
+    return np.ascontiguousarray(images), labels
