@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_gpate.evaluation.fidelity import discretize, fidelity, spec_columns, uniform_table
+from lightning_gpate.evaluation.fidelity import column_triples, discretize, fidelity, spec_columns, uniform_table
 from lightning_gpate.evaluation.tabular import evaluate_tabular
 
 SPEC = {
@@ -29,6 +29,8 @@ def test_tvds_and_correlation_gap_by_hand():
     # 2-way: (x,c) {(0,a):.5,(1,b):.25,(1,c):.25} vs {(0,a):.25,(1,b):.75} -> .5; (x,y) -> .25; (c,y) -> .5
     assert m["tvd_2way"] == pytest.approx((0.5 + 0.25 + 0.5) / 3)
     assert m["tvd_2way_max"] == pytest.approx(0.5)
+    # 3-way, the one triple (x,c,y): real {(0,a,0):.5,(1,b,1):.25,(1,c,1):.25} vs {(0,a,0):.25,(1,b,1):.75} -> .5
+    assert m["tvd_3way"] == pytest.approx(0.5) and m["tvd_3way_max"] == pytest.approx(0.5)
     # Pearson on (x, category index, label): the synthetic columns are all affine in one indicator (r = 1);
     # real: r(x,c) = 10.75/sqrt(44.75*2.75), r(x,y) = 6.5/sqrt(44.75), r(c,y) = 1.5/sqrt(2.75) (centred sums)
     real_r = [10.75 / math.sqrt(44.75 * 2.75), 6.5 / math.sqrt(44.75), 1.5 / math.sqrt(2.75)]
@@ -82,3 +84,25 @@ def test_fit_summary_prints_fidelity_beside_auroc():
     assert any(line.startswith("fidelity: 1-way TVD") and line.endswith(" 0.0734") for line in lines)
     assert any(line.startswith("fidelity: 2-way TVD") and line.endswith(" 0.131") for line in lines)
     assert any("floor" in line and "private diagnostic" in line and line.endswith(" 0.025") for line in lines)
+
+
+def test_three_way_tvd_counts_every_triple_or_a_fixed_sample_of_them():
+    """Against pandas' crosstab, an independent count: the mean over every triple of 5 columns; with more triples than
+    ``max_triples`` a fixed draw, the same for every synthetic table."""
+    rng = np.random.default_rng(3)
+    names = list("abcde")
+    spec = {"columns": [{"name": c, "type": "categorical", "categories": [0, 1, 2], "dtype": "int64"} for c in names[:-1]],
+            "label": {"name": "e", "type": "binary", "categories": [0, 1], "dtype": "int64"}, "column_order": names}
+    real = pd.DataFrame({c: rng.integers(0, 3 if c != "e" else 2, 300) for c in names})
+    fake = pd.DataFrame({c: rng.integers(0, 3 if c != "e" else 2, 200) for c in names})
+    expected = []
+    for triple in column_triples(5):
+        cols = [names[i] for i in triple]
+        p = real.groupby(cols).size() / len(real)
+        q = fake.groupby(cols).size() / len(fake)
+        expected.append(0.5 * p.sub(q, fill_value=0).abs().sum())
+    assert len(column_triples(5)) == 10
+    assert fidelity(real, fake, spec)["tvd_3way"] == pytest.approx(np.mean(expected))
+    assert column_triples(23) == column_triples(23) and len(column_triples(23)) == 300 and len(set(column_triples(23))) == 300
+    assert fidelity(real, fake, spec, max_triples=4)["tvd_3way"] == pytest.approx(np.mean([expected[i] for i in
+        [list(column_triples(5)).index(t) for t in column_triples(5, 4)]]))

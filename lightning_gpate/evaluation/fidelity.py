@@ -5,6 +5,9 @@ McKenna et al. 2021/2022; SDMetrics' TVComplement / ContingencySimilarity / Corr
 * ``tvd_1way``: the mean over columns of the total variation distance ``½ Σ_v |p(v) − q(v)|`` between
   the real and the synthetic one-way marginals;
 * ``tvd_2way``: the same over every pair of columns, of the two-way marginals;
+* ``tvd_3way``: the same over column triples, of the three-way marginals: every triple, or
+  ``max_triples`` of them drawn with a fixed public seed when there are more (AIM's and MargNet's
+  workload of 3-way marginals);
 * ``corr_mae``: the mean over pairs of columns of ``|r_ij − s_ij|``, the difference of the Pearson
   correlations of the real and the synthetic table (numeric columns as values, binary and categorical
   columns as the index of their category in the declared order; an undefined correlation counts as 0).
@@ -28,6 +31,8 @@ import numpy as np
 import pandas as pd
 
 FIDELITY_BINS = 10
+#: Column triples whose 3-way TVD is averaged (all of them when a table has fewer): 23 columns have 1,771.
+MAX_TRIPLES = 300
 
 
 def spec_columns(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -100,6 +105,27 @@ def marginal_tvds(real: np.ndarray, synthetic: np.ndarray, cards: Sequence[int])
     return one, np.array(two)
 
 
+def column_triples(d: int, max_triples: int = MAX_TRIPLES, *, seed: int = 0) -> list[tuple[int, int, int]]:
+    """The column triples of :func:`triple_tvds`: all ``C(d, 3)`` in ``itertools.combinations`` order, or ``max_triples``
+    of them drawn without replacement with a fixed public seed (the same for every system compared)."""
+    triples = list(itertools.combinations(range(d), 3))
+    if len(triples) <= max_triples:
+        return triples
+    chosen = np.random.default_rng(seed).choice(len(triples), size=max_triples, replace=False)
+    return [triples[i] for i in sorted(chosen)]
+
+
+def triple_tvds(real: np.ndarray, synthetic: np.ndarray, cards: Sequence[int],
+                triples: Sequence[tuple[int, int, int]]) -> np.ndarray:
+    """Per column triple, the TVD of the real and synthetic 3-way marginals of the codes (:func:`discretize`)."""
+    out = []
+    for i, j, k in triples:
+        size = cards[i] * cards[j] * cards[k]
+        cell = lambda c: (c[:, i] * cards[j] + c[:, j]) * cards[k] + c[:, k]  # noqa: E731
+        out.append(tvd(_distribution(cell(real), size), _distribution(cell(synthetic), size)))
+    return np.array(out)
+
+
 def numeric_frame(frame: pd.DataFrame, columns: Sequence[Mapping[str, Any]]) -> np.ndarray:
     """``[n, d]`` numbers for correlations: numeric columns as values, others as the index of their
     category in the spec (NaN when missing or unknown)."""
@@ -123,15 +149,17 @@ def pearson_matrix(values: np.ndarray) -> np.ndarray:
     return np.nan_to_num(corr, nan=0.0)
 
 
-def fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[str, Any], *, num_bins: int = FIDELITY_BINS) -> dict[str, float]:
-    """``tvd_1way``, ``tvd_2way``, ``corr_mae`` of ``synthetic`` against ``real`` (see the module doc),
-    and the worst column's and pair's TVD (``tvd_1way_max``, ``tvd_2way_max``).
+def fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[str, Any], *, num_bins: int = FIDELITY_BINS,
+             max_triples: int = MAX_TRIPLES) -> dict[str, float]:
+    """``tvd_1way``, ``tvd_2way``, ``tvd_3way``, ``corr_mae`` of ``synthetic`` against ``real`` (see the module doc),
+    and the worst column's, pair's and triple's TVD (``tvd_1way_max``, ``tvd_2way_max``, ``tvd_3way_max``).
 
     Args:
         real: a real split, original schema.
         synthetic: the synthetic table, same columns.
         spec: the tabular data spec of the model (its public bounds and categories).
         num_bins: equal-width bins of a numeric column's bounds.
+        max_triples: column triples of ``tvd_3way`` (:func:`column_triples`).
     """
     columns = spec_columns(spec)
     if len(real) == 0 or len(synthetic) == 0:
@@ -139,6 +167,7 @@ def fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[str, Any
     codes_real, cards = discretize(real, columns, num_bins)
     codes_syn, _ = discretize(synthetic, columns, num_bins)
     one, two = marginal_tvds(codes_real, codes_syn, cards)
+    three = triple_tvds(codes_real, codes_syn, cards, column_triples(len(columns), max_triples))
     r, s = pearson_matrix(numeric_frame(real, columns)), pearson_matrix(numeric_frame(synthetic, columns))
     iu = np.triu_indices(len(columns), k=1)
     nan = float("nan")
@@ -147,6 +176,8 @@ def fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[str, Any
         "tvd_1way_max": float(one.max()),
         "tvd_2way": float(two.mean()) if len(two) else nan,
         "tvd_2way_max": float(two.max()) if len(two) else nan,
+        "tvd_3way": float(three.mean()) if len(three) else nan,
+        "tvd_3way_max": float(three.max()) if len(three) else nan,
         "corr_mae": float(np.abs(r[iu] - s[iu]).mean()) if len(iu[0]) else nan,
     }
 
