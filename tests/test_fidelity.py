@@ -106,3 +106,20 @@ def test_three_way_tvd_counts_every_triple_or_a_fixed_sample_of_them():
     assert column_triples(23) == column_triples(23) and len(column_triples(23)) == 300 and len(set(column_triples(23))) == 300
     assert fidelity(real, fake, spec, max_triples=4)["tvd_3way"] == pytest.approx(np.mean([expected[i] for i in
         [list(column_triples(5)).index(t) for t in column_triples(5, 4)]]))
+
+
+def test_a_private_gan_fitted_on_a_table_is_told_the_marginal_model_did_better():
+    from callbacks.summary import table_advice
+    from lightning_gpate.api import model_classes
+
+    class Fitted:
+        def __init__(self, kind):
+            self.data_spec = {"kind": kind}
+
+    models = model_classes()
+    for name in ("pategan", "gpate", "dpgan", "gswgan"):
+        fitted = type(models[name].__name__, (Fitted,), {})("tabular")
+        assert "MarginalTree gave a higher mean AUROC and a lower 2-way TVD" in table_advice(fitted)
+        assert table_advice(type(models[name].__name__, (Fitted,), {})("image")) is None
+    for name in ("marginaltree", "dpmerf", "gan"):
+        assert table_advice(type(models[name].__name__, (Fitted,), {})("tabular")) is None
