@@ -1,7 +1,7 @@
 """What a user sees in the MLflow UI: screenshots of a real store in headless Chromium.
 
-Starts ``mlflow ui`` on a local port against an MLflow store holding real runs (e.g. the quickstart
-with ``--trainer.max_steps 20`` and a second run in the same experiment), opens in headless Chromium the
+Starts ``mlflow ui`` on a local port against an MLflow store holding real runs (the quickstart and a
+DP-MERF run in the same experiment, both to their end), opens in headless Chromium the
 experiment page, a run's overview and metric charts (ε over steps, utility, IS/FID), its sample grid
 and release artifacts, the compare view of two runs and the experiment's chart view of both, and
 writes one PNG per view
@@ -13,11 +13,14 @@ Needs Chromium and its driver (Debian: ``apt-get install chromium chromium-drive
     python benchmarks/mlflow_screenshots.py --store sqlite:///mlruns/mlflow.db --experiment quickstart \\
         [--runs RUN_ID RUN_ID] [--out docs/img] [--port 5077]
 
-The runs of the figures in ``docs/img`` were made with::
+The runs of the figures in ``docs/img`` (both generate digits: CNN accuracy 0.879 and 0.784 on the real test split,
+the epoch selected on synthetic digits)
+were made with::
 
-    lightning-gpate fit --config configs/quickstart.yaml --trainer.max_steps 20
-    lightning-gpate fit --config configs/dpgan_digits.yaml --trainer.max_steps 20 \\
-        --trainer.logger.init_args.experiment_name quickstart --trainer.log_every_n_steps 1
+    lightning-gpate fit --config configs/quickstart.yaml --utility.every_n_steps 50 --image_quality.every_n_steps 50
+    lightning-gpate fit --config configs/dpmerf_folder.yaml --data.init_args.dataset digits \\
+        --trainer.logger.init_args.experiment_name quickstart --trainer.logger.init_args.run_name dpmerf-digits-eps1 \\
+        --trainer.log_every_n_steps 10 --utility.every_n_steps 50 --image_quality.every_n_steps 50
 """
 
 from __future__ import annotations
