@@ -202,8 +202,14 @@ ROWS: tuple[Row, ...] = (
     Row("dpmerf_paper_eps1_guarantee", DPMERF_SOK_RERUN[1], "the paper's settings, for comparison", 120,
         kind="extra", splittable=True),
     # issue 56: DP-MERF's release as a warm start (its share of ε), then DP-GAN's DP-SGD critic fine-tunes the generator
-    Row("dpgan_warm_eps10_guarantee", "— (FETA-Pro 0.986, DPDM 0.981)", "≥ 0.965", 3600, kind="extra", splittable=True),
-    Row("dpgan_warm_eps1_guarantee", "— (FETA-Pro 0.971, DPDM 0.953)", "≥ 0.95", 3600, kind="extra", splittable=True),
+    *(Row(f"dpgan_warm_eps{eps}_guarantee" + ("_s1" if seed else ""), paper, target, 3600, kind="extra", splittable=True,
+          base=f"dpgan_warm_eps{eps}_guarantee", seed=seed or None, headline=not seed)
+      for eps, paper, target in ((10, "— (FETA-Pro 0.986, DPDM 0.981)", "≥ 0.965"), (1, "— (FETA-Pro 0.971, DPDM 0.953)", "≥ 0.95"))
+      for seed in (0, 1)),
+    # ... and PATE-GAN and GS-WGAN warm-started the same way: device rows (their teachers / discriminators need the GPU)
+    *(Row(f"{model}_warm_eps{eps}_guarantee", paper, "≥ 0.90 (not chance)", budget, kind="extra", **extra)
+      for model, budget, extra in (("pategan", 240, {}), ("gswgan", 300, {"pretrain_seconds": 240, "splittable": True}))
+      for eps, paper in ((10, "— (FETA-Pro 0.986, DPDM 0.981)"), (1, "— (FETA-Pro 0.971, DPDM 0.953)"))),
     # the CPU config at the G-PATE paper's small budgets (its Table 2: 0.223 at ε = 0.2), the ε = 1 settings carried unchanged
     *DPMERF_CPU_SWEEP,
     *DPMERF_SWEEP,
