@@ -727,7 +727,7 @@ ONE_RELEASE_MODELS = ("DPMERF",)
 
 def row_status(row: Row, r: dict[str, Any] | None) -> str:
     """``current``, ``STALE`` (its config changed since the run, or the record predates fingerprints), ``partial``
-    (stopped by the row's time budget before its privacy budget), ``not run yet`` or the error."""
+    (stopped by the row's time budget before its privacy budget or its config's max_steps), ``not run yet`` or the error."""
     if r is None:
         return "not run yet"
     if r.get("status") != "done":
@@ -735,7 +735,10 @@ def row_status(row: Row, r: dict[str, Any] | None) -> str:
     if r.get("config_fingerprint") != config_fingerprint(ROOT / row.config):
         return "STALE: its config changed since this run"
     budget_stop = str(r.get("stopped_by", "")).startswith("privacy budget") or r.get("budget_exhausted")
-    if r.get("privacy") == "guarantee" and not budget_stop and r.get("epsilon_guarantee") is not None \
+    # the config's own last step (its max_steps, e.g. a fine-tuning stopped where the validation split was flat): the
+    # config's result, whatever of ε it left unspent (the ε column says how much)
+    config_stop = r.get("stopped_by") == f"max_steps={r.get('max_steps')}" and r.get("steps") == r.get("max_steps")
+    if r.get("privacy") == "guarantee" and not budget_stop and not config_stop and r.get("epsilon_guarantee") is not None \
             and r["epsilon_guarantee"] < 0.95 * float(r.get("epsilon_budget", 0)):
         return f"partial: stopped by {r.get('stopped_by')} at ε {r['epsilon_guarantee']:.2f} of {r.get('epsilon_budget'):g}"
     if r.get("model") in ONE_RELEASE_MODELS and r.get("stopped_by") == "row time budget" and r.get("steps", 0) < r.get("max_steps", 0):

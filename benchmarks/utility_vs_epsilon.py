@@ -181,7 +181,8 @@ def draw_mnist(out: Path) -> Path:
         if r.get("privacy") != "guarantee":
             gan = (float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"))
             continue
-        by_model[r["model"]].append((float(r["epsilon_budget"]), float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"),
+        series = r["model"] + (" warm-started" if "_warm_" in row.name else "")  # another recipe: its own line
+        by_model[series].append((float(r["epsilon_budget"]), float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"),
                                      row_status(row, r)))
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
     for i, (model, pts) in enumerate(sorted(by_model.items())):

@@ -284,3 +284,8 @@ def test_a_one_release_row_stopped_by_its_time_before_its_steps_is_partial_thoug
     assert mnist_table.row_status(row, {**record, "steps": 800, "stopped_by": "max_steps=800"}) == "current"
     gpate = {**record, "model": "GPATE", "epsilon_guarantee": 9.89, "epsilon_budget": 10.0, "max_steps": 20000}
     assert mnist_table.row_status(row, gpate) == "current"  # ε nearly spent: its budget, not its time, bounds it
+    # stopped by its config's own max_steps with ε left (a fine-tuning stopped where validation was flat): the config's
+    # result; stopped by the row's time with ε left: partial
+    warm = {**gpate, "epsilon_guarantee": 7.43, "steps": 200, "max_steps": 200, "stopped_by": "max_steps=200"}
+    assert mnist_table.row_status(row, warm) == "current"
+    assert mnist_table.row_status(row, {**warm, "steps": 120, "stopped_by": "row time budget"}).startswith("partial: stopped by row time budget")
