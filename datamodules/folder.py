@@ -142,7 +142,8 @@ def read_image_folder(
                 raise DataError(f"{path}: not a PNG or JPEG file (by its name): remove it or convert it")
             files.append((path, code))
     images, first = [], None
-    for path, _ in tqdm(files, desc=f"reading {root.name}", unit="img", leave=False, mininterval=2.0):
+    # a percentage, not a count: how many images the folder holds is private (as in every message here)
+    for path, _ in tqdm(files, desc=f"reading {root.name}", leave=False, mininterval=2.0, bar_format="{desc}: {percentage:3.0f}% {elapsed}"):
         image = _decode(path)
         if channels is not None:
             image = _to_channels(image, channels)
