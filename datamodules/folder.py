@@ -27,9 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from datamodules.base import DataError
+from datamodules.image import _resize_uint8
 
 #: File name endings read as images (case-insensitive); anything else in the tree (but hidden files) is an error.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -64,14 +64,6 @@ def _to_channels(image: torch.Tensor, channels: int) -> torch.Tensor:
     # ITU-R BT.601 luma, as Pillow's convert("L")
     weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
     return (image.float() * weights).sum(0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
-
-
-def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 ``[n, C, H, W]`` → ``[n, C, size, size]`` (bilinear, antialiased when shrinking)."""
-    if images.shape[-2:] == (size, size):
-        return images
-    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-    return out.round().clamp(0, 255).to(torch.uint8)
 
 
 def check_format_options(image_size: int | None, channels: int | None) -> None:
@@ -148,7 +140,7 @@ def read_image_folder(
         if channels is not None:
             image = _to_channels(image, channels)
         if image_size is not None:
-            image = _resize(image.unsqueeze(0), image_size)[0]
+            image = _resize_uint8(image.unsqueeze(0), image_size, antialias=True)[0]
         if first is None:
             first = path, tuple(image.shape)
             if image.shape[-1] != image.shape[-2]:
@@ -207,7 +199,7 @@ def images_from_arrays(
         raise DataError(f"{where}: images of dtype {x.dtype}; give uint8 in 0..255 or floats in [0, 1]")
     tensor = torch.from_numpy(np.ascontiguousarray(pixels))
     if image_size is not None:
-        tensor = _resize(tensor, image_size)
+        tensor = _resize_uint8(tensor, image_size, antialias=True)
     elif tensor.shape[-1] != tensor.shape[-2]:
         raise DataError(f"{where}: {tensor.shape[-1]}×{tensor.shape[-2]} images are not square: give image_size to resize them")
     present = np.unique(labels).tolist()

@@ -36,11 +36,11 @@ def model_space_to_unit(x: torch.Tensor) -> torch.Tensor:
     return ((x.clamp(-1, 1) + 1.0) / 2.0)
 
 
-def _resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
-    """[n, C, H, W] uint8 → [n, C, size, size] uint8 (bilinear)."""
+def _resize_uint8(images: torch.Tensor, size: int, *, antialias: bool = False) -> torch.Tensor:
+    """[n, C, H, W] uint8 → [n, C, size, size] uint8 (bilinear; ``antialias`` low-pass filters when shrinking)."""
     if images.shape[-1] == size and images.shape[-2] == size:
         return images
-    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False)
+    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=antialias)
     return out.round().clamp(0, 255).to(torch.uint8)
 
 

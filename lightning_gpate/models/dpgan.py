@@ -679,10 +679,6 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         self.generator_steps_paid += 1
         return True
 
-    def events_before_first_step(self) -> list:
-        """The warm start's release while it is still to be paid (none without a warm start)."""
-        return self.warm_start_events()
-
     def budget_shares(self) -> list[str]:
         """With a warm start: what its share bought, and that the critic's DP-SGD steps got the rest."""
         shares = self.warm_start_share()

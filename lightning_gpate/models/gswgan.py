@@ -628,10 +628,6 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
                 self.trainer.should_stop = True
         self.log_private(logs)
 
-    def events_before_first_step(self) -> list:
-        """The warm start's release while it is still to be paid (none without one)."""
-        return self.warm_start_events()
-
     def budget_shares(self) -> list[str]:
         """With a warm start: what its share bought, and that the sanitised steps got the rest."""
         shares = self.warm_start_share()

@@ -211,12 +211,16 @@ class WarmStartRelease(nn.Module):
 
 class WarmStartMixin:
     """What a private GAN adds to take a ``warm_start`` option (:class:`WarmStart`): call
-    :meth:`init_warm_start` in the constructor after ``save_hyperparameters``, return :meth:`warm_start_events` from
-    ``events_before_first_step``, call :meth:`ensure_warm_started` first in ``training_step`` (it returns ``False``
+    :meth:`init_warm_start` in the constructor after ``save_hyperparameters`` (``events_before_first_step`` then
+    includes the release until it is paid; a model that overrides it adds :meth:`warm_start_events`), call :meth:`ensure_warm_started` first in ``training_step`` (it returns ``False``
     when the budget refused the release: skip the step), and add :meth:`warm_start_pull` to the generator's loss.
     The model provides ``generator``, ``latent``, ``plan_gaussian_noise``, ``charge``, ``whole_split_datamodule``, and
     ``noise_seed`` in its hyperparameters; a ``generator_ema`` (a weight average) restarts from the warm-started
     generator."""
+
+    def events_before_first_step(self) -> list:
+        """The base's events, then the warm start's release while it is still to be paid (none without one)."""
+        return [*super().events_before_first_step(), *self.warm_start_events()]
 
     def init_warm_start(self, warm_start: "WarmStart | dict[str, Any] | None") -> None:
         # a submodule (its buffers in the state dict) or None; no class attribute: nn.Module finds submodules
