@@ -206,8 +206,10 @@ def images_from_arrays(
     if classes is None:  # read from the private labels, in their own order: private metadata
         values, names, private = present, [str(v) for v in present], ["label"]
     else:
-        names, private = _class_codes([str(v) for v in present], classes, where)
-        values = list(classes)
+        names, private, values = [str(c) for c in classes], [], list(classes)
+        if {str(v) for v in present} - set(names):  # which labels is private (as for an image CSV): a folder is named, a label not
+            raise DataError(f"{where}: some labels are not among the declared data.classes {names[:10]}: declare every "
+                            f"class, or drop those images")
     code = {n: i for i, n in enumerate(names)}
     y = torch.tensor([code[str(v)] for v in labels.tolist()], dtype=torch.long)
     layout = {"axes": axes, "dtype": "uint8" if value_max == 255.0 else "float32", "value_max": value_max,
