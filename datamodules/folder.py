@@ -27,13 +27,21 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from datamodules.base import DataError
-from datamodules.image import _resize_uint8
 
 #: File name endings read as images (case-insensitive); anything else in the tree (but hidden files) is an error.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 CHANNELS = (1, 3)
+
+
+def resize_uint8(images: torch.Tensor, size: int, *, antialias: bool = False) -> torch.Tensor:
+    """[n, C, H, W] uint8 → [n, C, size, size] uint8 (bilinear; ``antialias`` low-pass filters when shrinking)."""
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=antialias)
+    return out.round().clamp(0, 255).to(torch.uint8)
 
 
 def _visible(path: Path) -> bool:
@@ -140,7 +148,7 @@ def read_image_folder(
         if channels is not None:
             image = _to_channels(image, channels)
         if image_size is not None:
-            image = _resize_uint8(image.unsqueeze(0), image_size, antialias=True)[0]
+            image = resize_uint8(image.unsqueeze(0), image_size, antialias=True)[0]
         if first is None:
             first = path, tuple(image.shape)
             if image.shape[-1] != image.shape[-2]:
@@ -199,7 +207,7 @@ def images_from_arrays(
         raise DataError(f"{where}: images of dtype {x.dtype}; give uint8 in 0..255 or floats in [0, 1]")
     tensor = torch.from_numpy(np.ascontiguousarray(pixels))
     if image_size is not None:
-        tensor = _resize_uint8(tensor, image_size, antialias=True)
+        tensor = resize_uint8(tensor, image_size, antialias=True)
     elif tensor.shape[-1] != tensor.shape[-2]:
         raise DataError(f"{where}: {tensor.shape[-1]}×{tensor.shape[-2]} images are not square: give image_size to resize them")
     present = np.unique(labels).tolist()

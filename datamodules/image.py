@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from datamodules.base import DataError, GenerativeDataModule, read_data_csv
 
@@ -34,14 +33,6 @@ def uint8_to_model_space(x: torch.Tensor) -> torch.Tensor:
 def model_space_to_unit(x: torch.Tensor) -> torch.Tensor:
     """[-1, 1] → [0, 1]."""
     return ((x.clamp(-1, 1) + 1.0) / 2.0)
-
-
-def _resize_uint8(images: torch.Tensor, size: int, *, antialias: bool = False) -> torch.Tensor:
-    """[n, C, H, W] uint8 → [n, C, size, size] uint8 (bilinear; ``antialias`` low-pass filters when shrinking)."""
-    if images.shape[-1] == size and images.shape[-2] == size:
-        return images
-    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=antialias)
-    return out.round().clamp(0, 255).to(torch.uint8)
 
 
 class ImageDataModule(GenerativeDataModule):
@@ -138,7 +129,9 @@ class ImageDataModule(GenerativeDataModule):
         splits, class_names, value_max, private = loader()
         size = self.image_size or (64 if self.dataset == "celeba" else None)
         if size is not None:
-            splits = {k: (_resize_uint8(x, size), y) for k, (x, y) in splits.items()}
+            from datamodules.folder import resize_uint8
+
+            splits = {k: (resize_uint8(x, size), y) for k, (x, y) in splits.items()}
         x_train = splits["train"][0]
         spec = {
             "kind": "image",
