@@ -104,7 +104,8 @@ def pretrained_checkpoint(config: dict, a, model_over: dict, data_over: dict) ->
     from image_utility import build
 
     init = config["model"]["init_args"]
-    nets = {k: model_over.get(k, init.get(k)) for k in ("df_dim", "fc_dim", "z_dim", "pretrain_generator_hidden", "critic_steps", "lr")}
+    groups = {**(init.get("discriminator") or {}), "z_dim": (init.get("generator") or {}).get("z_dim")}
+    nets = {k: model_over.get(k, groups.get(k, init.get(k))) for k in ("df_dim", "fc_dim", "z_dim", "pretrain_generator_hidden", "critic_steps", "lr")}
     what = {"teachers": a.teachers, "iterations": a.pretrain_iterations, **nets}
     if a.records_per_teacher:  # keys of the full-data discriminators unchanged
         what["records_per_teacher"] = a.records_per_teacher
@@ -147,6 +148,8 @@ def warm_key(config: dict, model_over: dict, teachers: int, seed: int, records_p
     import hashlib
 
     init = {**config["model"]["init_args"], **model_over}
+    generator = init.pop("generator", None) or {}  # the flat names of before the option groups: the same keys
+    init.update({{"upsample": "generator_upsample"}.get(k, k): v for k, v in generator.items() if k in ("z_dim", "gf_dim", "fc_dim", "upsample")})
     keys = sorted(k for k in init if k.startswith("teacher") or k in ("z_dim", "gf_dim", "fc_dim", "generator_upsample"))
     data = config["data"]["init_args"]
     what = [{k: init[k] for k in keys}, data.get("teacher_batch_size"), teachers, seed]
@@ -299,8 +302,8 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if hp.ema_decay > 0:
-                average_step(model.generator_ema, model.generator, hp.ema_decay, step)
+            if model.generator_options.averaged:
+                average_step(model.generator_ema, model.generator, model.generator_options.ema_decay, step)
             for decay, ema in extra.items():
                 average_step(ema, model.generator, decay, step)
             report_progress("generator step", step, a.steps, start)
@@ -506,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             stopped_record(a, curve, int(trainer.global_step), "aggregations", exception, teachers=a.teachers,
                            records_per_teacher=a.records_per_teacher or None)
 
-    if a.extra_ema and not model.hparams.get("ema_decay", 0) > 0:  # the extra averages sample in generator_ema's place
+    if a.extra_ema and not model.generator_options.averaged:  # the extra averages sample in generator_ema's place
         raise SystemExit("--extra-ema needs a config (or --set ema_decay=...) with ema_decay > 0")
     for decay in a.extra_ema:  # from the generator's initial weights, as the model's own average
         extra[decay] = copy.deepcopy(model.generator).requires_grad_(False)

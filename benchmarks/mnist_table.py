@@ -256,6 +256,7 @@ def training_seconds(train_s: float, pretrain_s: float, overhead_s: float, left_
     return None
 
 #: --smoke: CPU-sized nets and counts, applied where the model takes the argument.
+#: (flat names: each model's ``FLAT_OPTIONS`` puts them in its groups)
 SMOKE_MODEL = {"gf_dim": 8, "df_dim": 8, "fc_dim": 32, "teacher_fc": 16, "teacher_chunk_size": None,
                "generator_hidden": [32], "discriminator_hidden": [16], "teacher_precision": "32",
                "vote_chunk_size": 64, "query_batch_size": 16, "generator_batch_size": 8}
@@ -385,26 +386,30 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
     if getattr(a, "tune", False):  # the tuning split trains; the validation split is held out (tune_rows)
         data_over["val_fraction"] = TUNE_VAL_FRACTION
     model_over = {**row.overrides, **parse_sets(getattr(a, "set", None))}
-    for key in [k for k in model_over if "." in k]:  # an option of a group (warm_start.anchor_weight=0.5): merged into it
-        group, _, option = key.partition(".")
-        model_over[group] = {**(config["model"]["init_args"].get(group) or {}), **model_over.get(group, {}), option: model_over.pop(key)}
     max_steps = int(config["trainer"].get("max_steps", 1000))
     if row.max_steps is not None:
         max_steps = min(max_steps, row.max_steps)
     if getattr(a, "steps", None):
         max_steps = int(a.steps)
+    init = config["model"]["init_args"]
     if a.smoke:
         data_over["verify_checksums"] = False
         teachers = config["data"]["init_args"].get("num_teachers", 0)
         if teachers:
             data_over["num_teachers"] = min(teachers, SMOKE_TEACHERS)
-        init = config["model"]["init_args"]
         model_over.update(SMOKE_MODEL)
         model_over.update({k: min(v, init[k]) for k, v in SMOKE_CAPS.items() if k in init and init[k] is not None})
         if init.get("warm_start"):
-            model_over["warm_start"] = {**init["warm_start"], **model_over.get("warm_start", {}), **SMOKE_WARM_START}
+            model_over.update({f"warm_start.{k}": v for k, v in SMOKE_WARM_START.items()})
         max_steps = min(max_steps, a.smoke_steps)
-    return config, _accepted(_import(config["model"]["class_path"]), model_over), data_over, max_steps
+    cls = _import(config["model"]["class_path"])
+    for name in [k for k in model_over if k in cls.FLAT_OPTIONS]:  # a flat name of before the option groups
+        value = model_over.pop(name)
+        model_over.update({place: value for place in cls.FLAT_OPTIONS[name]})
+    for key in [k for k in model_over if "." in k]:  # an option of a group (warm_start.anchor_weight=0.5): merged into it
+        group, _, option = key.partition(".")
+        model_over[group] = {**(init.get(group) or {}), **model_over.get(group, {}), option: model_over.pop(key)}
+    return config, _accepted(cls, model_over), data_over, max_steps
 
 
 def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
@@ -496,8 +501,9 @@ def _pretrain_settings(row: Row, a, config: dict[str, Any], model_over: dict[str
     return {"iterations": min(iterations, a.smoke_steps) if a.smoke else iterations, "smoke": a.smoke,
             "seed": config.get("seed_everything", 0),
             **{k: data.get(k) for k in ("dataset", "num_teachers", "teacher_batch_size", "partition_seed")},
-            **{k: init.get(k) for k in ("df_dim", "fc_dim", "z_dim", "latent_prior", "pretrain_generator_hidden", "critic_steps",
-                                        "lr", "betas", "gp_weight", "drift_weight")}}
+            **{k: (init.get("discriminator") or {}).get(k) for k in ("df_dim", "fc_dim")},
+            **{k: (init.get("generator") or {}).get(k) for k in ("z_dim", "latent_prior")},
+            **{k: init.get(k) for k in ("pretrain_generator_hidden", "critic_steps", "lr", "betas", "gp_weight", "drift_weight")}}
 
 
 def pretrained_path(row: Row, a, config: dict[str, Any], model_over: dict[str, Any], data_over: dict[str, Any], state: Path) -> Path:

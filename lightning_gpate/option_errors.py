@@ -53,6 +53,17 @@ def init_arg_names(class_path: str) -> list[str]:
     return names
 
 
+def flat_option_place(class_path: str, name: str) -> str | None:
+    """Where the flat option ``name`` of ``class_path`` lives since the option groups (``"generator.z_dim"``; several
+    places joined by " and "), or ``None`` (:attr:`~lightning_gpate.models.base.GenerativeModel.FLAT_OPTIONS`)."""
+    module, _, cls_name = class_path.rpartition(".")
+    try:
+        places = getattr(importlib.import_module(module), cls_name).FLAT_OPTIONS.get(name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return " and ".join(places) if places else None
+
+
 def parser_keys(parser) -> list[str]:
     """Every option of ``parser`` and of its subcommands' parsers, as dotted keys (``trainer.max_steps``)."""
     keys = [a.dest for a in parser._actions if a.dest not in ("help", "==SUPPRESS==")]
@@ -100,6 +111,12 @@ def option_error_line(message: str, parser, command: str) -> str:
     if names:
         help_hint = f"see {command} --{base}.help {class_path.group(1).rpartition('.')[2]}"
     unknown = re.search(r"Option '([^']+)' is not accepted", message)
+    if unknown and class_path and not re.findall(r'Parser key "([^"]+)"', message)[1:]:
+        moved = flat_option_place(class_path.group(1), unknown.group(1))
+        if moved:  # a name of before the option groups (issue 60): say where it went
+            group, _, option = moved.partition(" and ")[0].partition(".")
+            return (f"{base}.init_args.{unknown.group(1)} is now {moved} under {base}.init_args (option groups: "
+                    f"{group}: {{{option}: ...}} in a config) ({help_hint})")
     if unknown and class_path:
         # an option group of the class (e.g. DP-GAN's warm_start: a dataclass): its key below init_args, its own names
         paths = re.findall(r"given class_path '([^']+)'", message)

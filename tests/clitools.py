@@ -20,7 +20,8 @@ import pandas as pd
 import torch
 import yaml
 
-from lightning_gpate.models.gpate import PAPER_SETTINGS
+from lightning_gpate.models.gpate import GPATE, PAPER_SETTINGS
+from lightning_gpate.models.options import migrate_flat_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -306,6 +307,7 @@ def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 
     init = dict(**PAPER_SETTINGS, epsilon=epsilon, delta=1e-5, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                 threshold_fraction=0.3, hidden=[16], teacher_hidden=[8], z_dim=8)
     init.update(model)
+    init = migrate_flat_options(GPATE.FLAT_OPTIONS, init, model="GPATE")  # a config of today: the option groups
     trainer = {"max_steps": max_steps, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1,
                "enable_progress_bar": False, "enable_checkpointing": checkpoints is not None,
                "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger", "init_args": {"experiment_name": experiment}}}

@@ -45,7 +45,7 @@ def test_fit_and_sample_a_dataframe_with_the_run_in_mlflow(mixed_frame):
 
     run, client = query_run("api")
     assert run.info.run_id == synth.run_id and run.info.run_name.startswith("gan-api-")
-    assert run.data.params["z_dim"] == "8" and run.data.params["label"] == "outcome"
+    assert run.data.params["generator/z_dim"] == "8" and run.data.params["label"] == "outcome"
     assert run.data.metrics["utility/B/auroc_mean"] == pytest.approx(synth.report["B/auroc_mean"])
     assert "utility/ranking_agreement_AC" in run.data.metrics
     call = json.loads(Path(client.download_artifacts(run.info.run_id, "synthesizer.json")).read_text())

@@ -208,7 +208,7 @@ def test_a_malformed_dataset_file_is_refused_in_one_line_that_quotes_none_of_it(
     from lightning_gpate.cli import main
 
     config = tmp_path / "gan.yaml"
-    config.write_text("trainer: {max_steps: 2}\nmodel: {class_path: lightning_gpate.models.GAN, init_args: {z_dim: 4}}\n"
+    config.write_text("trainer: {max_steps: 2}\nmodel: {class_path: lightning_gpate.models.GAN, init_args: {generator: {z_dim: 4}}}\n"
                       "data: {class_path: datamodules.TabularDataModule, init_args: {label: y, batch_size: 4}}\n")
     data = tmp_path / "private.csv"
     data.write_text("x1,x2,y\n0,1,0\n1,0,1\n0,0,1,SECRET-4242\n1,1,0\n")

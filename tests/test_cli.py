@@ -11,7 +11,8 @@ from conftest import query_run
 from lightning_gpate.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_GAN = ["--model.z_dim", "16", "--model.gf_dim", "8", "--model.df_dim", "8", "--model.fc_dim", "32",
+SMALL_GAN = ["--model.generator.z_dim", "16", "--model.generator.gf_dim", "8", "--model.discriminator.df_dim", "8",
+             "--model.generator.fc_dim", "32", "--model.discriminator.fc_dim", "32",
              "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1"]
 
 
@@ -22,7 +23,7 @@ def _fit(config: str, *extra: str):
 def test_fit_then_sample_digits(capsys):
     _fit("gan_digits.yaml")
     run, client = query_run("digits")
-    assert run.data.params["z_dim"] == "16"
+    assert run.data.params["generator/z_dim"] == "16"
     assert run.data.params["dataset"] == "digits"
     assert {"d_loss", "g_loss"} <= set(run.data.metrics)
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 4  # one per generator step
@@ -59,7 +60,7 @@ def test_fit_then_sample_table_in_original_schema(tmp_path, mixed_frame):
     mixed_frame.to_csv("table.csv", index=False)
     main(["fit", "--config", str(ROOT / "configs" / "gan_breast_cancer.yaml"),
           "--data.builtin", "null", "--data.path", "table.csv", "--data.label", "outcome", "--data.batch_size", "16",
-          "--model.hidden", "[16]", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+          "--model.generator.hidden", "[16]", "--model.discriminator.hidden", "[16]", "--trainer.max_steps", "3", "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
           "--trainer.logger.init_args.experiment_name", "table"])
     run, client = query_run("table")
     assert "g_loss" in run.data.metrics

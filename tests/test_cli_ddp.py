@@ -130,8 +130,8 @@ def test_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_pa
 #: DP-GAN warm-started (issue 56): the release and its steps before the first critic step, its pull in every generator step
 DPGAN_WARM_QUICK = [*DPGAN_QUICK, "--model.warm_start.fraction", "0.3", "--model.warm_start.features", "200",
                     "--model.warm_start.steps", "3", "--model.warm_start.batch_size", "40", "--model.warm_start.anchor_weight", "0.5",
-                    "--model.generator_architecture", "dcgan", "--model.generator_upsample", "nearest", "--model.gf_dim", "8",
-                    "--model.fc_dim", "32", "--model.z_dim", "5"]
+                    "--model.generator_architecture", "dcgan", "--model.generator.upsample", "nearest", "--model.generator.gf_dim", "8",
+                    "--model.generator.fc_dim", "32", "--model.critic.fc_dim", "32", "--model.generator.z_dim", "5"]
 
 
 def test_a_warm_started_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
@@ -151,8 +151,8 @@ def test_a_warm_started_dpgan_on_two_processes_releases_the_generator_and_epsilo
 # Bie et al.'s recipe, small; the adaptive n_D moves every generator step (threshold 1, grace 1): 1, 2, 5
 DPGAN_REVISITED = [*DPGAN_QUICK, "--model.init_args.loss", "nonsaturating", "--model.init_args.optimizer", "adam",
                    "--model.init_args.lr", "0.0002", "--model.init_args.weight_clip", "null",
-                   "--model.init_args.architecture", "conv", "--model.init_args.gf_dim", "8", "--model.init_args.df_dim", "8",
-                   "--model.init_args.ema_decay", "0.9", "--model.init_args.d_steps", "1",
+                   "--model.init_args.architecture", "conv", "--model.init_args.generator.gf_dim", "8", "--model.init_args.critic.df_dim", "8",
+                   "--model.init_args.generator.ema_decay", "0.9", "--model.init_args.d_steps", "1",
                    "--model.init_args.adaptive_d_steps", "{threshold: 1.0, grace: 1, decay: 0.5}", "--trainer.log_every_n_steps", "1"]
 
 

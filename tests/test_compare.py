@@ -19,7 +19,8 @@ FAST = "LogisticRegression,DecisionTree"
 def _fit_table(mixed_frame, experiment="table", steps="2"):
     mixed_frame.to_csv("table.csv", index=False)
     main(["fit", "--config", str(ROOT / "configs" / "gan_breast_cancer.yaml"), "--data.builtin", "null", "--data.path", "table.csv",
-          "--data.label", "outcome", "--data.batch_size", "16", "--model.hidden", "[16]", "--trainer.max_steps", steps,
+          "--data.label", "outcome", "--data.batch_size", "16", "--model.generator.hidden", "[16]", "--model.discriminator.hidden", "[16]",
+          "--trainer.max_steps", steps,
           "--trainer.logger.init_args.experiment_name", experiment, *NO_EVAL])
     return query_run(experiment)
 
@@ -79,8 +80,8 @@ def test_evaluate_of_an_in_memory_table_needs_the_data(mixed_frame, capsys):
 
 
 def test_evaluate_an_image_run_and_compare_the_runs(capsys, mixed_frame):
-    main(["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--model.z_dim", "8", "--model.gf_dim", "8", "--model.df_dim", "8",
-          "--model.fc_dim", "16", "--trainer.max_steps", "2", "--trainer.logger.init_args.run_name", "gan-a", *NO_EVAL])
+    main(["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--model.generator.z_dim", "8", "--model.generator.gf_dim", "8",
+          "--model.discriminator.df_dim", "8", "--model.generator.fc_dim", "16", "--model.discriminator.fc_dim", "16", "--trainer.max_steps", "2", "--trainer.logger.init_args.run_name", "gan-a", *NO_EVAL])
     run, client = query_run("digits")
     assert main(["evaluate", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "400"]) == 0
     m = query_run("digits")[0].data.metrics

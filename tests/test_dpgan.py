@@ -399,7 +399,7 @@ def test_digits_config_runs_from_the_command_line():
     config = Path(__file__).resolve().parents[1] / "configs" / "dpgan_digits.yaml"
     main(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
           "--utility.enabled=false", "--image_quality.enabled=false",
-          "--trainer.log_every_n_steps=1", "--model.generator_hidden=[16]", "--model.discriminator_hidden=[16]"])
+          "--trainer.log_every_n_steps=1", "--model.generator.hidden=[16]", "--model.critic.hidden=[16]"])
     run, client = query_run("digits")
     assert run.data.params["noise_multiplier"] == "1.1" and run.data.tags["privacy_guarantee"] == "true"
     assert len(client.get_metric_history(run.info.run_id, "g_loss")) == 2
@@ -509,7 +509,7 @@ def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
     dm = ImageDataModule(**config["data"]["init_args"])
     model = DPGAN(dm.spec, **config["model"]["init_args"])
     hp = model.hparams
-    assert (hp.architecture, hp.loss, hp.optimizer, hp.weight_clip, hp.adaptive_d_steps is not None, hp.ema_decay) == (
+    assert (hp.architecture, hp.loss, hp.optimizer, hp.weight_clip, hp.adaptive_d_steps is not None, hp.generator["ema_decay"]) == (
         "conv", "nonsaturating", "adam", None, True, 0.995)
     assert all(hp[k] != v for k, v in PAPER_SETTINGS.items())
     assert DPGAN(public_table().spec, epsilon=1.0, sampling_rate=0.1).hparams.architecture == "mlp"  # tables

@@ -219,7 +219,7 @@ def _tiny_dpmerf_config(path, **model):
     config = yaml.safe_load(path.read_text())
     config["seed_everything"] = 1
     config["model"] = {"class_path": "lightning_gpate.models.DPMERF", "init_args": {
-        "epsilon": 5.0, "delta": 1e-5, "num_features": 64, "z_dim": 4, "generator_batch_size": 16, "generator_hidden": [16],
+        "epsilon": 5.0, "delta": 1e-5, "num_features": 64, "generator": {"z_dim": 4, "hidden": [16]}, "generator_batch_size": 16,
         "feature_seed": None, "length_scale": None, **model}}
     config["data"]["init_args"]["num_teachers"] = 0
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -379,14 +379,16 @@ def test_the_defaults_are_the_validated_cpu_config_and_the_paper_config_states_e
     assert default.hparams.length_scale == pytest.approx(10.0) and default.hparams.generator_batch_size == 1000
     cpu, paper = _config("dpmerf_eps1_guarantee"), _config("dpmerf_paper_eps1_guarantee")
     assert cpu["trainer"]["max_steps"] == VALIDATED_MAX_STEPS and paper["trainer"]["max_steps"] == 600
-    for key, value in cpu["model"]["init_args"].items():
-        assert default.hparams[key] == pytest.approx(value) if isinstance(value, float) else default.hparams[key] == value, key
+    for key, value in cpu["model"]["init_args"].items():  # a group: the options the config names
+        given = default.hparams[key] if not isinstance(value, dict) else {k: default.hparams[key][k] for k in value}
+        assert given == pytest.approx(value) if isinstance(value, float) else given == value, key
     stated = paper["model"]["init_args"]
     assert all(stated[key] == value for key, value in PAPER_SETTINGS.items())  # every paper setting that differs is stated
     paper_model = DPMERF(spec, **{k: v for k, v in stated.items() if k not in PAPER_SETTINGS}, **PAPER_SETTINGS)
     assert (paper_model.hparams.length_scale, paper_model.hparams.generator_batch_size) == (20.5, 500)
     for key, value in stated.items():  # and the rest of it are the defaults
-        assert key in PAPER_SETTINGS or default.hparams[key] == value, key
+        given = default.hparams[key] if not isinstance(value, dict) else {k: default.hparams[key][k] for k in value}
+        assert key in PAPER_SETTINGS or given == value, key
 
 
 def test_the_default_length_scale_is_per_data_kind_tables_keep_theirs():

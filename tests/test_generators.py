@@ -49,7 +49,7 @@ def test_gpate_release_rebuilds_the_nearest_generator():
     a, _ = model.generate(5, seed=3)
     b, _ = released.generate(5, seed=3)
     torch.testing.assert_close(a, b)
-    with pytest.raises(ValueError, match="generator_upsample must be one of"):
+    with pytest.raises(ValueError, match="generator.upsample must be one of"):
         GPATE(spec, epsilon=10.0, generator_upsample="bilinear")
 
 

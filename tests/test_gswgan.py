@@ -454,8 +454,8 @@ def test_digits_config_runs_both_stages_from_the_command_line():
     from lightning_gpate.cli import main
 
     small = ["--config", str(ROOT / "configs" / "gswgan_digits.yaml"), f"--data.num_teachers={N_D}",
-             f"--model.noise_multiplier={SIGMA}", f"--model.generator_batch_size={B}", "--model.gf_dim=4",
-             "--model.df_dim=4", "--model.fc_dim=8", "--model.pretrain_generator_hidden=[8]",
+             f"--model.noise_multiplier={SIGMA}", f"--model.generator_batch_size={B}", "--model.generator.gf_dim=4",
+             "--model.discriminator.df_dim=4", "--model.generator.fc_dim=8", "--model.discriminator.fc_dim=8", "--model.pretrain_generator_hidden=[8]",
              "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1", "--utility.enabled=false",
              "--image_quality.enabled=false"]
     main(["fit", *small, "--model.stage=pretrain", "--model.pretrain_iterations=1"])
@@ -507,7 +507,7 @@ def test_the_minimal_config_plans_its_noise_and_trains_with_the_best_guaranteed_
     dm = ImageDataModule(**config["data"]["init_args"])
     model = GSWGAN(dm.spec, **config["model"]["init_args"], gf_dim=8, df_dim=8, fc_dim=16)  # small nets: seconds
     hp, planned = model.hparams, config["trainer"]["max_steps"]
-    assert hp.planned_steps == planned and hp.ema_decay == 0.99
+    assert hp.planned_steps == planned and hp.generator["ema_decay"] == 0.99
     sigma = hp.noise_multiplier
     at = lambda s: gswgan_epsilon(noise_multiplier=s, num_discriminators=20, batch_size=32, steps=planned, delta=1e-5)  # noqa: E731
     assert at(sigma) <= 10.0 < at(sigma / 1.02)  # the least noise (to 1%) for which the planned steps fit

@@ -24,6 +24,7 @@ from conftest import SHARED_DATA, query_run
 from datamodules import ImageDataModule, TabularDataModule
 from lightning_gpate.cli import main
 from lightning_gpate.models import PATEGAN
+from lightning_gpate.models.options import migrate_flat_options
 from lightning_gpate.models.private import PrivateMetadataError
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent, moments_to_epsilon, pate_laplace_moments, rdp_to_epsilon
 from lightning_gpate.privacy.rdp import pure_dp_rdp
@@ -516,8 +517,9 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
                     "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger",
                                "init_args": {"experiment_name": "pategan-cli"}}},
         "model": {"class_path": "lightning_gpate.models.PATEGAN",
-                  "init_args": {"epsilon": 1.0, "delta": 1e-5, "planned_queries": 24, "noise_seed": 0,
-                                **{k: v for k, v in SMALL.items() if k != "noise_seed"}}},
+                  "init_args": migrate_flat_options(PATEGAN.FLAT_OPTIONS, {  # a config of today: the option groups
+                      "epsilon": 1.0, "delta": 1e-5, "planned_queries": 24, "noise_seed": 0,
+                      **{k: v for k, v in SMALL.items() if k != "noise_seed"}}, model="PATEGAN")},
         "data": {"class_path": "datamodules.TabularDataModule",
                  "init_args": {"path": "table.csv", "label": "outcome", "num_teachers": 4, "teacher_batch_size": 8,
                                "label_ratio_epsilon": 0.05, "metadata_seed": 0,
@@ -681,7 +683,7 @@ def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
     dm = ImageDataModule(**config["data"]["init_args"])
     model = PATEGAN(dm.spec, **config["model"]["init_args"], gf_dim=16, df_dim=16, fc_dim=64)  # small nets: seconds
     hp = model.hparams
-    assert (hp.marginal_fraction, hp.teacher_vote, hp.student_labels, hp.replay_capacity, hp.generator_upsample) == (
+    assert (hp.marginal_fraction, hp.teacher_vote, hp.student_labels, hp.replay_capacity, hp.generator["upsample"]) == (
         0.5, "relative", "share", hp.planned_queries, "nearest")
     assert (hp.teacher_steps, hp.student_steps, hp.query_batch_size, hp.lr, tuple(hp.betas)) == (1, 1, 16, 2e-4, (0.5, 0.999))
     assert (PAPER_SETTINGS["teacher_vote"], PAPER_SETTINGS["marginal_fraction"]) == ("logit", 0.0)  # the paper's, kept apart

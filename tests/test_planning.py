@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lightning_gpate.cli import main
-from lightning_gpate.models.gpate import PAPER_SETTINGS
+from lightning_gpate.models.gpate import GPATE, PAPER_SETTINGS
 from lightning_gpate.planning import plan, synthetic_probe
 from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.pate import confident_gnmax_rdp
@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the quickstart with G-PATE's Confident-GNMax votes (the paper's settings): what ``plan`` plans
 QUICK = ["--config", str(ROOT / "configs" / "quickstart.yaml"), "--data.num_teachers", "60",
          "--trainer.enable_progress_bar", "false",
-         *[item for key, value in PAPER_SETTINGS.items() for item in (f"--model.{key}", str(value))], "--model.anchor_features", "0"]
+         *[item for key, value in PAPER_SETTINGS.items() for place in GPATE.FLAT_OPTIONS.get(key, (key,))
+           for item in (f"--model.{place}", str(value))], "--model.anchor_features", "0"]
 
 
 class _Model:

@@ -9,6 +9,7 @@ import torch
 
 from conftest import query_run
 from datamodules import ImageDataModule, TabularDataModule
+from lightning_gpate.models.options import GeneratorNet
 from lightning_gpate.models.private import BudgetExhaustedError, NoPrivateStepError, PrivateGenerativeModel, PrivateMetadataError
 from lightning_gpate.privacy import PureDPEvent
 from lightning_gpate.tracking import GPATEMLFlowLogger
@@ -21,7 +22,7 @@ class ToyPrivate(PrivateGenerativeModel):
         super().__init__(data_spec, epsilon=epsilon, delta=delta, z_dim=4)
         self.save_hyperparameters()
         self.automatic_optimization = False
-        self.generator = self.build_generator(gf_dim=4, fc_dim=8)
+        self.generator = self.build_generator(GeneratorNet(gf_dim=4, fc_dim=8))
         self.updates = 0
 
     def configure_optimizers(self):

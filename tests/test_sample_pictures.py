@@ -123,8 +123,8 @@ def test_quickstart_sample_picture_is_readable_and_shows_no_real_data(tmp_path):
 def test_non_private_picture_shows_real_test_digits_beside_and_a_public_reference_when_given(tmp_path, capsys):
     from datamodules import ImageDataModule
 
-    main(["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--model.z_dim", "8", "--model.gf_dim", "8",
-          "--model.df_dim", "8", "--model.fc_dim", "16", "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false", *NO_EVALUATION])
+    main(["fit", "--config", str(ROOT / "configs" / "gan_digits.yaml"), "--model.generator.z_dim", "8", "--model.generator.gf_dim", "8",
+          "--model.discriminator.df_dim", "8", "--model.generator.fc_dim", "16", "--model.discriminator.fc_dim", "16", "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false", *NO_EVALUATION])
     run, client = query_run("digits")
     release = run.data.tags["release_artifact"]
     assert main(["sample", "--ckpt_path", release, "--num_samples", "200", "--output", "s.npz"]) == 0
@@ -144,7 +144,7 @@ def test_non_private_picture_shows_real_test_digits_beside_and_a_public_referenc
 
 
 def test_table_sample_writes_a_marginal_picture_beside_the_csv(tmp_path):
-    main(["fit", "--config", str(ROOT / "configs" / "gan_breast_cancer.yaml"), "--model.hidden", "[16]",
+    main(["fit", "--config", str(ROOT / "configs" / "gan_breast_cancer.yaml"), "--model.generator.hidden", "[16]", "--model.discriminator.hidden", "[16]",
           "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.experiment_name", "table", *NO_EVALUATION])
     run, _ = query_run("table")
     assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "50", "--output", "t.csv"]) == 0

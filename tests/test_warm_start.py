@@ -167,8 +167,8 @@ def test_the_command_line_takes_the_warm_start_as_one_option_group(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     config = Path(__file__).resolve().parents[1] / "configs" / "dpgan_digits_minimal.yaml"
     args = ["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
-            "--model.generator_architecture", "dcgan", "--model.generator_upsample", "nearest", "--model.gf_dim", "8",
-            "--model.fc_dim", "32", "--model.z_dim", "5", "--model.df_dim", "8", "--model.adaptive_d_steps", "null",
+            "--model.generator_architecture", "dcgan", "--model.generator.upsample", "nearest", "--model.generator.gf_dim", "8",
+            "--model.generator.fc_dim", "32", "--model.critic.fc_dim", "32", "--model.generator.z_dim", "5", "--model.critic.df_dim", "8", "--model.adaptive_d_steps", "null",
             "--model.warm_start.fraction", "0.3", "--model.warm_start.features", "200", "--model.warm_start.steps", "2",
             "--model.warm_start.batch_size", "20", "--utility.enabled", "false", "--image_quality.enabled", "false"]
     assert main(args) == 0

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_gpate.models.options import LATENT_PRIORS, GeneratorNet, accepting_flat_options
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator, ConditionalMLPGenerator
 from lightning_gpate.release import CHECKPOINT_KEY, CheckpointError, load_release, model_from_release
 
 CHECKPOINT_FORMAT = 1
-LATENT_PRIORS = ("normal", "uniform")
 __all__ = ["CHECKPOINT_KEY", "CheckpointError", "GenerativeModel", "load_generator", "refuse_changed_on_resume"]
 
 
@@ -85,6 +85,23 @@ class GenerativeModel(pl.LightningModule):
     #: rebuilt from them, or a resume, uses the same value whatever the seed then. A resume that asks for ``None``
     #: there takes the checkpoint's value; one that asks for another value is refused.
     RESOLVED_HPARAMS: tuple[str, ...] = ()
+    #: The flat names of before the option groups (issue 60) → where each now lives (``"generator.z_dim"``, one or
+    #: more places): a constructor still takes them, and every old checkpoint and release artifact holds them
+    #: (:mod:`lightning_gpate.models.options`).
+    FLAT_OPTIONS: dict[str, tuple[str, ...]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and cls.FLAT_OPTIONS and not getattr(init, "accepts_flat_options", False):
+            cls.__init__ = accepting_flat_options(init)
+
+    def store_option_groups(self, **groups: Any) -> None:
+        """Store each option group as the plain mapping of all its options (resolved: the model's defaults where the
+        group was given in part) in the hyperparameters, after ``save_hyperparameters``: a checkpoint or a release
+        rebuilds the same networks, and MLflow shows every option (``generator/z_dim``)."""
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            hparams.update({name: group.as_hparams() for name, group in groups.items()})
 
     def __init__(self, data_spec: dict[str, Any], *, z_dim: int = 100, latent_prior: str = "normal") -> None:
         super().__init__()
@@ -143,13 +160,16 @@ class GenerativeModel(pl.LightningModule):
     def is_image(self) -> bool:
         return self.data_spec["kind"] == "image"
 
-    def build_generator(self, *, hidden: tuple[int, ...] = (256, 256), norm: str = "batch", gf_dim: int = 64, fc_dim: int = 1024,
-                        upsample: str = "transposed") -> nn.Module:
-        """The conditional generator matching the data kind (DCGAN for images, MLP for tables)."""
+    def build_generator(self, options: GeneratorNet, *, norm: str = "batch") -> nn.Module:
+        """The conditional generator ``options`` describe for the data kind (DCGAN for images, MLP for tables; its latent
+        size is the model's ``z_dim``)."""
         if self.is_image:
-            return ConditionalDCGANGenerator(z_dim=self.z_dim, num_classes=self.num_classes, out_shape=self.data_spec["shape"], gf_dim=gf_dim,
-                                             fc_dim=fc_dim, upsample=upsample)
-        return ConditionalMLPGenerator(z_dim=self.z_dim, num_classes=self.num_classes, spans=self.data_spec["spans"], hidden=hidden, norm=norm)
+            return ConditionalDCGANGenerator(z_dim=self.z_dim, num_classes=self.num_classes, out_shape=self.data_spec["shape"],
+                                             gf_dim=options.gf_dim, fc_dim=options.fc_dim, upsample=options.upsample)
+        if options.hidden is None:
+            raise ValueError("generator.hidden is required for a table")
+        return ConditionalMLPGenerator(z_dim=self.z_dim, num_classes=self.num_classes, spans=self.data_spec["spans"], hidden=options.hidden,
+                                       norm=norm)
 
     def sampling_class_ratio(self) -> list[float]:
         """Class ratio used to draw labels for fake samples and for sampling.

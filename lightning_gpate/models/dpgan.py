@@ -83,6 +83,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_gpate.models.base import refuse_changed_on_resume
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
 from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.nets.discriminators import (
@@ -99,7 +100,6 @@ from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 ARCHITECTURES = ("mlp", "dcgan", "conv")
 #: ``generator_upsample`` of the DCGAN generator (``generator_architecture: dcgan``): G-PATE's and DP-MERF's choice.
-UPSAMPLES = ("transposed", "nearest")
 LOSSES = ("wasserstein", "nonsaturating")
 OPTIMIZERS = ("rmsprop", "adam")
 #: The values the adaptive n_D moves through (Bie et al.'s ``D_STEPS_RATE_OPTIONS``).
@@ -123,6 +123,10 @@ DEFAULT_ADAPTIVE_D_STEPS = {"threshold": 0.6, "grace": 200, "decay": 0.99}
 #: The 2018 recipe's settings where the defaults differ (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the
 #: defaults before issue 47): ``DPGAN(spec, **PAPER_SETTINGS, ...)``. Under a guarantee on MNIST it generated noise
 #: (CNN 0.085 after 6,060 generator steps on an H200: ``benchmarks/results/dpgan_mnist_cpu.md``).
+#: The generator and the critic (``generator``'s and ``critic``'s docs).
+DEFAULT_GENERATOR = GeneratorNet(z_dim=128, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="transposed", hidden=(256, 512),
+                                 ema_decay=0.995)
+DEFAULT_CRITIC = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=(64, 64))
 PAPER_SETTINGS = {"architecture": "mlp", "loss": "wasserstein", "optimizer": "rmsprop", "lr": 5e-5, "d_steps": 5,
                   "weight_clip": 0.1, "adaptive_d_steps": None, "ema_decay": 0.0}
 
@@ -333,26 +337,26 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         optimizer: ``"rmsprop"`` (WGAN) or ``"adam"`` with ``betas`` (Bie et al.: (0.5, 0.999)), for both
             networks; the critic's is wrapped by the DP optimizer.
         betas: Adam's β1, β2.
-        ema_decay: decay of the generator's weight average that is sampled and released (default 0.995, the MNIST
-            rows'; 0: none, the generator itself). Post-processing of the generator: it costs no privacy.
         architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables), ``"dcgan"``
             (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only) or ``"conv"`` (the
             all-convolutional conditional DCGAN of Bie et al., no normalisation; images only). ``None`` (default):
             ``"conv"`` for images, ``"mlp"`` for tables (stored resolved).
         generator_architecture: the generator's net when it is not ``architecture``'s (the critic stays
-            ``architecture``'s): ``"dcgan"`` with ``generator_upsample: nearest`` is DP-MERF's generator family
+            ``architecture``'s): ``"dcgan"`` with ``generator: {upsample: nearest}`` is DP-MERF's generator family
             (``gf_dim`` 8, ``fc_dim`` 200, ``z_dim`` 5: DP-MERF's MNIST generator), what a warm start trains best.
             ``None`` (default): ``architecture``'s.
-        generator_upsample: the DCGAN generator's upsampling, ``"transposed"`` (default) or ``"nearest"`` (×2
-            nearest-neighbour, then a 5×5 convolution: no lattice).
+        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
+            some of its options): z 128 from N(0, I) (the baseline's G FC [128, 256, 512, 784]); the MLP's ``hidden``
+            (256, 512); the DCGAN's and the conv net's ``gf_dim`` 64, the DCGAN's ``fc_dim`` 1,024 and ``upsample``
+            ``transposed`` (``nearest``: ×2 nearest-neighbour, then a 5×5 convolution, no lattice); ``ema_decay``
+            0.995, the weight average that is sampled and released (the MNIST rows'; 0: none). Post-processing.
+        critic: the critic network (:class:`~lightning_gpate.models.options.DiscriminatorNet`): the MLP's ``hidden``
+            (64, 64), no normalisation; the DCGAN's and the conv net's ``df_dim`` 64 (Bie et al.: 128), the DCGAN's
+            ``fc_dim`` 1,024.
         warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
             options, e.g. ``{fraction: 0.5, steps: 2400, anchor_weight: 0.1}``): a share of ε buys DP-MERF's one
             release before the first critic step, the generator trains on it (post-processing), and its pull may
             stay in every generator step. ``None`` (default): none. RDP accounting only (``accountant: rdp``).
-        generator_hidden: hidden widths of the MLP generator.
-        discriminator_hidden: hidden widths of the MLP critic (no normalisation).
-        gf_dim: generator width (DCGAN, conv); df_dim: critic width (DCGAN, conv; Bie et al.: 128 and
-            128); fc_dim: the DCGAN nets' dense width.
         secure_mode: opacus' noise robust to floating-point attacks (slower).
         accountant: ``"rdp"`` (the moments accountant of the paper, via RDP) or ``"pld"`` (the privacy
             loss distribution of the same steps, dp-accounting: also a guarantee, about 30% smaller ε,
@@ -396,6 +400,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
     HAS_PAPER_ANALYSIS = False  # DP-SGD's RDP / PLD bounds are guarantees: there is no paper-style analysis
     #: Options whose ``None`` the constructor resolves from the data's kind and stores resolved (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("architecture",)
+    FLAT_OPTIONS = flat_options("critic")
 
     def __init__(
         self,
@@ -408,8 +413,6 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         max_grad_norm: float = 1.0,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
-        z_dim: int = 128,
-        latent_prior: str = "normal",
         lr: float = 2e-4,
         generator_lr: float | None = None,
         critic_warmup_steps: int = 0,
@@ -418,17 +421,12 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         loss: str = "nonsaturating",
         optimizer: str = "adam",
         betas: Sequence[float] = (0.5, 0.999),
-        ema_decay: float = 0.995,
         adaptive_d_steps: dict[str, float] | None = DEFAULT_ADAPTIVE_D_STEPS,
         architecture: str | None = None,
         generator_architecture: str | None = None,
-        generator_upsample: str = "transposed",
+        generator: GeneratorNet = DEFAULT_GENERATOR,
+        critic: DiscriminatorNet = DEFAULT_CRITIC,
         warm_start: WarmStart | None = None,
-        generator_hidden: Sequence[int] = (256, 512),
-        discriminator_hidden: Sequence[int] = (64, 64),
-        gf_dim: int = 64,
-        df_dim: int = 64,
-        fc_dim: int = 1024,
         secure_mode: bool = False,
         accountant: str = "rdp",
         log_private_diagnostics: bool = False,
@@ -438,8 +436,10 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         per_sample_method: str = "auto",
         noise_seed: int | None = None,
     ) -> None:
+        net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
+        critic_options = DiscriminatorNet.of(critic, DEFAULT_CRITIC, name="critic")
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         conversion=conversion, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
                          log_private_diagnostics=log_private_diagnostics)
         from opacus import GradSampleModule
         from opacus.accountants import RDPAccountant
@@ -464,8 +464,6 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
-        if not 0 <= ema_decay < 1:
-            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
         if adaptive_d_steps is not None:
             if loss != "nonsaturating":
                 raise ValueError("adaptive_d_steps (on by default) reads the discriminator's accuracy on fakes (D < 0): it needs "
@@ -489,38 +487,42 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
                 raise ValueError(f"{option} must be one of {ARCHITECTURES}, got {value!r}")
             if value not in (None, "mlp") and not self.is_image:
                 raise ValueError(f"{option} {value!r} is for images; use 'mlp' for tables")
-        if generator_upsample not in UPSAMPLES:
-            raise ValueError(f"generator_upsample must be one of {UPSAMPLES}, got {generator_upsample!r}")
         if warm_start is not None and accountant != "rdp":
             raise ValueError("warm_start composes its Gaussian release with the critic's steps under RDP: use accountant: rdp")
         self.save_hyperparameters()
+        self.store_option_groups(generator=net_options, critic=critic_options)
         self.store_resolved_hparams(requested, architecture=architecture)
         self.automatic_optimization = False
+        self.generator_options = net_options
         in_features = math.prod(data_spec["shape"])
         generator_net = generator_architecture or architecture
         if generator_net == "conv":
-            self.generator = ConditionalConvGenerator(z_dim=z_dim, num_classes=self.num_classes, out_shape=data_spec["shape"], gf_dim=gf_dim)
+            self.generator = ConditionalConvGenerator(z_dim=self.z_dim, num_classes=self.num_classes, out_shape=data_spec["shape"],
+                                                      gf_dim=net_options.gf_dim)
         elif generator_net == "dcgan":
-            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
+            self.generator = self.build_generator(net_options)
         else:
-            self.generator = build_mlp_generator(self, hidden=generator_hidden)
+            self.generator = build_mlp_generator(self, hidden=net_options.hidden)
+        shape = data_spec["shape"]
         if architecture == "conv":
-            critic = ConditionalConvDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim)
+            critic_net = ConditionalConvDiscriminator(in_shape=shape, num_classes=self.num_classes, df_dim=critic_options.df_dim)
         elif architecture == "dcgan":
-            critic = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim, norm="group")
+            critic_net = ConditionalDCGANDiscriminator(in_shape=shape, num_classes=self.num_classes, df_dim=critic_options.df_dim,
+                                                       fc_dim=critic_options.fc_dim, norm="group")
         else:
-            critic = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=discriminator_hidden, norm="none")
-        if ema_decay > 0:  # the sampled generator (generator_module): an average of the generator's iterates
+            critic_net = ConditionalMLPDiscriminator(in_features=in_features, num_classes=self.num_classes, hidden=critic_options.hidden,
+                                                     norm="none")
+        if net_options.averaged:  # the sampled generator (generator_module): an average of the generator's iterates
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         self.init_warm_start(warm_start)  # its share of ε planned alone; the critic's steps get the rest
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         # (functorch: the same holder without hooks, so that checkpoints move between the implementations)
         if dp_sgd_impl == "opacus":
-            self.discriminator = GradSampleModule(critic, batch_first=True, loss_reduction="sum")
+            self.discriminator = GradSampleModule(critic_net, batch_first=True, loss_reduction="sum")
         else:
-            if hasattr(critic, "label_taps"):  # the same function; its per-sample gradients without label maps
-                critic.label_taps = True
-            self.discriminator = HooklessModule(critic)
+            if hasattr(critic_net, "label_taps"):  # the same function; its per-sample gradients without label maps
+                critic_net.label_taps = True
+            self.discriminator = HooklessModule(critic_net)
         self._critic_step_fn = None  # the functorch step (compiled on first use)
         self.per_sample_method_used: str | None = None  # "vmap" or "bookkeeping", once the step is built
         self._critic_step_compiled = False
@@ -990,8 +992,8 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         finally:
             self.discriminator.enable_hooks()
         opt_g.step()
-        if self.hparams.ema_decay > 0:
-            self.update_generator_average(self.hparams.ema_decay)
+        if self.generator_options.averaged:
+            self.update_generator_average(self.generator_options.ema_decay)
         return g_loss.detach(), (scores.detach() < 0).float().mean()
 
     def training_step(self, batch, batch_idx):

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from lightning_gpate.models.options import GeneratorNet, flat_options
 from lightning_gpate.models.private import ConfigError, PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.models.warm_start import default_length_scale, embedding_loss, release_event
 from lightning_gpate.privacy import SubsampledGaussianEvent
@@ -55,6 +56,8 @@ VALIDATED_MAX_STEPS = 800
 #: step; 600 steps): ``DPMERF(spec, **PAPER_SETTINGS, ...)`` or ``configs/mnist/dpmerf_paper_eps1_guarantee.yaml``.
 #: With ``gf_dim`` 4 (half the paper's width) they gave 0.851 on the validation split and 0.860 on the test digits.
 PAPER_SETTINGS = {"length_scale": 20.5, "generator_batch_size": 500}
+#: The generator (module doc): the paper's small one at its own width.
+DEFAULT_GENERATOR = GeneratorNet(z_dim=5, gf_dim=8, fc_dim=200, upsample="nearest", hidden=(256, 256), ema_decay=0.0)
 
 
 class LabelledGenerator(nn.Module):
@@ -105,8 +108,6 @@ class DPMERF(PrivateGenerativeModel):
             the training checkpoints and the release, as is the length scale used.
         count_weight: b, the share of each record's unit norm given to its class count (the rest,
             ``a = √(1 − b²)``, to its features): the counts get noise σ/b, the features σ/a.
-        z_dim: latent size (the paper: 5 for MNIST).
-        latent_prior: ``"normal"`` or ``"uniform"``.
         generator_batch_size: fakes per step, in equal numbers per class (default 1,000, G-PATE's anchor's and the
             MNIST validation's choice; the paper: 500). More fakes a class measure each class's generated mean
             embedding with less sampling noise, at a cost per step proportional to the batch.
@@ -117,20 +118,17 @@ class DPMERF(PrivateGenerativeModel):
             0.9 per epoch of 120 steps).
         lr_decay_steps: see ``lr_decay``.
         generator_betas: Adam's betas (G-PATE's generator: ``(0.5, 0.999)``).
-        ema_decay: decay of the generator's weight average, which is what samples (and is released);
-            0: none (the paper). Post-processing, free.
-        gf_dim: images: channels of the generator's upsampling stage (its 5×5 convolutions after
-            nearest upsampling, :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`
-            with ``upsample: nearest``, the label joined to every layer); the paper's small generator has
-            16 and 8 channels (``gf_dim: 8``), G-PATE's ``gf_dim: 64`` (128 and 64 channels, with
-            ``fc_dim: 1024``). One class: the width is the option.
-        fc_dim: images: width of the generator's first dense layer (the paper: 200; G-PATE: 1,024).
-        generator_hidden: tables: hidden widths of the MLP generator.
+        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
+            some of its options). Images: the paper's small generator at its own width, z 5, its 5×5 convolutions
+            after nearest upsampling with 16 and 8 channels (``gf_dim: 8``), a first dense layer of 200 (``fc_dim``);
+            G-PATE's is ``gf_dim: 64, fc_dim: 1024``. Tables: an MLP of (256, 256). ``ema_decay`` 0: no weight
+            average (the paper).
         chunk_size: records embedded at a time in the release (memory only).
         noise_seed: seed of the release's noise (``None``: OS entropy at every start; tests only otherwise).
         log_private_diagnostics: accepted for a uniform interface; DP-MERF logs nothing private.
     """
 
+    FLAT_OPTIONS = flat_options()
     single_process_only = "it reads the training split once and then trains its generator on the released embedding alone"
     HAS_PAPER_ANALYSIS = False  # one Gaussian release: its RDP is the only analysis
 
@@ -147,18 +145,13 @@ class DPMERF(PrivateGenerativeModel):
         length_scale: float | Sequence[float] | None = None,
         feature_seed: int | None = None,
         count_weight: float = 0.3,
-        z_dim: int = 5,
-        latent_prior: str = "normal",
+        generator: GeneratorNet = DEFAULT_GENERATOR,
         generator_batch_size: int = DEFAULT_GENERATOR_BATCH_SIZE,
         unbiased: bool = False,
         lr: float = 0.01,
         lr_decay: float = 0.9,
         lr_decay_steps: int = 120,
         generator_betas: Sequence[float] = (0.9, 0.999),
-        ema_decay: float = 0.0,
-        gf_dim: int = 8,
-        fc_dim: int = 200,
-        generator_hidden: Sequence[int] = (256, 256),
         chunk_size: int = 2048,
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
@@ -173,8 +166,7 @@ class DPMERF(PrivateGenerativeModel):
             raise ValueError(f"need lr > 0, lr_decay in (0, 1] and an integer lr_decay_steps >= 1; got {lr}, {lr_decay}, {lr_decay_steps}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        if not 0 <= ema_decay < 1:
-            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
         if len(generator_betas) != 2 or not all(0 <= b < 1 for b in generator_betas):
             raise ValueError(f"generator_betas must be two numbers in [0, 1), got {generator_betas}")
         num_classes = int(data_spec["num_classes"])
@@ -191,14 +183,16 @@ class DPMERF(PrivateGenerativeModel):
         with warnings.catch_warnings():  # the release measures the class counts with DP: no need to warn about them
             warnings.filterwarnings("ignore", message="the class ratio was read from the private data")
             super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting, conversion=conversion,
-                             z_dim=z_dim, latent_prior=latent_prior, log_private_diagnostics=log_private_diagnostics)
+                             z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
+                             log_private_diagnostics=log_private_diagnostics)
         self.save_hyperparameters()
+        self.store_option_groups(generator=net_options)
         self.store_resolved_hparams(requested, length_scale=length_scale, feature_seed=feature_seed)
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
-        net = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample="nearest") if self.is_image else self.build_generator(hidden=tuple(generator_hidden))
-        self.generator = LabelledGenerator(net, self.num_classes)
-        if ema_decay > 0:  # what samples and is released (generator_module), label shares included
+        self.generator_options = net_options
+        self.generator = LabelledGenerator(self.build_generator(net_options), self.num_classes)
+        if net_options.averaged:  # what samples and is released (generator_module), label shares included
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         # Public (redrawn from the stored seed): not saved in checkpoints or the release.
         self.register_buffer("frequencies", self.draw_frequencies(), persistent=False)
@@ -313,7 +307,7 @@ class DPMERF(PrivateGenerativeModel):
         self.manual_backward(loss)
         opt.step()
         scheduler.step()
-        if self.hparams.ema_decay > 0:
-            self.update_generator_average(self.hparams.ema_decay)
+        if self.generator_options.averaged:
+            self.update_generator_average(self.generator_options.ema_decay)
         self.log("mmd_loss", loss.detach(), prog_bar=True, batch_size=1)  # towards the released embedding: post-processing
         return None

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from lightning_gpate.models.base import GenerativeModel
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
+
+#: The networks (``generator``'s and ``discriminator``'s docs).
+DEFAULT_GENERATOR = GeneratorNet(z_dim=100, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="transposed", hidden=(256, 256),
+                                 ema_decay=0.0)
+DEFAULT_DISCRIMINATOR = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=(256, 256))
 
 
 class GAN(GenerativeModel):
@@ -18,39 +25,45 @@ class GAN(GenerativeModel):
 
     Args:
         data_spec: the DataModule's spec.
-        z_dim: latent size.
-        latent_prior: ``"normal"`` or ``"uniform"``.
+        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
+            some of its options): z 100 from N(0, I); images a DCGAN of ``gf_dim`` 64 and ``fc_dim`` 1,024; tables an
+            MLP of (256, 256); ``ema_decay`` 0: no weight average.
+        discriminator: the discriminator network (:class:`~lightning_gpate.models.options.DiscriminatorNet`): images
+            a DCGAN discriminator of ``df_dim`` 64 and ``fc_dim`` 1,024; tables an MLP of (256, 256).
         lr: Adam learning rate of both networks.
         betas: Adam betas.
         d_steps: discriminator steps per generator step.
-        hidden: hidden widths of the tabular MLPs.
-        gf_dim: DCGAN generator width; df_dim: DCGAN discriminator width; fc_dim: dense width of both.
     """
 
     ddp_needs_find_unused_parameters = True  # the discriminator step does not use the generator
+    FLAT_OPTIONS = flat_options("discriminator", generator_hidden="hidden", against_hidden="hidden")  # one hidden: both MLPs
 
     def __init__(
         self,
         data_spec: dict[str, Any],
         *,
-        z_dim: int = 100,
-        latent_prior: str = "normal",
+        generator: GeneratorNet = DEFAULT_GENERATOR,
+        discriminator: DiscriminatorNet = DEFAULT_DISCRIMINATOR,
         lr: float = 2e-4,
         betas: tuple[float, float] = (0.5, 0.999),
         d_steps: int = 1,
-        hidden: tuple[int, ...] = (256, 256),
-        gf_dim: int = 64,
-        df_dim: int = 64,
-        fc_dim: int = 1024,
     ) -> None:
-        super().__init__(data_spec, z_dim=z_dim, latent_prior=latent_prior)
+        net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
+        discriminator_options = DiscriminatorNet.of(discriminator, DEFAULT_DISCRIMINATOR, name="discriminator")
+        super().__init__(data_spec, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior)
         self.save_hyperparameters()
+        self.store_option_groups(generator=net_options, discriminator=discriminator_options)
         self.automatic_optimization = False
-        self.generator = self.build_generator(hidden=hidden, gf_dim=gf_dim, fc_dim=fc_dim)
+        self.generator_options = net_options
+        self.generator = self.build_generator(net_options)
         if self.is_image:
-            self.discriminator = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim)
+            self.discriminator = ConditionalDCGANDiscriminator(in_shape=data_spec["shape"], num_classes=self.num_classes,
+                                                               df_dim=discriminator_options.df_dim, fc_dim=discriminator_options.fc_dim)
         else:
-            self.discriminator = ConditionalMLPDiscriminator(in_features=data_spec["shape"][0], num_classes=self.num_classes, hidden=hidden)
+            self.discriminator = ConditionalMLPDiscriminator(in_features=data_spec["shape"][0], num_classes=self.num_classes,
+                                                             hidden=discriminator_options.hidden)
+        if net_options.averaged:  # what samples (generator_module)
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
 
     def configure_optimizers(self):
         hp = self.hparams
@@ -77,4 +90,6 @@ class GAN(GenerativeModel):
         opt_g.zero_grad()
         self.manual_backward(g_loss)
         opt_g.step()
+        if self.generator_options.averaged:
+            self.update_generator_average(self.generator_options.ema_decay)
         self.log_dict({"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}, prog_bar=True)

@@ -13,10 +13,10 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
+from lightning_gpate.models.options import GeneratorNet, flat_options
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.ensemble import CONV_IMPLS, ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
-from lightning_gpate.nets.generators import ConditionalDCGANGenerator
 from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, SubsampledGaussianEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
@@ -36,6 +36,9 @@ DEFAULT_ANCHOR_FEATURES = 10000
 #: The G-PATE paper's settings where the defaults differ (Long et al. 2021 and its official code): ``GPATE(spec,
 #: **PAPER_SETTINGS, ...)`` or ``configs/mnist/gpate_paper_*.yaml``. Under a guarantee they generate noise on MNIST
 #: (``gpate_paper_eps10_guarantee``: 0.081, ``benchmarks/results/mnist_table.md``).
+#: The generator (``generator``'s doc).
+DEFAULT_GENERATOR = GeneratorNet(z_dim=100, latent_prior="uniform", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=(256, 256),
+                                 ema_decay=0.99)
 PAPER_SETTINGS = {"aggregator": "dpgradagg", "num_bins": 10, "own_label_votes": False, "group_fakes_by_label": False,
                   "ema_decay": 0.0, "anchor_fraction": 0.0, "generator_upsample": "transposed"}
 
@@ -137,7 +140,6 @@ class GPATE(PrivateGenerativeModel):
         conversion: RDP → (ε, δ) conversion.
         aggregator: ``"gaussian"`` (GaussAgg, default: the MNIST ladders' choice under a guarantee), ``"dpgradagg"``
             (G-PATE's paper) or ``"topagg"`` (DataLens).
-        z_dim: latent size; the prior is U(-1, 1) as in the paper.
         fake_batch_size: fakes per aggregation ``m`` (DPGradAgg: ``m · projection_dim`` queries).
         projection_dim: ``k``, the random projection's dimension (DPGradAgg).
         clip: ``c``, the clipping bound of projected gradients (DPGradAgg).
@@ -186,8 +188,12 @@ class GPATE(PrivateGenerativeModel):
         target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
             post-processing).
         generator_steps: generator steps per aggregation towards the same ``x̂`` (post-processing).
-        ema_decay: decay of the generator's weight EMA used for sampling (default 0.99: the MNIST ladders' choice,
-            ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: no EMA, the paper).
+        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
+            some of its options): z 100 from U(-1, 1) as in the paper; images a DCGAN of ``gf_dim`` 64 and ``fc_dim``
+            1,024 with ``upsample: nearest`` (nearest ×2 then a convolution, no checkerboard lattice; the paper's
+            ``transposed`` draws lattices at 28×28, see :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`);
+            tables an MLP of (256, 256); ``ema_decay`` 0.99, the weight average that samples (the MNIST ladders'
+            choice, ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: none, the paper).
         anchor_fraction: images, ``budget_accounting: guarantee``: the share of ε (the ε of that release
             alone) that buys each class's mean image once before the first step (the class-mean anchor,
             :mod:`~lightning_gpate.models.anchor`, as PATE-GAN's ``marginal_fraction``); the aggregations get
@@ -210,11 +216,6 @@ class GPATE(PrivateGenerativeModel):
             (:func:`~lightning_gpate.privacy.merf.fourier_frequencies`).
         anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG; the
             value used, like the length scale used, is stored in the hyperparameters, checkpoints and release).
-        gf_dim, fc_dim: DCGAN generator widths; hidden: MLP generator widths.
-        generator_upsample: the image generator's upsampling, ``"nearest"`` (default: nearest ×2 then a convolution,
-            no checkerboard lattice) or ``"transposed"`` (DCGAN, the paper; the samples of G-PATE
-            at 28×28 are lattices with the paper's layers, see
-            :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`). Public: no privacy cost.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
             knows it — for tests only.
@@ -223,6 +224,7 @@ class GPATE(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Confident-GNMax: threshold and GNMax steps
+    FLAT_OPTIONS = flat_options(generator_hidden="hidden")
     #: Options removed (issue 47: no shipped config used them, no ladder found them useful), with the value that
     #: meant "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"normalize_directions": False, "gaussian_basis_dim": None, "teacher_augment_shift": 0}
@@ -241,7 +243,7 @@ class GPATE(PrivateGenerativeModel):
         epsilon_hard_cap: float | None = None,
         smooth_sensitivity: dict[str, Any] | None = None,
         aggregator: str = "gaussian",
-        z_dim: int = 100,
+        generator: GeneratorNet = DEFAULT_GENERATOR,
         fake_batch_size: int = 32,
         projection_dim: int = 10,
         clip: float = 1e-4,
@@ -272,7 +274,6 @@ class GPATE(PrivateGenerativeModel):
         generator_betas: tuple[float, float] = (0.5, 0.999),
         target_scale: float = 1.0,
         generator_steps: int = 1,
-        ema_decay: float = 0.99,
         anchor_fraction: float | None = None,
         anchor_weight: float = 1.0,
         anchor_batch_size: int = 1000,
@@ -280,16 +281,13 @@ class GPATE(PrivateGenerativeModel):
         anchor_features: int | None = None,
         anchor_length_scale: float | list[float] | None = None,
         anchor_feature_seed: int | None = None,
-        gf_dim: int = 64,
-        fc_dim: int = 1024,
-        generator_upsample: str = "nearest",
-        hidden: Sequence[int] = (256, 256),
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
     ) -> None:
+        net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
         super().__init__(
-            data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-            conversion=conversion, z_dim=z_dim, latent_prior="uniform", log_private_diagnostics=log_private_diagnostics,
+            data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting, conversion=conversion,
+            z_dim=net_options.z_dim, latent_prior=net_options.latent_prior, log_private_diagnostics=log_private_diagnostics,
             epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity,
         )
         self.num_teachers = int(data_spec.get("num_teachers", 0))
@@ -298,8 +296,7 @@ class GPATE(PrivateGenerativeModel):
         for name, value, choices in (("aggregator", aggregator, AGGREGATORS),
                                      ("teacher_fake_labels", teacher_fake_labels, TEACHER_FAKE_LABELS),
                                      ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS),
-                                     ("teacher_conv_impl", teacher_conv_impl, CONV_IMPLS),
-                                     ("generator_upsample", generator_upsample, ConditionalDCGANGenerator.UPSAMPLE)):
+                                     ("teacher_conv_impl", teacher_conv_impl, CONV_IMPLS)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         for name, value in (("fake_batch_size", fake_batch_size), ("projection_dim", projection_dim), ("num_bins", num_bins),
@@ -314,8 +311,6 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError("sigma_topagg, sigma_gaussian and topagg_max_grad must be > 0")
         if not 0 <= threshold_fraction <= 1:
             raise ValueError(f"threshold_fraction must be in [0, 1], got {threshold_fraction}")
-        if not 0 <= ema_decay < 1:
-            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
         requested = {"anchor_fraction": anchor_fraction, "anchor_features": anchor_features,
                      "anchor_length_scale": anchor_length_scale, "anchor_feature_seed": anchor_feature_seed}
         if anchor_fraction is None:  # the default: the anchor wherever it can be measured
@@ -345,11 +340,13 @@ class GPATE(PrivateGenerativeModel):
             raise ValueError("budget_accounting: smooth_sensitivity releases Confident-GNMax's data-dependent cost; "
                              f"{aggregator}'s cost is data-independent already: use budget_accounting: guarantee")
         self.save_hyperparameters()
+        self.store_option_groups(generator=net_options)
         self.store_resolved_hparams(requested, anchor_fraction=anchor_fraction, anchor_features=anchor_features,
                                     anchor_length_scale=anchor_length_scale, anchor_feature_seed=anchor_feature_seed)
         self.automatic_optimization = False
-        self.generator = self.build_generator(hidden=tuple(hidden), gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
-        if ema_decay > 0:
+        self.generator_options = net_options
+        self.generator = self.build_generator(net_options)
+        if net_options.averaged:
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         self.threshold = threshold_fraction * self.num_teachers
         # Teachers are deliberately NOT registered submodules (object.__setattr__ below): DDP must never
@@ -504,8 +501,8 @@ class GPATE(PrivateGenerativeModel):
                 opt_g.zero_grad()
                 self.manual_backward(g_loss)
                 opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
-            if hp.ema_decay > 0:
-                self.update_generator_average(hp.ema_decay)
+            if self.generator_options.averaged:
+                self.update_generator_average(self.generator_options.ema_decay)
         # released: the answered mask (noisy threshold), TopAgg's released coordinates or the norm of
         # GaussAgg's noisy mean vote, and the loss towards the noisy target x̂; the teachers' loss is a
         # statistic of the private data

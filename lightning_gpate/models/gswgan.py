@@ -73,6 +73,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.models.sharding import (gather_members, local_backward, owned_members, rank_and_world,
@@ -92,6 +93,10 @@ GSWGAN_CHECKPOINT_KEY = "gswgan"
 #: only under the per-sample composition (``budget_accounting: paper``, not a guarantee); under the guarantee at
 #: N_D = 1,000 the first 100 steps already cost ε ≈ 1,500.
 PAPER_SETTINGS = {"noise_multiplier": 1.07, "ema_decay": None}
+#: The generator and the discriminators (``generator``'s and ``discriminator``'s docs).
+DEFAULT_GENERATOR = GeneratorNet(z_dim=100, latent_prior="normal", gf_dim=64, fc_dim=256, upsample="transposed", hidden=(256, 256),
+                                 ema_decay=0.99)
+DEFAULT_DISCRIMINATOR = DiscriminatorNet(df_dim=32, fc_dim=256, hidden=(128,))
 
 
 # ============================================================================ stacked members
@@ -271,26 +276,23 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         budget_accounting: ``"guarantee"`` (sound GS-WGAN analysis) or ``"paper"`` (per-sample
             composition of the official code: not a guarantee).
         conversion: RDP → (ε, δ) conversion.
-        z_dim: latent size; latent_prior: ``"normal"`` or ``"uniform"``.
         lr: Adam learning rate of every network (1e-4); betas: Adam betas ((0.5, 0.9)).
         generator_lr, generator_betas: the generator's own Adam settings (default: ``lr``, ``betas``,
             the paper's). Under the sound analysis every step carries a noise of std 2Cσ per sample
             coordinate: a larger rate and momentum (e.g. 1e-3, (0.9, 0.999)) average it over steps.
         critic_steps: critic steps per generator step (5).
         gp_weight: λ of the gradient penalty (10); drift_weight: weight of mean D(real)² (0.001).
-        ema_decay: if set (default 0.99, the CPU configs'), an exponential moving average of the generator (this
-            decay, after the official code's warm-up: ``min(1 − 1/t, ema_decay)`` at generator step t) is kept and used
-            for sampling (post-processing: free); ``None``: the generator itself, the paper.
-        generator_hidden: hidden widths of the tabular MLP generator (ReLU, BatchNorm, tanh/softmax
-            outputs); gf_dim, fc_dim: widths of the DCGAN generator for images.
-        generator_upsample: the image generator's upsampling, ``"transposed"`` (DCGAN, default) or ``"nearest"``
-            (nearest ×2 then a convolution, as the official code's default ResNet generator upsamples and as G-PATE's and
-            PATE-GAN's MNIST rows chose: no checkerboard lattice for the sanitiser's per-pixel noise to feed; not the
-            default: on the 8×8 digits, ε = 10, both at chance, FID 341 against transposed's 204, one run each). Public:
-            no privacy cost.
-        discriminator_hidden: hidden widths of the tabular MLP discriminators (LeakyReLU 0.2, no
-            normalisation: the gradient penalty is per sample); df_dim, fc_dim: widths of the DCGAN
-            discriminators for images (no normalisation).
+        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
+            some of its options): z 100 from N(0, I); tables an MLP of (256, 256) (ReLU, BatchNorm, tanh/softmax
+            outputs); images a DCGAN of ``gf_dim`` 64 and ``fc_dim`` 256 with ``upsample: transposed`` (``nearest``:
+            ×2 then a convolution, as the official code's ResNet generator upsamples and as G-PATE's and PATE-GAN's
+            MNIST rows chose; not the default: on the 8×8 digits, ε = 10, both at chance, FID 341 against
+            transposed's 204, one run each); ``ema_decay`` 0.99 (the CPU configs'): an exponential moving average of
+            the generator (after the official code's warm-up: ``min(1 − 1/t, ema_decay)`` at generator step t) samples
+            (post-processing: free); ``null`` or 0: the generator itself, the paper.
+        discriminator: the discriminators' network (:class:`~lightning_gpate.models.options.DiscriminatorNet`):
+            tables an MLP of (128,) (LeakyReLU 0.2, no normalisation: the gradient penalty is per sample); images a
+            DCGAN discriminator of ``df_dim`` 32 and ``fc_dim`` 256 (no normalisation).
         pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
             ``None`` uses the main generator's architecture (N_D copies of it are held at once).
         discriminator_state: ``"reset"`` (default: every draw starts the discriminator from its state at
@@ -313,6 +315,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
     #: Options whose ``None`` the constructor resolves (σ, planned from the budget) and stores resolved
     #: (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("noise_multiplier",)
+    FLAT_OPTIONS = flat_options("discriminator")
 
     def __init__(
         self,
@@ -329,8 +332,6 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         pretrain_iterations: int = 2000,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
-        z_dim: int = 100,
-        latent_prior: str = "normal",
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.5, 0.9),
         generator_lr: float | None = None,
@@ -338,22 +339,19 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         critic_steps: int = 5,
         gp_weight: float = 10.0,
         drift_weight: float = 1e-3,
-        ema_decay: float | None = 0.99,
-        generator_hidden: Sequence[int] = (256, 256),
-        discriminator_hidden: Sequence[int] = (128,),
-        gf_dim: int = 64,
-        generator_upsample: str = "transposed",
+        generator: GeneratorNet = DEFAULT_GENERATOR,
+        discriminator: DiscriminatorNet = DEFAULT_DISCRIMINATOR,
         warm_start: WarmStart | None = None,
-        df_dim: int = 32,
-        fc_dim: int = 256,
         pretrain_generator_hidden: Sequence[int] | None = None,
         discriminator_state: str = "reset",
         log_private_diagnostics: bool = False,
         secure_mode: bool = False,
         noise_seed: int | None = None,
     ) -> None:
+        net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
+        discriminator_options = DiscriminatorNet.of(discriminator, DEFAULT_DISCRIMINATOR, name="discriminator")
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         conversion=conversion, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
                          log_private_diagnostics=log_private_diagnostics)
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
@@ -375,8 +373,6 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError(f"critic_steps must be >= 1, got {critic_steps}")
         if generator_lr is not None and not (generator_lr > 0 and math.isfinite(generator_lr)):
             raise ValueError(f"generator_lr must be a finite number > 0 or unset, got {generator_lr}")
-        if ema_decay is not None and not 0 < ema_decay < 1:
-            raise ValueError(f"ema_decay must be in (0, 1) or unset, got {ema_decay}")
         if discriminator_state not in DISCRIMINATOR_STATES:
             raise ValueError(f"discriminator_state must be one of {DISCRIMINATOR_STATES}, got {discriminator_state!r}")
         if discriminator_state == "kept" and budget_accounting != "paper":
@@ -384,6 +380,8 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
                              "draws, which no analysis here covers: use it with budget_accounting: paper (not a guarantee), "
                              "or discriminator_state: reset")
         self.save_hyperparameters()
+        self.store_option_groups(generator=net_options, discriminator=discriminator_options)
+        self.generator_options, self.discriminator_options = net_options, discriminator_options
         self.init_warm_start(warm_start if stage == "train" else None)  # its share of ε, planned before σ takes the rest
         if noise_multiplier is None:  # the default: the least noise for which the planned steps fit the budget
             noise_multiplier = self.plan_noise_multiplier(num_discriminators, generator_batch_size, int(planned_steps))
@@ -395,7 +393,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         self._noise_generator: torch.Generator | None = None  # OS-seeded at each start, never checkpointed
         self._noise_seed: int | None = noise_seed  # None: each process seeds its own from the OS (never shared)
 
-        self.generator = self.build_generator(hidden=generator_hidden, gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
+        self.generator = self.build_generator(net_options)
         self.discriminators = self._new_discriminators(num_discriminators)
         if stage == "pretrain":
             self.pretrain_generators = StackedModules([self._new_pretrain_generator() for _ in range(num_discriminators)])
@@ -408,7 +406,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
             # from an OS-seeded generator in the DataModule, as does the sanitiser's noise here
             self.train_sampling = {"kind": "one_teacher", "batches": critic_steps,
                                    "mechanism_seed": derived_seed(noise_seed, "discriminator choice")}
-            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
+            self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if net_options.averaged else None
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
 
@@ -474,19 +472,19 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         conditional DCGAN discriminator without normalisation for images (conv 5×5/2 with C+Y and
         ``df_dim``+Y channels, dense ``fc_dim``, the labels concatenated to every layer), the MLP one for
         tables. Each member is initialised from its own seed, drawn here from ``seed_everything``'s stream."""
-        hp = self.hparams
+        net = self.discriminator_options
         seed = int(torch.randint(2**62, (1,)))
         if self.is_image:
-            channels = self.data_spec["shape"][0] + self.num_classes, hp.df_dim + self.num_classes
+            channels = self.data_spec["shape"][0] + self.num_classes, net.df_dim + self.num_classes
             return ConvTeacherEnsemble(count, in_shape=self.data_spec["shape"], num_classes=self.num_classes, channels=channels,
-                                       fc=hp.fc_dim, seed=seed)
+                                       fc=net.fc_dim, seed=seed)
         return MLPTeacherEnsemble(count, in_features=self.data_spec["shape"][0], num_classes=self.num_classes,
-                                  hidden=hp.discriminator_hidden, seed=seed)
+                                  hidden=net.hidden, seed=seed)
 
     def _new_pretrain_generator(self) -> nn.Module:
         hp = self.hparams
-        if hp.pretrain_generator_hidden is None:
-            return self.build_generator(hidden=hp.generator_hidden, gf_dim=hp.gf_dim, fc_dim=hp.fc_dim)
+        if hp.pretrain_generator_hidden is None:  # the main generator's network
+            return self.build_generator(self.generator_options)
         return build_mlp_generator(self, hidden=hp.pretrain_generator_hidden)
 
     @property
@@ -691,7 +689,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         g_loss = self.sanitized_generator_gradient(critic, owner=owner)
         self.optimizers()[0].step()
         if self.generator_ema is not None:
-            self.update_generator_average(self.hparams.ema_decay)
+            self.update_generator_average(self.generator_options.ema_decay)
         return g_loss
 
     def sanitized_generator_gradient(self, critic: nn.Module, *, owner: int = 0) -> torch.Tensor | None:

@@ -62,12 +62,14 @@ from __future__ import annotations
 import copy
 import math
 import re
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
 from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
@@ -89,6 +91,9 @@ FAKE, REAL = 0, 1  # vote classes
 #: **PAPER_SETTINGS, ...)``. Under the data-independent guarantee its votes are unanimous "fake" and teach the
 #: student nothing (``benchmarks/results/pategan_vote_signal.md``, ``tabular_ladder.md``); the defaults are the MNIST
 #: rows' (``configs/mnist/pategan_eps*_guarantee.yaml``) and, for tables, the cervical row's settings.
+#: The generator and the student (``generator``'s and ``student``'s docs): ``None``: by data kind.
+DEFAULT_GENERATOR = GeneratorNet(z_dim=None, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=None, ema_decay=None)
+DEFAULT_STUDENT = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=None)
 PAPER_SETTINGS = {"teacher_steps": 5, "student_steps": 5, "query_batch_size": 64, "planned_queries": 10_000, "lr": 1e-4,
                   "teacher_lr": 1e-4, "betas": (0.9, 0.999), "replay_capacity": 0, "query_labels": "ratio",
                   "teacher_vote": "logit", "student_labels": "argmax", "discrete_samples": False, "marginal_fraction": 0.0,
@@ -162,17 +167,18 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             few queries a step, so the budget pays for many generator steps; paper: 64).
         lr: Adam learning rate of generator and student (and of the teachers, unless ``teacher_lr``); ``None``
             (default): 2e-4 for images, 1e-3 for tables (:func:`resolved_defaults`; paper: 1e-4).
-        ema_decay: if set, an exponential moving average of the generator's weights (this decay, after a
-            warm-up: :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) is kept and
-            released instead of the generator (post-processing: free); ``None`` (default) is the paper.
         teacher_lr: Adam learning rate of the teachers; ``None`` (default): 1e-4 for images, 1e-3 for tables (paper:
             ``lr``, 1e-4). Teachers that separate real from fake perfectly vote "fake" unanimously and teach the student
             nothing.
         betas: Adam betas; ``None`` (default): (0.5, 0.999) for images, (0.9, 0.999) for tables (the paper's).
-        z_dim: latent size (``None``: the data dimension for tables, 100 for images).
-        latent_prior: ``"normal"`` or ``"uniform"``; the same prior in training and sampling.
-        generator_hidden: hidden widths of the tabular generator (``None``: ``[d, d/2]``).
-        student_hidden: hidden widths of the tabular student (``None``: ``[d, d/2]``).
+        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
+            some of its options): z from N(0, I), its size ``None``: the data dimension d for tables, 100 for images;
+            tables an MLP of ``[d, d/2]`` (``hidden: null``); images a DCGAN of ``gf_dim`` 64, ``fc_dim`` 1,024 with
+            ``upsample: nearest`` (the MNIST rows': no checkerboard lattice; the paper's ``transposed``); ``ema_decay``
+            ``null`` (the paper): no weight average; if set, the average (after a warm-up,
+            :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) samples and is released.
+        student: the student network (:class:`~lightning_gpate.models.options.DiscriminatorNet`): tables an MLP of
+            ``[d, d/2]`` (``hidden: null``), images a DCGAN discriminator of ``df_dim`` 64 and ``fc_dim`` 1,024.
         teacher_hidden: hidden widths of the tabular teachers (``None``: ``[d]``).
         replay_capacity: ``None`` (default): ``planned_queries`` for images (every paid-for label replayed, the MNIST
             rows'), 0 for tables (replay did not help there: ``tabular_ladder.md`` rung 13).
@@ -228,10 +234,6 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             rows) 1 gave the better tables and AUROC at ε = 10; at ε = 1, where that threshold erases the
             positive class's deviations entirely, 0 scored better (its noisy marginals make its rows
             unlike the negatives'; ``benchmarks/results/tabular_ladder.md``).
-        gf_dim, df_dim, fc_dim: DCGAN widths of the image generator and student.
-        generator_upsample: the image generator's upsampling, ``"nearest"`` (default, the MNIST rows': no
-            checkerboard lattice) or ``"transposed"`` (DCGAN, the paper; see
-            :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`). Public: no privacy cost.
         teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
         teacher_seed: seed of the teachers' initialisation.
         noise_seed: seed of the vote noise. ``None`` (default) draws it from OS entropy: anyone who
@@ -243,6 +245,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
+    FLAT_OPTIONS = flat_options("student", against_hidden="student_hidden")
     #: Options whose ``None`` the constructor resolves from the data's kind and the accounting mode
     #: (:func:`resolved_defaults`) and stores resolved (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("lr", "teacher_lr", "betas", "marginal_fraction", "marginal_weight", "replay_capacity",
@@ -268,13 +271,10 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         student_steps: int = 1,
         query_batch_size: int = 16,
         lr: float | None = None,
-        ema_decay: float | None = None,
         teacher_lr: float | None = None,
         betas: tuple[float, float] | None = None,
-        z_dim: int | None = None,
-        latent_prior: str = "normal",
-        generator_hidden: list[int] | None = None,
-        student_hidden: list[int] | None = None,
+        generator: GeneratorNet = DEFAULT_GENERATOR,
+        student: DiscriminatorNet = DEFAULT_STUDENT,
         teacher_hidden: list[int] | None = None,
         replay_capacity: int | None = None,
         student_batch_size: int | None = 64,
@@ -288,10 +288,6 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         marginal_bins: int = 10,
         marginal_batch_size: int = 256,
         marginal_threshold: float = 1.0,
-        gf_dim: int = 64,
-        generator_upsample: str = "nearest",
-        df_dim: int = 64,
-        fc_dim: int = 1024,
         teacher_channels: list[int] | None = None,
         teacher_fc: int = 256,
         teacher_seed: int = 0,
@@ -340,23 +336,30 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError(f"marginal_threshold must be a finite number >= 0, got {marginal_threshold}")
         if not 0 <= marginal_weight < math.inf:
             raise ValueError(f"marginal_weight must be a finite number >= 0, got {marginal_weight}")
-        if ema_decay is not None and not 0 < ema_decay < 1:
-            raise ValueError(f"ema_decay must be in (0, 1) or null, got {ema_decay}")
+        net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
+        student_options = DiscriminatorNet.of(student, DEFAULT_STUDENT, name="student")
         if lam is not None and not (0 < lam < math.inf):
             raise ValueError(f"lam must be a finite number > 0 (or null to plan it from the budget), got {lam}")
         image = data_spec["kind"] == "image"
         d = int(np.prod(data_spec["shape"]))
         width = max(d, 8)
-        if z_dim is None:
-            z_dim = 100 if image else width
+        half = max(width // 2, 4)
+        if net_options.z_dim is None:
+            net_options = replace(net_options, z_dim=100 if image else width)
+        if not image and net_options.hidden is None:
+            net_options = replace(net_options, hidden=(width, half))
+        if not image and student_options.hidden is None:
+            student_options = replace(student_options, hidden=(width, half))
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
-                         conversion=conversion, z_dim=z_dim, latent_prior=latent_prior,
+                         conversion=conversion, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
                          log_private_diagnostics=log_private_diagnostics,
                          epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity)
         self.save_hyperparameters()
+        self.store_option_groups(generator=net_options, student=student_options)
         self.store_resolved_hparams(requested, **resolved)
         self.automatic_optimization = False
         self.num_teachers = num_teachers
+        self.generator_options = net_options
         self.marginal_noise = self.plan_gaussian_noise(marginal_fraction) if marginal_fraction > 0 else None
         if self.marginal_noise is not None and image:  # the mean image of each class in [-1, 1], measured once
             self.register_buffer("marginal_targets", torch.zeros(self.num_classes, *data_spec["shape"]))
@@ -369,21 +372,19 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         self.init_warm_start(warm_start)  # its share of ε planned alone, before λ takes what is left
         self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
         if image:
-            self.generator = self.build_generator(gf_dim=gf_dim, fc_dim=fc_dim, upsample=generator_upsample)
+            self.generator = self.build_generator(net_options)
             self.student = ConditionalDCGANDiscriminator(
-                in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=df_dim, fc_dim=fc_dim)
+                in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=student_options.df_dim, fc_dim=student_options.fc_dim)
             self.teachers = ConvTeacherEnsemble(
                 num_teachers, in_shape=data_spec["shape"], num_classes=self.num_classes,
                 channels=teacher_channels, fc=teacher_fc, seed=teacher_seed)
         else:
-            half = max(width // 2, 4)
-            self.generator = self.build_generator(hidden=tuple((width, half) if generator_hidden is None else generator_hidden))
-            self.student = ConditionalMLPDiscriminator(
-                in_features=d, num_classes=self.num_classes, hidden=tuple((width, half) if student_hidden is None else student_hidden))
+            self.generator = self.build_generator(net_options)
+            self.student = ConditionalMLPDiscriminator(in_features=d, num_classes=self.num_classes, hidden=student_options.hidden)
             self.teachers = MLPTeacherEnsemble(
                 num_teachers, in_features=d, num_classes=self.num_classes,
                 hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
-        self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if ema_decay else None
+        self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if net_options.averaged else None
         self._noise_generator: torch.Generator | None = None
         self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
         self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
@@ -664,7 +665,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         replicated_backward(self, g_loss, params=self.generator.parameters())
         opt_g.step()
         if self.generator_ema is not None:
-            self.update_generator_average(hp.ema_decay)
+            self.update_generator_average(self.generator_options.ema_decay)
 
         # Post-processing of the noisy labels only; teacher quantities are private (opt-in below).
         self.log_dict({"s_loss": s_loss.detach(), "g_loss": g_loss.detach(),

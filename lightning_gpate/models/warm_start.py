@@ -24,13 +24,14 @@ twice) and computes the loss; :class:`WarmStartMixin` is what a model adds to us
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from lightning_gpate.models.anchor import class_mean_gap
+from lightning_gpate.models.options import group_from
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.merf import (
     fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum,
@@ -114,15 +115,7 @@ class WarmStart:
     def of(cls, value: "WarmStart | dict[str, Any] | None") -> "WarmStart | None":
         """A :class:`WarmStart` from what a model was given (itself, a mapping of its options, or ``None``); an
         unknown key is refused in one line that lists the known ones."""
-        if value is None or isinstance(value, cls):
-            return value
-        if not isinstance(value, dict):
-            raise TypeError(f"warm_start must be a WarmStart, a mapping of its options or null, got {type(value).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"warm_start has no option {', '.join(map(repr, unknown))}: its options are {sorted(known)}")
-        return cls(**value)
+        return None if value is None else group_from(cls, value, name="warm_start")
 
     def resolved(self, data_spec: dict[str, Any]) -> "WarmStart":
         """This warm start with ``length_scale`` and ``feature_seed`` resolved (public: the data's shape and the public

@@ -1,0 +1,200 @@
+"""Option groups: the networks a model trains, as typed objects that LightningCLI builds and validates.
+
+A model's constructor keeps what a user decides for a run (ε, δ, the accounting, the mechanism's parameters) and
+takes each network as one option: ``generator`` (:class:`GeneratorNet`, one definition shared by every image and
+table model) and, where the model trains one against it, ``critic`` / ``discriminator`` / ``student``
+(:class:`DiscriminatorNet`). On the command line and in a config they are groups::
+
+    model:
+      class_path: lightning_gpate.models.DPMERF
+      init_args:
+        epsilon: 1.0
+        generator: {z_dim: 5, gf_dim: 8, fc_dim: 200}   # --model.generator.z_dim 5
+
+A group given as a mapping overrides only the options it names: the rest keep the model's defaults (what
+``fit --help`` shows under the group), in Python as on the command line.
+
+**The flat names of before** (``z_dim``, ``gf_dim``, ``generator_hidden``, ``ema_decay``, …; issue 60) still build
+a model in Python and still load every release artifact and checkpoint written with them: each model's
+``FLAT_OPTIONS`` maps a flat name to its place in the groups, and :func:`migrate_flat_options` moves it there
+(:class:`~lightning_gpate.models.base.GenerativeModel` does so for every subclass's constructor); the models'
+``PAPER_SETTINGS`` keep them, so that ``DPGAN(spec, **PAPER_SETTINGS, z_dim=32)`` merges as it did (a flat name
+beside a mapping of its own group that names the same option is refused: which one was meant is not known). A config read by the
+command line is parsed against the groups; a flat name there fails in one line that names its new place
+(:mod:`lightning_gpate.option_errors`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Sequence
+
+#: The generator's priors over its latent space.
+LATENT_PRIORS = ("normal", "uniform")
+#: The DCGAN generator's upsampling (:class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`).
+UPSAMPLES = ("transposed", "nearest")
+
+
+def _widths(name: str, value: Sequence[int] | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not all(int(w) == w and w >= 1 for w in value):
+        raise ValueError(f"{name} must be a list of integer widths >= 1, got {value!r}")
+    return tuple(int(w) for w in value)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if value is not None and not (int(value) == value and value >= 1):
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Group:
+    """What every option group shares: built from itself or a mapping over a model's default, plain in hparams.
+    (A dataclass without fields: jsonargparse makes a group of a class only if every class of its MRO is one.)"""
+
+    def as_hparams(self) -> dict[str, Any]:
+        """Plain values for the hyperparameters (checkpoints, release artifacts, MLflow params)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def of(cls, value: Any, default: "_Group", *, name: str):
+        """The group a model was given: itself, a mapping of some of its options over the model's ``default``, or
+        ``None`` (the default). An unknown key is refused in one line that lists the group's options."""
+        if value is None:
+            return default
+        return group_from(cls, value, name=name, default=default)
+
+
+def group_from(cls, value: Any, *, name: str, default: Any = None):
+    """An option group ``cls`` (a frozen dataclass) from itself or a mapping of its options (over ``default``'s where
+    given, else its own defaults); an unknown key is refused in one line that lists the group's options."""
+    if isinstance(value, cls):
+        return value
+    if hasattr(value, "__dict__") and type(value).__name__ == "Namespace":  # jsonargparse's, given unbuilt
+        value = vars(value)
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a {cls.__name__}, a mapping of its options or null, got {type(value).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{name} has no option {', '.join(map(repr, unknown))}: its options are {sorted(known)}")
+    return replace(default, **value) if default is not None else cls(**value)
+
+
+def flat_options(against: str | None = None, *, generator_hidden: str = "generator_hidden",
+                 against_hidden: str = "discriminator_hidden") -> dict[str, tuple[str, ...]]:
+    """A model's ``FLAT_OPTIONS`` (the flat names of before the groups → their places): the generator's, and with
+    ``against`` (``"critic"``, ``"discriminator"``, ``"student"``) the network trained against it, which shared
+    ``fc_dim`` with the generator. ``generator_hidden`` / ``against_hidden``: the flat names of their MLP widths."""
+    out = {"z_dim": ("generator.z_dim",), "latent_prior": ("generator.latent_prior",), "gf_dim": ("generator.gf_dim",),
+           "fc_dim": ("generator.fc_dim",), "generator_upsample": ("generator.upsample",),
+           generator_hidden: ("generator.hidden",), "ema_decay": ("generator.ema_decay",)}
+    if against is not None:
+        out.update({"fc_dim": ("generator.fc_dim", f"{against}.fc_dim"), "df_dim": (f"{against}.df_dim",)})
+        out[against_hidden] = (*out.get(against_hidden, ()), f"{against}.hidden")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorNet(_Group):
+    """The generator network: a conditional DCGAN for images, a conditional MLP for tables (Radford et al. 2016;
+    :mod:`lightning_gpate.nets.generators`). One definition for every image and table model; each model's default is
+    the one its docs state (``fit --help`` shows it).
+
+    Args:
+        z_dim: latent size (``None``: the model's rule, e.g. PATE-GAN's: the data's dimension for tables).
+        latent_prior: ``"normal"`` (N(0, I)) or ``"uniform"`` (U(-1, 1)), the same in training and sampling.
+        gf_dim: images: channels of the last upsampling stage (twice as many in the one before).
+        fc_dim: images: width of the first dense layer.
+        upsample: images: ``"transposed"`` (strided transposed convolutions) or ``"nearest"`` (×2 nearest
+            neighbour, then a 5×5 convolution: no checkerboard artefacts).
+        hidden: tables: hidden widths of the MLP (``None``: the model's rule).
+        ema_decay: decay of an exponential moving average of the generator's weights, which is what samples and is
+            released (post-processing: free); ``0`` or ``None``: none.
+    """
+
+    z_dim: int | None = 100
+    latent_prior: str = "normal"
+    gf_dim: int = 64
+    fc_dim: int = 1024
+    upsample: str = "transposed"
+    hidden: tuple[int, ...] | None = (256, 256)
+    ema_decay: float | None = 0.0
+
+    def __post_init__(self) -> None:
+        _positive_int("generator.z_dim", self.z_dim)
+        _positive_int("generator.gf_dim", self.gf_dim)
+        _positive_int("generator.fc_dim", self.fc_dim)
+        if self.latent_prior not in LATENT_PRIORS:
+            raise ValueError(f"generator.latent_prior must be one of {LATENT_PRIORS}, got {self.latent_prior!r}")
+        if self.upsample not in UPSAMPLES:
+            raise ValueError(f"generator.upsample must be one of {UPSAMPLES}, got {self.upsample!r}")
+        if self.ema_decay is not None and not (0 <= self.ema_decay < 1 and math.isfinite(self.ema_decay)):
+            raise ValueError(f"generator.ema_decay must be in [0, 1) or null, got {self.ema_decay}")
+        object.__setattr__(self, "hidden", _widths("generator.hidden", self.hidden))
+
+    @property
+    def averaged(self) -> bool:
+        """Whether a weight average is kept (and sampled)."""
+        return bool(self.ema_decay)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscriminatorNet(_Group):
+    """A network trained against the generator on the private data or its votes (DP-GAN's critic, GS-WGAN's and the
+    non-private GAN's discriminator, PATE-GAN's student): a conditional DCGAN discriminator for images, an MLP for
+    tables (:mod:`lightning_gpate.nets.discriminators`).
+
+    Args:
+        df_dim: images: channels of the first convolution (doubled in the next).
+        fc_dim: images: width of the dense layer.
+        hidden: tables: hidden widths of the MLP (``None``: the model's rule).
+    """
+
+    df_dim: int = 64
+    fc_dim: int = 1024
+    hidden: tuple[int, ...] | None = (256, 256)
+
+    def __post_init__(self) -> None:
+        _positive_int("df_dim", self.df_dim)
+        _positive_int("fc_dim", self.fc_dim)
+        object.__setattr__(self, "hidden", _widths("hidden", self.hidden))
+
+
+def migrate_flat_options(flat_options: dict[str, tuple[str, ...]], options: dict[str, Any], *, model: str) -> dict[str, Any]:
+    """``options`` with every flat name of ``flat_options`` (``name → ("group.option", …)``) moved into its groups.
+
+    A flat name given beside its group's own option is refused (which one was meant is not known). A group given as
+    an object (not a mapping) takes no flat name either."""
+    found = [name for name in options if name in flat_options]
+    if not found:
+        return options
+    out = {k: v for k, v in options.items() if k not in flat_options}
+    for name in found:
+        for target in flat_options[name]:
+            group, _, option = target.partition(".")
+            given = options.get(group)
+            if given is not None and not isinstance(given, dict):
+                raise TypeError(f"{model}: {name} is now {target}: give it inside {group}, not beside a built {type(given).__name__}")
+            if isinstance(given, dict) and option in given:
+                raise ValueError(f"{model}: {name} and {target} both given: {name} is the former name of {target}, give one")
+            out[group] = {**(out.get(group) or {}), option: options[name]}
+    return out
+
+
+def accepting_flat_options(init):
+    """Wraps a model's ``__init__`` so that the flat names of its class's ``FLAT_OPTIONS`` still build it
+    (:func:`migrate_flat_options`); the signature that LightningCLI and ``help`` read is the groups'."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        flat = getattr(type(self), "FLAT_OPTIONS", None)
+        if flat:
+            kwargs = migrate_flat_options(flat, kwargs, model=type(self).__name__)
+        init(self, *args, **kwargs)
+
+    __init__.accepts_flat_options = True
+    return __init__

@@ -1,0 +1,178 @@
+"""Issue 60's option groups: the networks are typed groups (``generator``, ``critic``/``discriminator``/``student``),
+and nothing a user had breaks — the shipped configs resolve to the settings they had, a seeded fit gives the release
+it gave, old release artifacts load, and the flat names still build a model in Python or fail on the command line in
+one line that names their new place.
+
+The "before" side is ``tests/data/before_option_groups/`` (written by the commit before the groups, with the flat
+options: its ``make_fixtures.py``) and ``tests/data/config_settings_flat.json`` (every shipped config parsed then)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet
+import small_models
+from small_models import build, fit
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = ROOT / "tests" / "data" / "before_option_groups"
+sys.path.insert(0, str(BEFORE))
+import make_fixtures as before  # noqa: E402  (the flat options of before, per model)
+
+MODELS = {"gan": GAN, "gpate": GPATE, "pategan": PATEGAN, "dpgan": DPGAN, "gswgan": GSWGAN, "dpmerf": DPMERF}
+EXPECTED = json.loads((BEFORE / "expected.json").read_text())
+
+
+def grouped(cls, options: dict) -> dict:
+    """``options`` with the flat names written as their groups (what a config of today gives)."""
+    out = {k: v for k, v in options.items() if k not in cls.FLAT_OPTIONS}
+    for name, targets in cls.FLAT_OPTIONS.items():
+        if name in options:
+            for target in targets:
+                group, _, option = target.partition(".")
+                out.setdefault(group, {})[option] = options[name]
+    return out
+
+
+@pytest.mark.parametrize("data", ["table", "image"])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_a_seeded_fit_gives_the_release_it_gave_before_the_groups(kind, data, monkeypatch):
+    torch.set_num_threads(1)
+    cls = MODELS[kind]
+    module = sys.modules[cls.__module__]
+    if hasattr(module, "PAPER_SETTINGS"):  # small_models.build's base options (flat) as a config of today writes them
+        monkeypatch.setattr(module, "PAPER_SETTINGS", grouped(cls, module.PAPER_SETTINGS))
+        if kind == "gpate":  # small_models holds G-PATE's by name
+            monkeypatch.setattr(small_models, "PAPER_SETTINGS", grouped(cls, module.PAPER_SETTINGS))
+    noise = {} if kind == "gan" else {"noise_seed": 1234}
+    pl.seed_everything(0, workers=True)
+    if data == "table":
+        model, dm = build(kind, **grouped(cls, {**before.TABLE_OPTIONS[kind], **noise}))
+    else:
+        model, dm = before.image_model(kind, grouped(cls, {**before.IMAGE_OPTIONS[kind], **noise}))
+    assert "z_dim" not in model.hparams and "generator" in model.hparams
+    pl.seed_everything(0, workers=True)
+    fit(model, dm, steps=3)
+    assert before.generator_digest(model) == EXPECTED[f"{kind}_{data}"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name.removesuffix(".release.pt") for p in BEFORE.glob("*.release.pt")))
+def test_a_release_artifact_written_with_the_flat_options_loads_and_samples(name):
+    from lightning_gpate.release import load_release, model_from_release
+
+    release = load_release(BEFORE / f"{name}.release.pt")
+    assert "generator" not in release["hyper_parameters"]  # written before the groups
+    model = model_from_release(release)
+    assert before.generator_digest(model) == EXPECTED[name]
+    assert model.hparams["generator"]["z_dim"] == 8  # the flat z_dim, now in its group
+    x, y = model.generate(20, seed=0)
+    assert x.shape[0] == len(y) == 20 and torch.isfinite(x).all()
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value).__name__ == "Namespace":
+        return _plain(vars(value))
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def resolved_settings(parser, path: Path) -> dict:
+    """``path``'s model as ``fit``'s parser resolves it (nothing instantiated): class path and init args. (The fixture
+    ``config_settings_flat.json`` holds the same for every config, parsed before the groups.)"""
+    cfg = parser.parse_args(["--config", str(path)])
+    init = _plain(cfg.model.init_args)
+    init.pop("data_spec", None)
+    return {"class_path": cfg.model.class_path, "init_args": json.loads(json.dumps(init, default=str))}
+
+
+@pytest.fixture(scope="module")
+def fit_parser(tmp_path_factory):
+    from lightning_gpate.cli import run_lightning_cli
+
+    with pytest.MonkeyPatch.context() as patch:  # building the CLI builds its MLflow logger: a store of its own
+        store = tmp_path_factory.mktemp("option_groups_store")
+        patch.chdir(store)
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+        return run_lightning_cli(["--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.accelerator", "cpu"],
+                                 run=False).parser
+
+
+def test_every_shipped_config_resolves_to_the_settings_it_had_with_the_flat_options(fit_parser):
+    flat = json.loads((ROOT / "tests" / "data" / "config_settings_flat.json").read_text())
+    configs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
+    assert sorted(flat) == configs  # a config added since: add it to the fixture (make it at the flat commit) or here
+    checked = 0
+    for name in configs:
+        now = resolved_settings(fit_parser, ROOT / name)
+        old = flat[name]
+        assert now["class_path"] == old["class_path"], name
+        mod, _, cls_name = old["class_path"].rpartition(".")
+        cls = getattr(__import__(mod, fromlist=[cls_name]), cls_name)
+        expected = grouped(cls, old["init_args"])
+        for key, value in expected.items():
+            if key in {g.partition(".")[0] for targets in cls.FLAT_OPTIONS.values() for g in targets}:
+                for option, v in value.items():
+                    assert now["init_args"][key][option] == v, f"{name}: {key}.{option}"
+                    checked += 1
+            else:
+                assert now["init_args"][key] == value, f"{name}: {key}"
+        assert set(now["init_args"]) == set(expected), name
+    assert checked > 300  # every moved option of 63 configs compared
+
+
+def test_a_config_with_a_flat_name_fails_in_one_line_that_names_its_group(capsys, tmp_path):
+    from lightning_gpate.cli import main
+
+    old = tmp_path / "old.yaml"
+    text = (ROOT / "configs" / "pategan_digits.yaml").read_text()
+    old.write_text(text)
+    argv = ["fit", "--config", str(old), "--model.init_args.fc_dim", "32"]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["lightning-gpate fit: error: model.init_args.fc_dim is now generator.fc_dim and student.fc_dim under "
+                   "model.init_args (option groups: generator: {fc_dim: ...} in a config) (see lightning-gpate fit "
+                   "--model.help PATEGAN)"]
+
+
+def test_the_flat_names_still_build_a_model_in_python_and_clash_with_their_group():
+    from small_models import public_table
+
+    spec = public_table().spec
+    flat = DPMERF(spec, epsilon=1.0, delta=1e-5, z_dim=3, generator_hidden=[16], ema_decay=0.5)
+    grouped_model = DPMERF(spec, epsilon=1.0, delta=1e-5, generator={"z_dim": 3, "hidden": [16], "ema_decay": 0.5})
+    assert flat.hparams["generator"] == grouped_model.hparams["generator"]
+    assert flat.hparams["generator"] == {"z_dim": 3, "latent_prior": "normal", "gf_dim": 8, "fc_dim": 200, "upsample": "nearest",
+                                         "hidden": [16], "ema_decay": 0.5}  # the rest: DP-MERF's defaults
+    with pytest.raises(ValueError, match="z_dim and generator.z_dim both given"):
+        DPMERF(spec, epsilon=1.0, delta=1e-5, z_dim=3, generator={"z_dim": 4})
+    with pytest.raises(ValueError, match=r"generator has no option 'zdim'"):
+        DPMERF(spec, epsilon=1.0, delta=1e-5, generator={"zdim": 4})
+    with pytest.raises(ValueError, match=r"generator.ema_decay must be in \[0, 1\)"):
+        GeneratorNet(ema_decay=1.0)
+    critic = DPGAN(spec, epsilon=1.0, sampling_rate=0.1, fc_dim=16).hparams["critic"]  # one flat name, two groups
+    assert critic["fc_dim"] == 16 and DPGAN(spec, epsilon=1.0, sampling_rate=0.1, fc_dim=16).hparams["generator"]["fc_dim"] == 16
+    assert DiscriminatorNet.of({"df_dim": 4}, DiscriminatorNet(hidden=None), name="critic").hidden is None
+
+
+def test_help_lists_each_group_under_its_heading_and_no_flat_name(capsys):
+    from lightning_gpate.cli import main
+
+    for model, groups in {"DPMERF": ("generator",), "DPGAN": ("generator", "critic"), "GSWGAN": ("generator", "discriminator"),
+                          "PATEGAN": ("generator", "student"), "GPATE": ("generator",), "GAN": ("generator", "discriminator")}.items():
+        with pytest.raises(SystemExit):
+            main(["fit", "--model.help", model])
+        out = capsys.readouterr().out
+        for group in groups:
+            assert f"--model.{group}.hidden" in out and f"--model.{group}.fc_dim" in out, (model, group)
+        for flat in MODELS[model.lower()].FLAT_OPTIONS:
+            assert f"--model.{flat} " not in out and f"--model.{flat}\n" not in out, (model, flat)
