@@ -149,6 +149,7 @@ def warm_key(config: dict, model_over: dict, teachers: int, seed: int, records_p
 
     init = {**config["model"]["init_args"], **model_over}
     generator = init.pop("generator", None) or {}  # the flat names of before the option groups: the same keys
+    init.update({f"teacher_{k}": v for k, v in (init.pop("teachers", None) or {}).items()})
     init.update({{"upsample": "generator_upsample"}.get(k, k): v for k, v in generator.items() if k in ("z_dim", "gf_dim", "fc_dim", "upsample")})
     keys = sorted(k for k in init if k.startswith("teacher") or k in ("z_dim", "gf_dim", "fc_dim", "generator_upsample"))
     data = config["data"]["init_args"]
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                 self.averaged = trainer.global_step
                 for decay, ema in extra.items():
                     average_step(ema, pl_module.generator, decay, trainer.global_step)
-            if warm_path is not None and not warm_path.exists() and pl_module.teacher_warmup_done == pl_module.hparams.teacher_warmup_steps:
+            if warm_path is not None and not warm_path.exists() and pl_module.teacher_warmup_done == pl_module.teacher_options.warmup_steps:
                 warm_path.parent.mkdir(parents=True, exist_ok=True)
                 torch.save(pl_module._local_teacher_state(), warm_path)
             step = trainer.global_step

@@ -306,8 +306,10 @@ def smoke_data(source: Path, folder: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------------- one row
 def _accepted(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides ``cls`` takes: its arguments, and a flat name it still migrates (G-PATE's ``sigma_gnmax``: its
+    aggregator's, which the config's aggregator then takes)."""
     params = inspect.signature(cls.__init__).parameters
-    return {k: v for k, v in overrides.items() if k in params}
+    return {k: v for k, v in overrides.items() if k in params or cls.migrate_options({k: v}) != {k: v}}
 
 
 class RowBudget(pl.Callback):

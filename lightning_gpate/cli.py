@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 # The CPU defaults. Set before torch loads OpenMP, which reads it once: an OpenMP thread that waits for
 # the others sleeps instead of spinning (unless the user set OMP_WAIT_POLICY). Spinning threads take the
@@ -47,6 +48,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa:
 from datamodules.base import GenerativeDataModule  # noqa: E402
 from lightning_gpate.errors import ConfigError, OptionError, UserError  # noqa: E402
 from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume  # noqa: E402
+from lightning_gpate.models.options import OptionGroup  # noqa: E402
 
 PROG = "lightning-gpate"
 #: Commands beside LightningCLI's: name → function(argv) returning an exit code.
@@ -138,9 +140,19 @@ class GPATECLI(LightningCLI):
         ours, theirs = requested.model.class_path, pinned.model.class_path
         if import_class(ours) is not import_class(theirs):
             raise CheckpointError(f"{path} holds a {theirs}, but the config trains a {ours}: resume with the config it was trained with")
-        model_args = lambda model: {k: v for k, v in vars(model.init_args).items() if k != "data_spec"}  # noqa: E731 (linked from the data)
+        cls = import_class(theirs)
+
+        def model_args(model) -> dict:
+            """The model's arguments (not the data spec: linked from the data) as plain values, a checkpoint's of before
+            the option groups (LightningCLI passes its flat names as ``dict_kwargs``) moved into them."""
+            given = {**vars(model.init_args), **dict(model.get("dict_kwargs") or {})}
+            given.pop("data_spec", None)
+            defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+            return {k: _plain_option(type(defaults[k]).of(v, defaults[k], name=k) if isinstance(defaults.get(k), OptionGroup)
+                                     and v is not None else v) for k, v in cls.migrate_options(given).items()}
+
         # None asks the model to resolve a value (a public seed, a length scale): the checkpoint's resolved one answers it
-        resolved = getattr(import_class(theirs), "RESOLVED_HPARAMS", ())
+        resolved = getattr(cls, "RESOLVED_HPARAMS", ())
         asked = {k: v for k, v in model_args(requested.model).items() if not (k in resolved and v is None)}
         refuse_changed_on_resume(path, model_args(pinned.model), asked)
         refuse_changed_on_resume(path, checkpoint.get("datamodule_hyper_parameters") or {}, vars(requested.data.init_args),
@@ -179,6 +191,20 @@ class GPATECLI(LightningCLI):
         summary = next((cb for cb in trainer.callbacks if isinstance(cb, FitSummary)), None)
         if summary is not None and trainer.is_global_zero:
             print(summary.text(trainer, self.model, command=PROG), flush=True)
+
+
+def _plain_option(value: Any) -> Any:
+    """A model argument as plain values, whichever form it came in (jsonargparse's namespace, an option group or an
+    aggregator object, a mapping of its options): what a resume compares with its checkpoint's."""
+    if hasattr(value, "as_hparams"):
+        value = value.as_hparams()
+    if type(value).__name__ == "Namespace":
+        value = vars(value)
+    if isinstance(value, dict):
+        return {k: _plain_option(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_option(v) for v in value]
+    return value
 
 
 def run_lightning_cli(args: Sequence[str] | None = None, *, run: bool = True) -> GPATECLI:

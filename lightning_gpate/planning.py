@@ -164,8 +164,8 @@ def synthetic_probe(model, shares: Sequence[float], steps: int, *, seed: int = 0
         gap = abs(2 * top - n)
         per_step = int(hp.query_batch_size) * int(hp.student_steps)
         events = [LaplaceVoteEvent(np.full(per_step, gap), model.lam) for _ in range(steps)]
-    elif hasattr(model, "threshold") and hasattr(hp, "num_bins"):
-        bins = int(hp.num_bins)
+    elif getattr(getattr(model, "aggregator", None), "name", None) == "dpgradagg":
+        bins = int(model.aggregator.num_bins)
         if len(shares) > bins:
             raise ValueError(f"{len(shares)} shares for {bins} bins")
         counts = [int(round(s * n)) for s in shares]
@@ -176,12 +176,12 @@ def synthetic_probe(model, shares: Sequence[float], steps: int, *, seed: int = 0
         else:
             counts[0] += rest
         hist = np.array(counts, dtype=float)
-        per_step = int(hp.fake_batch_size) * int(hp.projection_dim)
-        p_answer = float(norm.sf((model.threshold - hist.max()) / hp.sigma_threshold))
+        per_step = int(hp.fake_batch_size) * int(model.aggregator.projection_dim)
+        p_answer = float(norm.sf((model.threshold - hist.max()) / model.aggregator.sigma_threshold))
         for _ in range(steps):
             answered = rng.random(per_step) < p_answer
             events.append(ConfidentGNMaxEvent(np.repeat(hist[None], per_step, 0), answered, model.threshold,
-                                              hp.sigma_threshold, hp.sigma_gnmax))
+                                              model.aggregator.sigma_threshold, model.aggregator.sigma_gnmax))
     else:
         raise ValueError(f"plan covers G-PATE and PATE-GAN, not {type(model).__name__}")
     return Probe(model=model, events=events, steps=steps, source=f"synthetic votes, shares {shares}")

@@ -21,7 +21,6 @@ import torch
 import yaml
 
 from lightning_gpate.models.gpate import GPATE, PAPER_SETTINGS
-from lightning_gpate.models.options import migrate_flat_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -299,6 +298,12 @@ def write_tiny_table(path: Path, rows: int = 240) -> Path:
     return path
 
 
+def config_init_args(cls, options: dict) -> dict:
+    """``options`` (flat names of before the option groups allowed) as a config of today writes them: the model's
+    groups as mappings, G-PATE's aggregator as its ``class_path``/``init_args``."""
+    return {k: v.as_hparams() if hasattr(v, "as_hparams") else v for k, v in cls.migrate_options(dict(options)).items()}
+
+
 def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 1e6, experiment: str = "tiny", max_steps: int = 100000,
                       checkpoints: str | None = None, every_n_train_steps: int = 10, **model) -> Path:
     """A G-PATE config on the tiny table that trains in well under a second per step on one CPU
@@ -307,7 +312,7 @@ def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 
     init = dict(**PAPER_SETTINGS, epsilon=epsilon, delta=1e-5, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                 threshold_fraction=0.3, hidden=[16], teacher_hidden=[8], z_dim=8)
     init.update(model)
-    init = migrate_flat_options(GPATE.FLAT_OPTIONS, init, model="GPATE")  # a config of today: the option groups
+    init = config_init_args(GPATE, init)
     trainer = {"max_steps": max_steps, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1,
                "enable_progress_bar": False, "enable_checkpointing": checkpoints is not None,
                "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger", "init_args": {"experiment_name": experiment}}}

@@ -90,12 +90,12 @@ def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_sp
 # Each asks for another value of something the accountant depends on than the checkpoint of a 2-step fit pins.
 CHANGED = {
     "delta": (["--model.init_args.delta", "1e-3"], ["pins delta=1e-05", "asks for delta=0.001"]),
-    "noise scale": (["--model.init_args.sigma_gnmax", "5"], ["pins sigma_gnmax=8.0", "asks for sigma_gnmax=5.0"]),
+    "noise scale": (["--model.init_args.aggregator.sigma_gnmax", "5"], ["pins aggregator=", "'sigma_gnmax': 8.0", "'sigma_gnmax': 5.0"]),
     "teacher count": (["--data.init_args.num_teachers", "5"], ["pins num_teachers=6", "asks for num_teachers=5"]),
     "accounting mode": (["--model.init_args.budget_accounting", "paper"],
                         ["pins budget_accounting='guarantee'", "asks for budget_accounting='paper'"]),
-    "two at once": (["--model.init_args.epsilon", "3", "--model.init_args.sigma_threshold", "4"],
-                    ["pins epsilon=1000000.0, sigma_threshold=16.0", "asks for epsilon=3.0, sigma_threshold=4.0"]),
+    "two at once": (["--model.init_args.epsilon", "3", "--model.init_args.aggregator.sigma_threshold", "4"],
+                    ["pins epsilon=1000000.0, aggregator=", "asks for epsilon=3.0, aggregator=", "'sigma_threshold': 4.0"]),
 }
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 import yaml
 
-from clitools import ROOT, TINY_SCHEMA, assert_fit_ran, assert_same_tensors, run_cli, write_tiny_table
+import lightning_gpate.models
+from clitools import ROOT, TINY_SCHEMA, assert_fit_ran, assert_same_tensors, config_init_args, run_cli, write_tiny_table
 from lightning_gpate.models.pategan import PAPER_SETTINGS as PATEGAN_PAPER
 
 ROOT_DOCS = ROOT / "docs"
@@ -33,7 +34,8 @@ def _fit(folder, model: str, devices: int, experiment: str, *extra: str):
     3 steps, default callbacks; returns the experiment's runs."""
     config = {
         "trainer": {"accelerator": "cpu", "max_steps": 3, "enable_progress_bar": False},
-        "model": {"class_path": f"lightning_gpate.models.{model}", "init_args": INIT[model]},
+        "model": {"class_path": f"lightning_gpate.models.{model}",
+                  "init_args": config_init_args(getattr(lightning_gpate.models, model), INIT[model])},
         "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
             "path": "table.csv", "label": "y", "class_ratio": [0.5, 0.5], "num_teachers": 5, "schema": TINY_SCHEMA}},
     }

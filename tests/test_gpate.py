@@ -259,7 +259,7 @@ def test_per_teacher_fake_labels_are_each_teachers_real_labels(public_table):
     shared = GPATE(public_table.spec, epsilon=50.0, teacher_fake_labels="class_ratio", **SMALL)
     fakes, labels = shared._teacher_fakes(real_y, torch.Generator().manual_seed(5))
     assert fakes.shape == (SMALL["fake_batch_size"], *public_table.spec["shape"]) and labels.shape == (SMALL["fake_batch_size"],)
-    with pytest.raises(ValueError, match="teacher_fake_labels"):
+    with pytest.raises(ValueError, match="teachers.fake_labels must be one of"):
         GPATE(public_table.spec, teacher_fake_labels="random", **SMALL)
 
 
@@ -389,7 +389,8 @@ def test_mnist_lever_configs_guarantee_their_budget_and_train(name, epsilon):
     x_train, _ = dm.model_space("train")
     x_test, _ = dm.model_space("test")
     assert len(x_train) == 60_000 and len(x_test) == 10_000 and x_train.shape[1:] == (1, 28, 28)
-    args = dict(config["model"]["init_args"], teacher_warmup_steps=1, teacher_precision="32", noise_seed=0)
+    init = config["model"]["init_args"]
+    args = dict(init, teachers={**init.get("teachers", {}), "warmup_steps": 1, "precision": "32"}, noise_seed=0)
     model = GPATE(dm.spec, **args)
     assert model.budget_accounting == "guarantee" and model.epsilon_budget == epsilon
     _trainer(2).fit(model, dm)

@@ -90,7 +90,7 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
         assert not hasattr(model, "accountant")
         return
     if name == "gpate_noisefree":
-        assert model.epsilon_budget >= 1e9 and model.hparams.sigma_gnmax < 1e-2
+        assert model.epsilon_budget >= 1e9 and model.aggregator.sigma_gnmax < 1e-2
         return
     mode = re.search(r"_(guarantee|paper|smooth_sensitivity)$", name).group(1)
     assert model.budget_accounting == mode
@@ -99,8 +99,8 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
     if model_class == "GPATE":
         assert model.num_teachers == teachers and teachers in (2000, 4000)
     if "topagg" in name:
-        assert model.hparams.aggregator == "topagg" and model.hparams.topk in (200, 300)
-        assert (model.hparams.sigma_topagg, model.hparams.threshold_fraction) == ((5000.0, 0.7) if "eps1_" in name else (800.0, 0.2))
+        assert model.aggregator.name == "topagg" and model.aggregator.topk in (200, 300)
+        assert (model.aggregator.sigma, model.aggregator.threshold_fraction) == ((5000.0, 0.7) if "eps1_" in name else (800.0, 0.2))
     elif "hybrid" in name:  # its GaussAgg row plus the random-feature anchor, nothing else; the anchor's share is paid first
         gaussagg = yaml.safe_load((path.parent / path.name.replace("hybrid", "gaussagg")).read_text())
         anchor = {k: v for k, v in raw["model"]["init_args"].items() if k.startswith("anchor_")}
@@ -112,13 +112,13 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
         left = _budget_aggregations(raw["model"]["init_args"], teachers)
         assert left == (1068 if "eps10_" in name else 300) and f"buys {left} aggregations" in path.read_text()
     elif "gaussagg" in name:  # as many aggregations as the ladder row it replaces the aggregator of
-        assert model.hparams.aggregator == "gaussian"
+        assert model.aggregator.name == "gaussian"
         ladder = yaml.safe_load((path.parent / path.name.replace("gaussagg", "ladder")).read_text())
         assert abs(_budget_aggregations(raw["model"]["init_args"], teachers) - _budget_aggregations(ladder["model"]["init_args"], teachers)) <= 2
     elif model_class == "GPATE" and "ladder" not in name:  # the paper's DPGradAgg settings
-        sigmas = (model.hparams.sigma_threshold, model.hparams.sigma_gnmax)
-        assert sigmas == ((600.0, 100.0) if "eps10" in name else (3000.0, 1000.0))
-        assert (model.hparams.projection_dim, model.hparams.clip, model.hparams.num_bins) == (10, 1e-4, 10)
+        agg = model.aggregator
+        assert agg.name == "dpgradagg" and (agg.sigma_threshold, agg.sigma_gnmax) == ((600.0, 100.0) if "eps10" in name else (3000.0, 1000.0))
+        assert (agg.projection_dim, agg.clip, agg.num_bins) == (10, 1e-4, 10)
         assert teachers == (2000 if "eps10" in name else 4000)
 
 
@@ -154,6 +154,7 @@ def _budget_aggregations(init: dict, teachers: int) -> int:
     ``λ/(2σ1²) + λ/σ2²`` per query (Papernot et al. 2018), TopAgg ``2kλ/σ²`` per sample (DataLens), the
     Gaussian sum ``λΔ²/(2σ²)`` with Δ = 2 (Mironov 2017), converted with the accountant's conversion. With
     ``anchor_fraction``: after the anchor's one Gaussian ``λ/(2z²)``, z the smallest whose ε alone is that share."""
+    from lightning_gpate.models.aggregators import aggregator_from
     from lightning_gpate.privacy import DEFAULT_ORDERS, rdp_to_epsilon
 
     spent = 0.0 * DEFAULT_ORDERS  # the RDP of what is paid before the first aggregation
@@ -170,14 +171,14 @@ def _budget_aggregations(init: dict, teachers: int) -> int:
 
     m = init.get("fake_batch_size", 32)
     units = min(m, 10) if init.get("group_fakes_by_label") else m
-    aggregator = init.get("aggregator", "dpgradagg")
-    if aggregator == "gaussian":
-        per_step = 4.0 * DEFAULT_ORDERS / (2 * init["sigma_gaussian"] ** 2)
-    elif aggregator == "topagg":
-        per_step = units * 2 * init["topk"] * DEFAULT_ORDERS / init["sigma_topagg"] ** 2
+    agg = aggregator_from(init.get("aggregator", "dpgradagg"))  # its class and the config's parameters (else its defaults)
+    if agg.name == "gaussian":
+        per_step = 4.0 * DEFAULT_ORDERS / (2 * agg.sigma ** 2)
+    elif agg.name == "topagg":
+        per_step = units * 2 * agg.topk * DEFAULT_ORDERS / agg.sigma ** 2
     else:
-        queries = units * init.get("projection_dim", 10)
-        per_step = queries * (DEFAULT_ORDERS / (2 * init["sigma_threshold"] ** 2) + DEFAULT_ORDERS / init["sigma_gnmax"] ** 2)
+        queries = units * agg.projection_dim
+        per_step = queries * (DEFAULT_ORDERS / (2 * agg.sigma_threshold ** 2) + DEFAULT_ORDERS / agg.sigma_gnmax ** 2)
     n = 0
     while rdp_to_epsilon(spent + (n + 1) * per_step, DEFAULT_ORDERS, init["delta"])[0] <= init["epsilon"]:
         n += 1
@@ -219,8 +220,8 @@ def test_the_hybrid_anchor_with_its_default_length_scale_trains_under_the_comman
     path = ROOT / "configs" / "mnist" / "gpate_eps1_hybrid_guarantee.yaml"
     built = _build(cli, _args(path, tiny_mnist) + ["--data.num_teachers", "20", "--model.init_args.anchor_length_scale", "null",
                                                     "--model.init_args.anchor_feature_seed", "null", "--model.init_args.anchor_features",
-                                                    "200", "--model.init_args.teacher_warmup_steps", "0",
-                                                    "--model.init_args.teacher_precision", "32"])
+                                                    "200", "--model.init_args.teachers.warmup_steps", "0",
+                                                    "--model.init_args.teachers.precision", "32"])
     model, dm = built.model, built.data
     assert model.hparams.anchor_length_scale == pytest.approx(median_distance_of_uniform(784))
     assert isinstance(model.hparams.anchor_feature_seed, int) and model.hparams.anchor_feature_seed == int(model.anchor_seed)

@@ -167,7 +167,11 @@ def test_set_overrides_reach_the_rows_whose_model_takes_them_and_the_table_names
 
     a = argparse.Namespace(set=["model.teacher_conv_impl=bmm", "ema_decay=0.995"], smoke=False, data_root=Path("x"))
     _, gpate_over, _, _ = mnist_table.row_settings(mnist_table.BY_NAME["gpate_eps10_gaussagg_guarantee"], a)
-    assert gpate_over["teacher_conv_impl"] == "bmm" and gpate_over["generator"]["ema_decay"] == 0.995
+    assert gpate_over["teachers"]["conv_impl"] == "bmm" and gpate_over["generator"]["ema_decay"] == 0.995
+    # an aggregator's flat name of before the groups reaches G-PATE, whose config's aggregator takes it
+    a_agg = argparse.Namespace(set=["sigma_gnmax=5"], smoke=False, data_root=Path("x"))
+    _, paper_over, _, _ = mnist_table.row_settings(mnist_table.BY_NAME["gpate_paper_eps10_guarantee"], a_agg)
+    assert paper_over["sigma_gnmax"] == 5
     _, dpgan_over, _, _ = mnist_table.row_settings(mnist_table.BY_NAME["dpgan_eps10_guarantee"], a)
     assert "teacher_conv_impl" not in dpgan_over
     record = {"status": "done", "model": "GPATE", "steps": 3, "set": {"teacher_conv_impl": "bmm"}}

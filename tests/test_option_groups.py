@@ -31,14 +31,10 @@ EXPECTED = json.loads((BEFORE / "expected.json").read_text())
 
 
 def grouped(cls, options: dict) -> dict:
-    """``options`` with the flat names written as their groups (what a config of today gives)."""
-    out = {k: v for k, v in options.items() if k not in cls.FLAT_OPTIONS}
-    for name, targets in cls.FLAT_OPTIONS.items():
-        if name in options:
-            for target in targets:
-                group, _, option = target.partition(".")
-                out.setdefault(group, {})[option] = options[name]
-    return out
+    """``options`` with the flat names written as their groups (what a config of today gives): the model's own
+    migration (:meth:`~lightning_gpate.models.base.GenerativeModel.migrate_options`), its groups as plain mappings."""
+    out = cls.migrate_options(dict(options))
+    return {k: v.as_hparams() if hasattr(v, "as_hparams") and k == "aggregator" else v for k, v in out.items()}
 
 
 @pytest.mark.parametrize("data", ["table", "image"])
@@ -119,11 +115,17 @@ def test_every_shipped_config_resolves_to_the_settings_it_had_with_the_flat_opti
         mod, _, cls_name = old["class_path"].rpartition(".")
         cls = getattr(__import__(mod, fromlist=[cls_name]), cls_name)
         expected = grouped(cls, old["init_args"])
+        groups = {g.partition(".")[0] for targets in cls.FLAT_OPTIONS.values() for g in targets}
         for key, value in expected.items():
-            if key in {g.partition(".")[0] for targets in cls.FLAT_OPTIONS.values() for g in targets}:
+            if key in groups:
                 for option, v in value.items():
                     assert now["init_args"][key][option] == v, f"{name}: {key}.{option}"
                     checked += 1
+            elif key == "aggregator":  # a class now: the same class, with the old flat values of its own parameters
+                given = now["init_args"][key]
+                assert given["class_path"].rpartition(".")[2] == value["class_path"].rpartition(".")[2], name
+                assert {**value["init_args"], **given["init_args"]} == value["init_args"], name
+                checked += len(value["init_args"])
             else:
                 assert now["init_args"][key] == value, f"{name}: {key}"
         assert set(now["init_args"]) == set(expected), name
@@ -153,7 +155,7 @@ def test_the_flat_names_still_build_a_model_in_python_and_clash_with_their_group
     assert flat.hparams["generator"] == grouped_model.hparams["generator"]
     assert flat.hparams["generator"] == {"z_dim": 3, "latent_prior": "normal", "gf_dim": 8, "fc_dim": 200, "upsample": "nearest",
                                          "hidden": [16], "ema_decay": 0.5}  # the rest: DP-MERF's defaults
-    with pytest.raises(ValueError, match="z_dim and generator.z_dim both given"):
+    with pytest.raises(ValueError, match="z_dim=3 and generator.z_dim=4 both given"):
         DPMERF(spec, epsilon=1.0, delta=1e-5, z_dim=3, generator={"z_dim": 4})
     with pytest.raises(ValueError, match=r"generator has no option 'zdim'"):
         DPMERF(spec, epsilon=1.0, delta=1e-5, generator={"zdim": 4})
@@ -176,3 +178,79 @@ def test_help_lists_each_group_under_its_heading_and_no_flat_name(capsys):
             assert f"--model.{group}.hidden" in out and f"--model.{group}.fc_dim" in out, (model, group)
         for flat in MODELS[model.lower()].FLAT_OPTIONS:
             assert f"--model.{flat} " not in out and f"--model.{flat}\n" not in out, (model, flat)
+
+
+def test_a_training_checkpoint_written_with_the_flat_options_resumes_under_a_config_of_today_and_samples(tmp_path, monkeypatch):
+    """``gpate_tiny_table.step2.ckpt``: ``tiny_gpate_config(epsilon=50, max_steps=2, checkpoints=…)`` fitted at the commit
+    before the groups (flat hyperparameters). A config of today (groups) resumes it to step 4 and its ε grows from the
+    checkpoint's; ``sample`` reads the old checkpoint as it reads a release."""
+    from clitools import tiny_gpate_config, write_tiny_table
+    from lightning_gpate.cli import main
+
+    old = BEFORE / "gpate_tiny_table.step2.ckpt"
+    saved = torch.load(old, map_location="cpu", weights_only=False)
+    assert "z_dim" in saved["hyper_parameters"] and "generator" not in saved["hyper_parameters"]
+    monkeypatch.chdir(tmp_path)
+    write_tiny_table(tmp_path / "table.csv")
+    tiny_gpate_config(tmp_path / "new.yaml", epsilon=50.0, max_steps=4, checkpoints="ckpts", every_n_train_steps=2)
+    assert main(["fit", "--config", "new.yaml", "--ckpt_path", str(old)]) == 0
+    resumed = torch.load(tmp_path / "ckpts" / "step=4.ckpt", map_location="cpu", weights_only=False)
+    assert resumed["global_step"] == 4 and resumed["hyper_parameters"]["generator"]["hidden"] == [16]
+    epsilon = {name: GPATE.load_from_checkpoint(path, map_location="cpu").guarantee_epsilon()  # the flat hparams build it
+               for name, path in (("old", old), ("resumed", tmp_path / "ckpts" / "step=4.ckpt"))}
+    assert 0 < epsilon["old"] < epsilon["resumed"] <= 50.0
+    assert main(["sample", "--ckpt_path", str(old), "--num_samples", "20", "--output", "old.csv"]) == 0
+    assert len((tmp_path / "old.csv").read_text().splitlines()) == 21
+
+
+def test_g_pate_s_aggregator_is_a_class_with_only_its_own_parameters_and_the_old_names_build_it():
+    from lightning_gpate.models.aggregators import DPGradAgg, GaussAgg, TopAgg, aggregator_from, migrate_flat_aggregator
+
+    # the flat options of before: the chosen aggregator takes its own, the others' (unused then) are dropped
+    old = {"aggregator": "dpgradagg", "sigma_gnmax": 8.0, "num_bins": 2, "topk": 5, "sigma_gaussian": 3.0, "epsilon": 1.0}
+    assert migrate_flat_aggregator(old) == {"aggregator": DPGradAgg(sigma_gnmax=8.0, num_bins=2), "epsilon": 1.0}
+    assert migrate_flat_aggregator({"sigma_gaussian": 3.0}) == {"aggregator": GaussAgg(sigma=3.0)}  # the default of before
+    assert migrate_flat_aggregator({"aggregator": "topagg", "sigma_topagg": 9.0, "topagg_max_grad": 1e-5})["aggregator"] == \
+        TopAgg(sigma=9.0, max_grad=1e-5)
+    assert migrate_flat_aggregator({"epsilon": 1.0}) == {"epsilon": 1.0}  # nothing of it given: the model's default
+    # a checkpoint's mapping and a config's class path build the same object; its options are keyword-only
+    agg = DPGradAgg(sigma_gnmax=8.0)
+    assert aggregator_from(agg.as_hparams()) == agg == aggregator_from({"class_path": "DPGradAgg", "init_args": {"sigma_gnmax": 8}})
+    with pytest.raises(TypeError):
+        DPGradAgg(10)  # the projection's dimension by position: refused
+    for bad, match in ((lambda: GaussAgg(sigma=0), "GaussAgg's sigma"), (lambda: DPGradAgg(num_bins=0), "num_bins"),
+                       (lambda: TopAgg(threshold_fraction=2), "threshold_fraction"), (lambda: aggregator_from("gnmax"), "one of")):
+        with pytest.raises(ValueError, match=match):
+            bad()
+    # on the model: its object, its hparams a class path, the budget checks it knows; a flat name in Python still builds
+    from small_models import public_table
+
+    spec = public_table(num_teachers=6).spec
+    model = GPATE(spec, epsilon=5.0, aggregator="topagg", topk=2, sigma_topagg=50.0)
+    assert model.aggregator == TopAgg(topk=2, sigma=50.0)
+    assert model.hparams["aggregator"] == {"class_path": "lightning_gpate.models.aggregators.TopAgg", "init_args": {
+        "topk": 2, "sigma": 50.0, "threshold_fraction": 0.5, "max_grad": None, "stochastic": True}}
+    with pytest.raises(ValueError, match="TopAgg's topk must be at most the data dimension 3"):
+        GPATE(spec, epsilon=5.0, aggregator=TopAgg(topk=4))
+    with pytest.raises(ValueError, match="GaussAgg's cost is data-independent already"):
+        GPATE(spec, epsilon=5.0, budget_accounting="smooth_sensitivity", epsilon_hard_cap=10.0)
+
+
+def test_the_aggregator_is_chosen_by_class_on_the_command_line(capsys, tmp_path, monkeypatch):
+    from clitools import tiny_gpate_config, write_tiny_table
+    from lightning_gpate.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--model", "GPATE", "--model.aggregator.help", "DPGradAgg"])
+    out = capsys.readouterr().out
+    assert "aggregator.sigma_gnmax" in out and "aggregator.topk" not in out
+    monkeypatch.chdir(tmp_path)
+    write_tiny_table(tmp_path / "table.csv")
+    tiny_gpate_config(tmp_path / "c.yaml", epsilon=50.0, max_steps=1)
+    assert main(["fit", "--config", "c.yaml", "--model.aggregator", "TopAgg", "--model.aggregator.topk", "1",
+                 "--utility.enabled", "false"]) == 0
+    from conftest import query_run
+
+    run, _ = query_run("tiny")  # the aggregator's class and options in MLflow's params, readable
+    assert run.data.params["aggregator/class_path"] == "lightning_gpate.models.aggregators.TopAgg"
+    assert run.data.params["aggregator/init_args/topk"] == "1" and run.data.params["generator/hidden"] == "[16]"

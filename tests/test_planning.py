@@ -8,19 +8,24 @@ import numpy as np
 import pytest
 
 from lightning_gpate.cli import main
+from lightning_gpate.models.aggregators import DPGradAgg
 from lightning_gpate.models.gpate import GPATE, PAPER_SETTINGS
 from lightning_gpate.planning import plan, synthetic_probe
 from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.pate import confident_gnmax_rdp
 from lightning_gpate.privacy.rdp import pure_dp_rdp
+from clitools import config_init_args
 from small_models import former  # the former defaults (the paper's) where a test is silent
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the quickstart with G-PATE's Confident-GNMax votes (the paper's settings): what ``plan`` plans
 QUICK = ["--config", str(ROOT / "configs" / "quickstart.yaml"), "--data.num_teachers", "60",
          "--trainer.enable_progress_bar", "false",
-         *[item for key, value in PAPER_SETTINGS.items() for place in GPATE.FLAT_OPTIONS.get(key, (key,))
-           for item in (f"--model.{place}", str(value))], "--model.anchor_features", "0"]
+         *[item for key, value in config_init_args(GPATE, PAPER_SETTINGS).items() for item in (
+             [f"--model.{key}", str(value)] if not isinstance(value, dict) else
+             ["--model.aggregator", value["class_path"], *[x for o, v in value["init_args"].items() for x in (f"--model.aggregator.{o}", str(v))]]
+             if key == "aggregator" else [x for o, v in value.items() for x in (f"--model.{key}.{o}", str(v))])],
+         "--model.anchor_features", "0"]
 
 
 class _Model:
@@ -31,8 +36,9 @@ class _Model:
         self.num_teachers, self.threshold, self.data_spec = n, 0.5 * n, {}
 
         class H:
-            num_bins, fake_batch_size, projection_dim, sigma_threshold, sigma_gnmax, epsilon = 10, 4, 5, s1, s2, 3.0
+            fake_batch_size, epsilon = 4, 3.0
         self.hparams = H()
+        self.aggregator = DPGradAgg(num_bins=10, projection_dim=5, sigma_threshold=s1, sigma_gnmax=s2)
 
     def events_before_first_step(self):
         return []

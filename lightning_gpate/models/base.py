@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightning_gpate.models.options import LATENT_PRIORS, GeneratorNet, accepting_flat_options
+from lightning_gpate.models.options import LATENT_PRIORS, GeneratorNet, accepting_flat_options, migrate_flat_options
 from lightning_gpate.nets.generators import ConditionalDCGANGenerator, ConditionalMLPGenerator
 from lightning_gpate.release import CHECKPOINT_KEY, CheckpointError, load_release, model_from_release
 
@@ -95,6 +95,11 @@ class GenerativeModel(pl.LightningModule):
         init = cls.__dict__.get("__init__")
         if init is not None and cls.FLAT_OPTIONS and not getattr(init, "accepts_flat_options", False):
             cls.__init__ = accepting_flat_options(init)
+
+    @classmethod
+    def migrate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Constructor options with the flat names of before the groups moved into them (:attr:`FLAT_OPTIONS`)."""
+        return migrate_flat_options(cls.FLAT_OPTIONS, options, model=cls.__name__) if cls.FLAT_OPTIONS else options
 
     def store_option_groups(self, **groups: Any) -> None:
         """Store each option group as the plain mapping of all its options (resolved: the model's defaults where the

@@ -13,10 +13,11 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
-from lightning_gpate.models.options import GeneratorNet, flat_options
+from lightning_gpate.models.aggregators import Aggregator, GaussAgg, aggregator_from, migrate_flat_aggregator
+from lightning_gpate.models.options import GeneratorNet, Teachers, flat_options
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
-from lightning_gpate.nets.ensemble import CONV_IMPLS, ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
+from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, SubsampledGaussianEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
 from lightning_gpate.privacy.distributed import is_distributed
@@ -26,9 +27,6 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
 TEACHERS_KEY = "gpate_teachers"
-AGGREGATORS = ("dpgradagg", "topagg", "gaussian")
-TEACHER_FAKE_LABELS = ("teacher", "class_ratio")
-TEACHER_PRECISIONS = ("32", "bf16")
 #: ``anchor_fraction``'s default for images under a guarantee: half of ε buys the random-feature class embeddings
 DEFAULT_ANCHOR_FRACTION = 0.5
 #: ``anchor_features``' default where there is an anchor: 10,000 random Fourier features (``gpate_mnist_cpu.md`` rows 42-50)
@@ -83,9 +81,9 @@ class GPATE(PrivateGenerativeModel):
     """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), DataLens'
     TopAgg (Wang, Wu, Long et al. 2021) or the Gaussian sum of normalised directions as the aggregator.
 
-    Per iteration: every teacher takes ``teacher_steps`` Adam steps on its BCE loss (its own real
+    Per iteration: every teacher takes ``teachers.steps`` Adam steps on its BCE loss (its own real
     batch from its own partition vs fakes) with **its own** Adam moments; the fakes of teacher ``t``
-    carry the labels of its own real batch, ``G(z, y_t)`` (``teacher_fake_labels="teacher"``, the
+    carry the labels of its own real batch, ``G(z, y_t)`` (``teachers.fake_labels="teacher"``, the
     official code), or labels drawn from the class ratio and shared by all teachers
     (``"class_ratio"``). Then fakes ``x = G(z, y)`` with ``z ~ U(-1, 1)`` are voted on:
 
@@ -105,7 +103,7 @@ class GPATE(PrivateGenerativeModel):
     (``x̂`` a constant). ``ema_decay > 0`` keeps an exponential moving average of the generator's
     weights and samples from it (post-processing of released generators: free).
 
-    Teachers are never released, so training them costs no privacy: ``teacher_warmup_steps`` teacher
+    Teachers are never released, so training them costs no privacy: ``teachers.warmup_steps`` teacher
     steps run before the first aggregation, against fakes of the untrained generator (its weights do
     not depend on the data), and record no privacy event.
 
@@ -138,27 +136,15 @@ class GPATE(PrivateGenerativeModel):
             sensitivity at the end of a run of ``trainer.max_steps``; see the private base).
         epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity`` (private base).
         conversion: RDP → (ε, δ) conversion.
-        aggregator: ``"gaussian"`` (GaussAgg, default: the MNIST ladders' choice under a guarantee), ``"dpgradagg"``
-            (G-PATE's paper) or ``"topagg"`` (DataLens).
+        aggregator: the private aggregator, by class (:mod:`~lightning_gpate.models.aggregators`): ``GaussAgg``
+            (default, σ 40: the MNIST ladders' choice under a guarantee), ``DPGradAgg`` (G-PATE's paper: projection,
+            clipping, bins, Confident-GNMax) or ``TopAgg`` (DataLens), each with its own parameters
+            (``--model.aggregator.help DPGradAgg``); a name (``dpgradagg``, ``topagg``, ``gaussian``) is that class
+            with its defaults.
         fake_batch_size: fakes per aggregation ``m`` (DPGradAgg: ``m · projection_dim`` queries).
-        projection_dim: ``k``, the random projection's dimension (DPGradAgg).
-        clip: ``c``, the clipping bound of projected gradients (DPGradAgg).
-        num_bins: ``B``, bins over ``[-c, c]`` (DPGradAgg; 2: sign votes).
-        threshold_fraction: the threshold as a fraction of the number of teachers (DPGradAgg: ``T`` of
-            Confident-GNMax; TopAgg: β).
-        sigma_threshold: σ1 of the threshold check (DPGradAgg).
-        sigma_gnmax: σ2 of the noisy argmax (DPGradAgg).
-        topk: coordinates each teacher votes on per fake (TopAgg).
-        sigma_topagg: σ of the noise on TopAgg's summed votes.
-        sigma_gaussian: σ of the noise on GaussAgg's summed votes (per coordinate; sensitivity 2).
-        topagg_max_grad: cap on the scale ``b`` of TopAgg's stochastic signs (``None``: each
-            teacher's largest ``|g|`` on the sample).
-        topagg_stochastic: TopAgg votes stochastic signs (``True``, DataLens' ``--stochastic``,
-            unbiased) or the plain signs of the top-k coordinates (``False``; same sensitivity, far
-            more agreement between teachers when ``|g|`` is small against ``b``).
-        teacher_fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as
-            the official code) or ``"class_ratio"`` (one fake batch, labels from the class ratio,
-            shared by all teachers).
+        teachers: the teacher ensemble (:class:`~lightning_gpate.models.options.Teachers`; a mapping overrides some of
+            its options): how its fakes are labelled, its steps (and warm-up steps, free), precision, Adam settings,
+            widths, chunking, kernels and seed.
         own_label_votes: a teacher votes on a fake only if the fake's label occurs in its current real
             batch, and abstains otherwise (default; ``False``: every teacher votes on every fake, the paper).
             With few images per teacher most teachers have never seen a fake's class; the
@@ -170,20 +156,6 @@ class GPATE(PrivateGenerativeModel):
             the label moves by its label's released direction (default; ``False``: one per fake, the paper).
             Under heavy noise the generator then learns class templates instead of fitting each
             fake's noise. A teacher's average depends on its own data only: the sensitivity holds.
-        teacher_steps: teacher Adam steps per iteration (each on new fakes, the same real batch).
-        teacher_warmup_steps: teacher steps before the first aggregation (no privacy cost).
-        teacher_precision: ``"32"`` or ``"bf16"`` (autocast of the teachers' forward and backward;
-            votes are compared with fp32 by ``benchmarks/teacher_throughput.py``).
-        teacher_lr: teachers' Adam learning rate; teacher_betas: their betas.
-        teacher_hidden: hidden widths of tabular (MLP) teachers.
-        teacher_channels: conv widths ``(c0, c1)`` of image teachers (default: as the paper).
-        teacher_fc: dense width of image teachers.
-        teacher_chunk_size: teachers processed at once (bounds memory; ``None``: all).
-        teacher_conv_impl: kernels of image teachers (``"auto"``: by device; ``"cpu"``: im2col + batched
-            matmuls and channels-last grouped convolutions; ``"gpu"``: grouped convolutions; ``"bmm"``: im2col +
-            batched matmuls for every convolution; the same maths, see
-            :class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`).
-        teacher_seed: seed of the teachers' initialisation (per global teacher id).
         generator_lr: generator's Adam learning rate; generator_betas: its betas.
         target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
             post-processing).
@@ -224,7 +196,16 @@ class GPATE(PrivateGenerativeModel):
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Confident-GNMax: threshold and GNMax steps
-    FLAT_OPTIONS = flat_options(generator_hidden="hidden")
+    FLAT_OPTIONS = {**flat_options(generator_hidden="hidden"),
+                    **{f"teacher_{name}": (f"teachers.{name}",) for name in ("fake_labels", "steps", "warmup_steps", "precision", "lr",
+                                                                              "betas", "hidden", "channels", "fc", "chunk_size",
+                                                                              "conv_impl", "seed")}}
+
+    @classmethod
+    def migrate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The generator's flat names, then the aggregator's: a name and its flat parameters of before the groups
+        become the aggregator object (:func:`~lightning_gpate.models.aggregators.migrate_flat_aggregator`)."""
+        return migrate_flat_aggregator(super().migrate_options(options))
     #: Options removed (issue 47: no shipped config used them, no ladder found them useful), with the value that
     #: meant "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"normalize_directions": False, "gaussian_basis_dim": None, "teacher_augment_shift": 0}
@@ -242,34 +223,12 @@ class GPATE(PrivateGenerativeModel):
         conversion: str = "improved",
         epsilon_hard_cap: float | None = None,
         smooth_sensitivity: dict[str, Any] | None = None,
-        aggregator: str = "gaussian",
+        aggregator: Aggregator | str = GaussAgg(),
         generator: GeneratorNet = DEFAULT_GENERATOR,
         fake_batch_size: int = 32,
-        projection_dim: int = 10,
-        clip: float = 1e-4,
-        num_bins: int = 10,
-        threshold_fraction: float = 0.5,
-        sigma_threshold: float = 3000.0,
-        sigma_gnmax: float = 1000.0,
-        topk: int = 200,
-        sigma_topagg: float = 5000.0,
-        sigma_gaussian: float = 40.0,
-        topagg_max_grad: float | None = None,
-        topagg_stochastic: bool = True,
-        teacher_fake_labels: str = "teacher",
+        teachers: Teachers = Teachers(),
         own_label_votes: bool = True,
         group_fakes_by_label: bool = True,
-        teacher_steps: int = 1,
-        teacher_warmup_steps: int = 0,
-        teacher_precision: str = "32",
-        teacher_lr: float = 1e-3,
-        teacher_betas: tuple[float, float] = (0.5, 0.999),
-        teacher_hidden: Sequence[int] = (64,),
-        teacher_channels: Sequence[int] | None = None,
-        teacher_fc: int = 256,
-        teacher_chunk_size: int | None = None,
-        teacher_conv_impl: str = "auto",
-        teacher_seed: int = 0,
         generator_lr: float = 1e-3,
         generator_betas: tuple[float, float] = (0.5, 0.999),
         target_scale: float = 1.0,
@@ -293,24 +252,11 @@ class GPATE(PrivateGenerativeModel):
         self.num_teachers = int(data_spec.get("num_teachers", 0))
         if self.num_teachers < 1:
             raise ValueError("G-PATE needs teachers: set data.num_teachers (e.g. 2000) in the data config")
-        for name, value, choices in (("aggregator", aggregator, AGGREGATORS),
-                                     ("teacher_fake_labels", teacher_fake_labels, TEACHER_FAKE_LABELS),
-                                     ("teacher_precision", str(teacher_precision), TEACHER_PRECISIONS),
-                                     ("teacher_conv_impl", teacher_conv_impl, CONV_IMPLS)):
-            if value not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-        for name, value in (("fake_batch_size", fake_batch_size), ("projection_dim", projection_dim), ("num_bins", num_bins),
-                            ("generator_steps", generator_steps), ("teacher_steps", teacher_steps), ("topk", topk)):
+        agg = aggregator_from(aggregator)
+        teacher_options = Teachers.of(teachers, Teachers(), name="teachers")
+        for name, value in (("fake_batch_size", fake_batch_size), ("generator_steps", generator_steps)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if teacher_warmup_steps < 0:
-            raise ValueError(f"teacher_warmup_steps must be >= 0, got {teacher_warmup_steps}")
-        if clip <= 0 or sigma_threshold < 0 or sigma_gnmax < 0:
-            raise ValueError("clip must be > 0 and the noise scales >= 0")
-        if not sigma_topagg > 0 or not sigma_gaussian > 0 or (topagg_max_grad is not None and not topagg_max_grad > 0):
-            raise ValueError("sigma_topagg, sigma_gaussian and topagg_max_grad must be > 0")
-        if not 0 <= threshold_fraction <= 1:
-            raise ValueError(f"threshold_fraction must be in [0, 1], got {threshold_fraction}")
         requested = {"anchor_fraction": anchor_fraction, "anchor_features": anchor_features,
                      "anchor_length_scale": anchor_length_scale, "anchor_feature_seed": anchor_feature_seed}
         if anchor_fraction is None:  # the default: the anchor wherever it can be measured
@@ -334,13 +280,14 @@ class GPATE(PrivateGenerativeModel):
             fourier_frequencies(anchor_features, 1, anchor_length_scale, 0)  # validates both
             if anchor_feature_seed is None:  # public: the random state seed_everything governs
                 anchor_feature_seed = int(torch.randint(2**31 - 1, (1,)))
-        if aggregator == "topagg" and topk > dim:
-            raise ValueError(f"topk must be at most the data dimension {dim}, got {topk}")
-        if aggregator != "dpgradagg" and budget_accounting == "smooth_sensitivity":
+        if agg.name == "topagg" and agg.topk > dim:
+            raise ValueError(f"TopAgg's topk must be at most the data dimension {dim}, got {agg.topk}")
+        if agg.name != "dpgradagg" and budget_accounting == "smooth_sensitivity":
             raise ValueError("budget_accounting: smooth_sensitivity releases Confident-GNMax's data-dependent cost; "
-                             f"{aggregator}'s cost is data-independent already: use budget_accounting: guarantee")
+                             f"{type(agg).__name__}'s cost is data-independent already: use budget_accounting: guarantee")
         self.save_hyperparameters()
-        self.store_option_groups(generator=net_options)
+        self.store_option_groups(generator=net_options, aggregator=agg, teachers=teacher_options)
+        self.aggregator, self.teacher_options = agg, teacher_options
         self.store_resolved_hparams(requested, anchor_fraction=anchor_fraction, anchor_features=anchor_features,
                                     anchor_length_scale=anchor_length_scale, anchor_feature_seed=anchor_feature_seed)
         self.automatic_optimization = False
@@ -348,7 +295,7 @@ class GPATE(PrivateGenerativeModel):
         self.generator = self.build_generator(net_options)
         if net_options.averaged:
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
-        self.threshold = threshold_fraction * self.num_teachers
+        self.threshold = agg.threshold_fraction * self.num_teachers if agg.thresholded else 0.0
         # Teachers are deliberately NOT registered submodules (object.__setattr__ below): DDP must never
         # average them across ranks, and a released generator checkpoint must not depend on them.
         object.__setattr__(self, "_teachers", None)
@@ -369,16 +316,15 @@ class GPATE(PrivateGenerativeModel):
 
     # ----------------------------------------------------------------- teachers
     def _build_teachers(self, teacher_ids: Sequence[int]) -> TeacherEnsemble:
-        hp = self.hparams
+        net = self.teacher_options
         if self.is_image:
             return ConvTeacherEnsemble(
                 teacher_ids=teacher_ids, in_shape=self.data_spec["shape"], num_classes=self.num_classes,
-                channels=hp.teacher_channels, fc=hp.teacher_fc, seed=hp.teacher_seed,
-                conv_impl=hp.get("teacher_conv_impl", "auto"),
+                channels=net.channels, fc=net.fc, seed=net.seed, conv_impl=net.conv_impl,
             )
         return MLPTeacherEnsemble(
             teacher_ids=teacher_ids, in_features=self.data_spec["shape"][0], num_classes=self.num_classes,
-            hidden=tuple(hp.teacher_hidden), seed=hp.teacher_seed,
+            hidden=net.hidden, seed=net.seed,
         )
 
     @property
@@ -394,11 +340,10 @@ class GPATE(PrivateGenerativeModel):
     def _build_owned_teachers(self) -> None:
         if self._teachers is not None:
             return
-        hp = self.hparams
         object.__setattr__(self, "_teachers", self._build_teachers(owned_members(self.num_teachers, self)).to(self.device))
         # One Adam over the stacked tensors: elementwise, so every teacher keeps its own moments. Fused:
         # one kernel over the stacked tensors (the unfused loop took a third of a CPU iteration).
-        self._teacher_opt = torch.optim.Adam(self._teachers.parameters(), lr=hp.teacher_lr, betas=tuple(hp.teacher_betas),
+        self._teacher_opt = torch.optim.Adam(self._teachers.parameters(), lr=self.teacher_options.lr, betas=self.teacher_options.betas,
                                              fused=self.device.type in ("cpu", "cuda"))
         if self._pending_teacher_state is not None:
             self._load_teacher_state(self._pending_teacher_state)
@@ -414,7 +359,7 @@ class GPATE(PrivateGenerativeModel):
 
     # ----------------------------------------------------------------- the iteration
     def _teacher_autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.hparams.teacher_precision == "bf16")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.teacher_options.precision == "bf16")
 
     def _teacher_fakes(self, real_y: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Fakes of one teacher step: ``([T, b, ...], [T, b])`` with every teacher's own real labels
@@ -422,7 +367,7 @@ class GPATE(PrivateGenerativeModel):
         with labels from the class ratio, shared by all teachers."""
         hp = self.hparams
         with torch.no_grad():
-            if hp.teacher_fake_labels == "class_ratio":
+            if self.teacher_options.fake_labels == "class_ratio":
                 m = hp.fake_batch_size
                 z = self.latent(m, generator=gen)
                 y = torch.multinomial(self.class_ratio, m, replacement=True, generator=gen).to(self.device)
@@ -441,7 +386,7 @@ class GPATE(PrivateGenerativeModel):
         self._teacher_opt.zero_grad(set_to_none=True)
         with self._teacher_autocast():
             loss = self.teachers.accumulate_teacher_grads(real_x, real_y, fakes, fake_y,
-                                                          chunk_size=self.hparams.teacher_chunk_size)
+                                                          chunk_size=self.teacher_options.chunk_size)
         self._teacher_opt.step()
         return loss
 
@@ -458,7 +403,7 @@ class GPATE(PrivateGenerativeModel):
             return None
 
         # 0. warm-up: teacher steps only, before the generator ever changes (no aggregation, no privacy event)
-        if self.teacher_warmup_done < hp.teacher_warmup_steps:
+        if self.teacher_warmup_done < self.teacher_options.warmup_steps:
             with record_function("gpate/teacher_step"):
                 self._teacher_step(real_x, real_y, gen)
             self.teacher_warmup_done += 1
@@ -466,7 +411,7 @@ class GPATE(PrivateGenerativeModel):
 
         # 1. the teachers' step(s)  (record_function: the phases benchmarks/gpate_step_profile.py reports)
         with record_function("gpate/teacher_step"):
-            for _ in range(hp.teacher_steps):
+            for _ in range(self.teacher_options.steps):
                 teacher_loss = self._teacher_step(real_x, real_y, gen)
 
         # 2. fakes to vote on, identical on every rank (latent and labels from the shared generator)
@@ -483,7 +428,7 @@ class GPATE(PrivateGenerativeModel):
         if hp.own_label_votes:  # [T_local, units]: teacher t has the unit's label in its own real batch
             voting = own_label_voting(real_y.to(self.device), units.labels)
         aggregate_ = {"dpgradagg": self._aggregate_dpgradagg, "topagg": self._aggregate_topagg,
-                      "gaussian": self._aggregate_gaussian}[hp.aggregator]
+                      "gaussian": self._aggregate_gaussian}[self.aggregator.name]
         delta, released = aggregate_(fakes, y, units, gen, voting)
         if delta is None:
             return None
@@ -507,7 +452,7 @@ class GPATE(PrivateGenerativeModel):
         # GaussAgg's noisy mean vote, and the loss towards the noisy target x̂; the teachers' loss is a
         # statistic of the private data
         released_key = {"dpgradagg": "answered_fraction", "topagg": "released_fraction", "gaussian": "released_norm"}
-        self.log_dict({"g_loss": g_loss.detach(), released_key[hp.aggregator]: released}, prog_bar=True)
+        self.log_dict({"g_loss": g_loss.detach(), released_key[self.aggregator.name]: released}, prog_bar=True)
         self.log_private({"teacher_loss": teacher_loss / self.num_teachers})
 
     # ----------------------------------------------------------------- the class-mean anchor
@@ -530,8 +475,7 @@ class GPATE(PrivateGenerativeModel):
                 else "each class's mean image")
         made = "released once" if bool(self.anchor_measured) else "not released yet"
         steps = int(self.trainer.global_step) if self._trainer is not None else 0
-        mechanism = {"dpgradagg": f"Confident-GNMax, σ1 = {hp.sigma_threshold:g}, σ2 = {hp.sigma_gnmax:g}",
-                     "topagg": f"TopAgg, σ = {hp.sigma_topagg:g}", "gaussian": f"GaussAgg, σ = {hp.sigma_gaussian:g}"}[hp.aggregator]
+        mechanism = self.aggregator.describe()
         votes = (f"the rest bought {steps:,} aggregation{'' if steps == 1 else 's'} of {self.num_teachers:,} teachers' "
                  f"votes ({mechanism})")
         if hp.target_scale == 0:
@@ -592,7 +536,7 @@ class GPATE(PrivateGenerativeModel):
     def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):
         """``(t0, t1, directions [t1 − t0, units, d])`` per chunk of this process's teachers: the teachers
         run under the teacher precision, what follows (projections, votes) in fp32."""
-        chunks = self.teachers.iter_input_grads(fakes, y, chunk_size=self.hparams.teacher_chunk_size)
+        chunks = self.teachers.iter_input_grads(fakes, y, chunk_size=self.teacher_options.chunk_size)
         while True:
             with self._teacher_autocast():
                 chunk = next(chunks, None)
@@ -605,30 +549,29 @@ class GPATE(PrivateGenerativeModel):
                              voting=None):
         """DPGradAgg (G-PATE Alg. 2): ``(Δx [units, d], answered fraction)``, or ``(None, None)`` when
         the worst case of this step does not fit the budget (nothing is recorded then)."""
-        hp = self.hparams
         m, d = units.count, fakes[0].numel()
-        P = random_projection(m, d, hp.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
-        votes = torch.zeros(m, hp.projection_dim, hp.num_bins, dtype=torch.long, device=self.device)
+        P = random_projection(m, d, self.aggregator.projection_dim, generator=gen, device=self.device, dtype=fakes.dtype)
+        votes = torch.zeros(m, self.aggregator.projection_dim, self.aggregator.num_bins, dtype=torch.long, device=self.device)
         with record_function("gpate/votes"):
             for t0, t1, grads in self._directions(fakes, y, units):
-                votes += vote_histograms(project(grads, P), clip=hp.clip, num_bins=hp.num_bins,
+                votes += vote_histograms(project(grads, P), clip=self.aggregator.clip, num_bins=self.aggregator.num_bins,
                                          voting=None if voting is None else voting[t0:t1])
             if is_distributed():
                 dist.all_reduce(votes)
 
         # budget check on the worst case (all answered) before the mechanism runs
         with record_function("gpate/budget"):
-            flat_votes = votes.reshape(-1, hp.num_bins).cpu().numpy()
+            flat_votes = votes.reshape(-1, self.aggregator.num_bins).cpu().numpy()
             if not self.reserve(self._event(flat_votes, np.ones(len(flat_votes), dtype=bool))):
                 return None, None
         with record_function("gpate/aggregate"):
             delta, answered = aggregate(
-                votes, P, clip=hp.clip, num_bins=hp.num_bins, threshold=self.threshold,
-                sigma_threshold=hp.sigma_threshold, sigma_gnmax=hp.sigma_gnmax, generator=gen,
+                votes, P, clip=self.aggregator.clip, num_bins=self.aggregator.num_bins, threshold=self.threshold,
+                sigma_threshold=self.aggregator.sigma_threshold, sigma_gnmax=self.aggregator.sigma_gnmax, generator=gen,
             )
         with record_function("gpate/budget"):
-            worst = self._event(np.zeros((self._max_units() * hp.projection_dim, hp.num_bins)),
-                                np.ones(self._max_units() * hp.projection_dim, dtype=bool))
+            worst = self._event(np.zeros((self._max_units() * self.aggregator.projection_dim, self.aggregator.num_bins)),
+                                np.ones(self._max_units() * self.aggregator.projection_dim, dtype=bool))
             self.record(self._event(flat_votes, answered.reshape(-1).cpu().numpy()), worst_case=worst)  # <= the reserved cost
         return delta, answered.float().mean()
 
@@ -636,32 +579,30 @@ class GPATE(PrivateGenerativeModel):
                           voting=None):
         """TopAgg (DataLens Alg. 2): ``(Δx [units, d] in {−1, 0, 1}, released fraction)``, or
         ``(None, None)`` when its (data-independent) cost does not fit the budget."""
-        hp = self.hparams
         m, d = units.count, fakes[0].numel()
         # uniforms of the stochastic signs for ALL teachers (same draws on every rank), rows by global id
-        uniforms = sign_uniforms(self.num_teachers, m, hp.topk, generator=gen, device=self.device) if hp.topagg_stochastic else None
+        uniforms = sign_uniforms(self.num_teachers, m, self.aggregator.topk, generator=gen, device=self.device) if self.aggregator.stochastic else None
         votes = torch.zeros(m, d, dtype=torch.long, device=self.device)
         ids = self.teachers.teacher_ids
         with record_function("gpate/votes"):
             for t0, t1, grads in self._directions(fakes, y, units):
                 u = None if uniforms is None else uniforms[ids[t0:t1]]
-                index, sign = topk_stochastic_signs(grads, hp.topk, u, max_grad=hp.topagg_max_grad)
+                index, sign = topk_stochastic_signs(grads, self.aggregator.topk, u, max_grad=self.aggregator.max_grad)
                 votes += topagg_votes(index, sign, d, None if voting is None else voting[t0:t1])
             if is_distributed():
                 dist.all_reduce(votes)
         with record_function("gpate/budget"):
-            if not self.charge(TopAggEvent(num_samples=m, topk=hp.topk, sigma=hp.sigma_topagg),
-                               worst_case=TopAggEvent(num_samples=self._max_units(), topk=hp.topk, sigma=hp.sigma_topagg)):
+            if not self.charge(TopAggEvent(num_samples=m, topk=self.aggregator.topk, sigma=self.aggregator.sigma),
+                               worst_case=TopAggEvent(num_samples=self._max_units(), topk=self.aggregator.topk, sigma=self.aggregator.sigma)):
                 return None, None
         with record_function("gpate/aggregate"):
-            delta = topagg_release(votes, threshold=self.threshold, sigma=hp.sigma_topagg, generator=gen).to(fakes.dtype)
+            delta = topagg_release(votes, threshold=self.threshold, sigma=self.aggregator.sigma, generator=gen).to(fakes.dtype)
         return delta, delta.abs().mean()
 
     def _aggregate_gaussian(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits", gen: torch.Generator,
                             voting=None):
         """GaussAgg (:mod:`~lightning_gpate.privacy.gaussagg`): ``(Δx [units, d], norm of the release)``, or
         ``(None, None)`` when its (data-independent) cost does not fit the budget."""
-        hp = self.hparams
         total = None
         with record_function("gpate/votes"):
             for t0, t1, grads in self._directions(fakes, y, units):
@@ -674,10 +615,10 @@ class GPATE(PrivateGenerativeModel):
                 dist.all_reduce(total)
             total = total.float()
         with record_function("gpate/budget"):
-            if not self.charge(GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=hp.sigma_gaussian)):
+            if not self.charge(GaussianSumEvent(num_sums=1, sensitivity=2.0, sigma=self.aggregator.sigma)):
                 return None, None
         with record_function("gpate/aggregate"):
-            release = gaussian_sum_release(total, sigma=hp.sigma_gaussian, num_teachers=self.num_teachers, generator=gen)
+            release = gaussian_sum_release(total, sigma=self.aggregator.sigma, num_teachers=self.num_teachers, generator=gen)
         return release.to(fakes.dtype), release.norm()
 
     @torch.no_grad()
@@ -688,8 +629,7 @@ class GPATE(PrivateGenerativeModel):
         return min(m, self.num_classes) if self.hparams.group_fakes_by_label else m
 
     def _event(self, votes: np.ndarray, answered: np.ndarray) -> ConfidentGNMaxEvent:
-        hp = self.hparams
-        return ConfidentGNMaxEvent(votes, answered, self.threshold, hp.sigma_threshold, hp.sigma_gnmax)
+        return ConfidentGNMaxEvent(votes, answered, self.threshold, self.aggregator.sigma_threshold, self.aggregator.sigma_gnmax)
 
     # ----------------------------------------------------------------- checkpoints
     def _local_teacher_state(self) -> dict:
@@ -747,7 +687,7 @@ class GPATE(PrivateGenerativeModel):
         if missing:
             raise ValueError(f"checkpoint lacks teachers {missing[:5]}...: resume with the same data.num_teachers")
         idx = torch.tensor([saved[g] for g in wanted])
-        self.teacher_warmup_done = int(state.get("warmup_done", self.hparams.teacher_warmup_steps))
+        self.teacher_warmup_done = int(state.get("warmup_done", self.teacher_options.warmup_steps))
         names = t.param_names
         with torch.no_grad():
             for n in names:

@@ -51,7 +51,7 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Group:
+class OptionGroup:
     """What every option group shares: built from itself or a mapping over a model's default, plain in hparams.
     (A dataclass without fields: jsonargparse makes a group of a class only if every class of its MRO is one.)"""
 
@@ -60,7 +60,7 @@ class _Group:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
-    def of(cls, value: Any, default: "_Group", *, name: str):
+    def of(cls, value: Any, default: "OptionGroup", *, name: str):
         """The group a model was given: itself, a mapping of some of its options over the model's ``default``, or
         ``None`` (the default). An unknown key is refused in one line that lists the group's options."""
         if value is None:
@@ -99,7 +99,7 @@ def flat_options(against: str | None = None, *, generator_hidden: str = "generat
 
 
 @dataclass(frozen=True, kw_only=True)
-class GeneratorNet(_Group):
+class GeneratorNet(OptionGroup):
     """The generator network: a conditional DCGAN for images, a conditional MLP for tables (Radford et al. 2016;
     :mod:`lightning_gpate.nets.generators`). One definition for every image and table model; each model's default is
     the one its docs state (``fit --help`` shows it).
@@ -143,7 +143,7 @@ class GeneratorNet(_Group):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DiscriminatorNet(_Group):
+class DiscriminatorNet(OptionGroup):
     """A network trained against the generator on the private data or its votes (DP-GAN's critic, GS-WGAN's and the
     non-private GAN's discriminator, PATE-GAN's student): a conditional DCGAN discriminator for images, an MLP for
     tables (:mod:`lightning_gpate.nets.discriminators`).
@@ -164,11 +164,75 @@ class DiscriminatorNet(_Group):
         object.__setattr__(self, "hidden", _widths("hidden", self.hidden))
 
 
+#: How G-PATE's teachers label their fakes (:class:`Teachers`).
+TEACHER_FAKE_LABELS = ("teacher", "class_ratio")
+#: The teachers' precision (autocast of their forward and backward).
+TEACHER_PRECISIONS = ("32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Teachers(OptionGroup):
+    """G-PATE's teacher ensemble: one discriminator per disjoint partition, trained on it and never released (so its
+    training costs no privacy; what they vote is the aggregator's to pay). Images: the paper's conditional conv nets
+    (:class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`), tables an MLP each.
+
+    Args:
+        fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as the official code) or
+            ``"class_ratio"`` (one fake batch, labels from the class ratio, shared by all teachers).
+        steps: Adam steps per iteration (each on new fakes, the same real batch).
+        warmup_steps: steps before the first aggregation, against the untrained generator's fakes (no privacy cost).
+        precision: ``"32"`` or ``"bf16"`` (autocast of the forward and backward; votes compared with fp32 by
+            ``benchmarks/teacher_throughput.py``).
+        lr: Adam's learning rate; betas: its betas.
+        hidden: tables: hidden widths of the MLP teachers.
+        channels: images: conv widths ``(c0, c1)`` (``None``: the paper's).
+        fc: images: dense width.
+        chunk_size: teachers processed at once (bounds memory; ``None``: all).
+        conv_impl: images: kernels (``"auto"``: by device; ``"cpu"``: im2col + batched matmuls and channels-last grouped
+            convolutions; ``"gpu"``: grouped convolutions; ``"bmm"``: im2col + batched matmuls for every convolution;
+            the same maths).
+        seed: seed of the teachers' initialisation (per global teacher id).
+    """
+
+    fake_labels: str = "teacher"
+    steps: int = 1
+    warmup_steps: int = 0
+    precision: str = "32"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.5, 0.999)
+    hidden: tuple[int, ...] = (64,)
+    channels: tuple[int, ...] | None = None
+    fc: int = 256
+    chunk_size: int | None = None
+    conv_impl: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from lightning_gpate.nets.ensemble import CONV_IMPLS
+
+        for option, value, choices in (("fake_labels", self.fake_labels, TEACHER_FAKE_LABELS),
+                                       ("precision", str(self.precision), TEACHER_PRECISIONS), ("conv_impl", self.conv_impl, CONV_IMPLS)):
+            if value not in choices:
+                raise ValueError(f"teachers.{option} must be one of {choices}, got {value!r}")
+        object.__setattr__(self, "precision", str(self.precision))
+        _positive_int("teachers.steps", self.steps)
+        _positive_int("teachers.fc", self.fc)
+        _positive_int("teachers.chunk_size", self.chunk_size)
+        if int(self.warmup_steps) != self.warmup_steps or self.warmup_steps < 0:
+            raise ValueError(f"teachers.warmup_steps must be an integer >= 0, got {self.warmup_steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)) or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"teachers.lr must be > 0 and teachers.betas two numbers in [0, 1), got {self.lr}, {self.betas}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        object.__setattr__(self, "hidden", _widths("teachers.hidden", self.hidden))
+        object.__setattr__(self, "channels", _widths("teachers.channels", self.channels))
+
+
 def migrate_flat_options(flat_options: dict[str, tuple[str, ...]], options: dict[str, Any], *, model: str) -> dict[str, Any]:
     """``options`` with every flat name of ``flat_options`` (``name → ("group.option", …)``) moved into its groups.
 
-    A flat name given beside its group's own option is refused (which one was meant is not known). A group given as
-    an object (not a mapping) takes no flat name either."""
+    A flat name given beside a mapping of its group that names the same option with another value is refused (which
+    one was meant is not known). Beside a group given built (LightningCLI's, when a checkpoint's hyperparameters of
+    before the groups come as ``dict_kwargs``: a resume, ``load_from_checkpoint``) the flat name wins."""
     found = [name for name in options if name in flat_options]
     if not found:
         return options
@@ -176,13 +240,24 @@ def migrate_flat_options(flat_options: dict[str, tuple[str, ...]], options: dict
     for name in found:
         for target in flat_options[name]:
             group, _, option = target.partition(".")
-            given = options.get(group)
-            if given is not None and not isinstance(given, dict):
-                raise TypeError(f"{model}: {name} is now {target}: give it inside {group}, not beside a built {type(given).__name__}")
-            if isinstance(given, dict) and option in given:
-                raise ValueError(f"{model}: {name} and {target} both given: {name} is the former name of {target}, give one")
-            out[group] = {**(out.get(group) or {}), option: options[name]}
+            given = out.get(group)
+            built = options.get(group) is not None and not isinstance(options.get(group), dict)
+            if not isinstance(given, (dict, type(None))):  # jsonargparse's, beside an old checkpoint's flat hyperparameters (its dict_kwargs): those win, as
+                # every hyperparameter of a checkpoint does on a resume (which then refuses what the config changed)
+                given = given.as_hparams() if hasattr(given, "as_hparams") else vars(given)
+            given = dict(given or {})
+            if not built and option in given and not _same(given[option], options[name]):
+                raise ValueError(f"{model}: {name}={options[name]!r} and {target}={given[option]!r} both given: {name} is the "
+                                 f"former name of {target}, give one")
+            out[group] = {**given, option: options[name]}
     return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as option values (a list and a tuple of the same widths are)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
 
 
 def accepting_flat_options(init):
@@ -191,10 +266,7 @@ def accepting_flat_options(init):
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        flat = getattr(type(self), "FLAT_OPTIONS", None)
-        if flat:
-            kwargs = migrate_flat_options(flat, kwargs, model=type(self).__name__)
-        init(self, *args, **kwargs)
+        init(self, *args, **type(self).migrate_options(kwargs))
 
     __init__.accepts_flat_options = True
     return __init__
