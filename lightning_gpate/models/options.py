@@ -2,8 +2,9 @@
 
 A model's constructor keeps what a user decides for a run (ε, δ, the accounting, the mechanism's parameters) and
 takes each network as one option: ``generator`` (:class:`GeneratorNet`, one definition shared by every image and
-table model) and, where the model trains one against it, ``critic`` / ``discriminator`` / ``student``
-(:class:`DiscriminatorNet`). On the command line and in a config they are groups::
+table model), where the model trains one against it ``critic`` / ``discriminator`` / ``student``
+(:class:`DiscriminatorNet`), and G-PATE's ``teachers`` (:class:`Teachers`; its aggregator, a mechanism chosen by
+class, is :mod:`lightning_gpate.models.aggregators`'). On the command line and in a config they are groups::
 
     model:
       class_path: lightning_gpate.models.DPMERF
@@ -19,9 +20,9 @@ a model in Python and still load every release artifact and checkpoint written w
 ``FLAT_OPTIONS`` maps a flat name to its place in the groups, and :func:`migrate_flat_options` moves it there
 (:class:`~lightning_gpate.models.base.GenerativeModel` does so for every subclass's constructor); the models'
 ``PAPER_SETTINGS`` keep them, so that ``DPGAN(spec, **PAPER_SETTINGS, z_dim=32)`` merges as it did (a flat name
-beside a mapping of its own group that names the same option is refused: which one was meant is not known). A config read by the
-command line is parsed against the groups; a flat name there fails in one line that names its new place
-(:mod:`lightning_gpate.option_errors`).
+beside a mapping of its own group that names the same option with another value is refused: which one was meant
+is not known). A config read by the command line is parsed against the groups; a flat name there fails in one line
+that names its new place (:mod:`lightning_gpate.option_errors`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Sequence
 
+from lightning_gpate.nets.ensemble import CONV_IMPLS
+from lightning_gpate.nets.generators import ConditionalDCGANGenerator
+
 #: The generator's priors over its latent space.
 LATENT_PRIORS = ("normal", "uniform")
-#: The DCGAN generator's upsampling (:class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`).
-UPSAMPLES = ("transposed", "nearest")
+#: The DCGAN generator's upsampling.
+UPSAMPLES = ConditionalDCGANGenerator.UPSAMPLE
 
 
 def _widths(name: str, value: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -208,8 +212,6 @@ class Teachers(OptionGroup):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from lightning_gpate.nets.ensemble import CONV_IMPLS
-
         for option, value, choices in (("fake_labels", self.fake_labels, TEACHER_FAKE_LABELS),
                                        ("precision", str(self.precision), TEACHER_PRECISIONS), ("conv_impl", self.conv_impl, CONV_IMPLS)):
             if value not in choices:
