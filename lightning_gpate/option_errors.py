@@ -53,22 +53,15 @@ def init_arg_names(class_path: str) -> list[str]:
     return names
 
 
-def flat_option_place(class_path: str, name: str) -> str | None:
-    """Where the flat option ``name`` of ``class_path`` lives since the option groups (``"generator.z_dim"``; several
-    places joined by " and "), or ``None`` (:attr:`~lightning_gpate.models.base.GenerativeModel.FLAT_OPTIONS`)."""
+def flat_option_place(class_path: str, name: str) -> tuple[str, str] | None:
+    """Where the flat option ``name`` of ``class_path`` lives since the option groups, and how a config writes it
+    (:meth:`~lightning_gpate.models.base.GenerativeModel.flat_option_place`), or ``None``."""
     module, _, cls_name = class_path.rpartition(".")
     try:
-        places = getattr(importlib.import_module(module), cls_name).FLAT_OPTIONS.get(name)
+        place = getattr(importlib.import_module(module), cls_name).flat_option_place
     except (ImportError, AttributeError, ValueError):
         return None
-    if places:
-        return " and ".join(places)
-    if cls_name == "GPATE":  # an aggregator's parameter: its class's option now
-        from lightning_gpate.models.aggregators import AGGREGATORS
-
-        owners = [f"aggregator.{cls.FLAT[name]} of {cls.__name__}" for cls in AGGREGATORS.values() if name in cls.FLAT]
-        return " or ".join(owners) or None
-    return None
+    return place(name)
 
 
 def parser_keys(parser) -> list[str]:
@@ -121,10 +114,8 @@ def option_error_line(message: str, parser, command: str) -> str:
     if unknown and class_path and not re.findall(r'Parser key "([^"]+)"', message)[1:]:
         moved = flat_option_place(class_path.group(1), unknown.group(1))
         if moved:  # a name of before the option groups (issue 60): say where it went
-            group, _, option = moved.partition(" and ")[0].partition(" or ")[0].partition(" of ")[0].partition(".")
-            example = (f"{group}: {{class_path: {moved.partition(' of ')[2].split()[0]}, init_args: {{{option}: ...}}}}"
-                       if " of " in moved else f"{group}: {{{option}: ...}}")
-            return (f"{base}.init_args.{unknown.group(1)} is now {moved} under {base}.init_args (option groups: "
+            place, example = moved
+            return (f"{base}.init_args.{unknown.group(1)} is now {place} under {base}.init_args (option groups: "
                     f"{example} in a config) ({help_hint})")
     if unknown and class_path:
         # an option group of the class (e.g. DP-GAN's warm_start: a dataclass): its key below init_args, its own names

@@ -144,6 +144,13 @@ def test_a_config_with_a_flat_name_fails_in_one_line_that_names_its_group(capsys
     assert err == ["lightning-gpate fit: error: model.init_args.fc_dim is now generator.fc_dim and student.fc_dim under "
                    "model.init_args (option groups: generator: {fc_dim: ...} in a config) (see lightning-gpate fit "
                    "--model.help PATEGAN)"]
+    # an aggregator's parameter of before: the classes it belongs to now, and how a config writes it for the first
+    assert main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--model.init_args.threshold_fraction", "0.3"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["lightning-gpate fit: error: model.init_args.threshold_fraction is now aggregator.threshold_fraction of "
+                   "DPGradAgg or aggregator.threshold_fraction of TopAgg under model.init_args (option groups: aggregator: "
+                   "{class_path: DPGradAgg, init_args: {threshold_fraction: ...}} in a config) (see lightning-gpate fit "
+                   "--model.help GPATE)"]
 
 
 def test_the_flat_names_still_build_a_model_in_python_and_clash_with_their_group():

@@ -32,8 +32,6 @@ class Aggregator:
     name: ClassVar[str] = ""
     #: Flat G-PATE option of before the groups → this aggregator's option.
     FLAT: ClassVar[dict[str, str]] = {}
-    #: Whether it thresholds the votes (``threshold_fraction`` × the teachers).
-    thresholded: ClassVar[bool] = False
 
     def options(self) -> dict[str, Any]:
         return dict(self._options)
@@ -46,6 +44,11 @@ class Aggregator:
     def describe(self) -> str:
         """One phrase for a run's summary (public: the mechanism and its noise)."""
         raise NotImplementedError
+
+    def threshold(self, num_teachers: int) -> float:
+        """The vote count a released answer must reach: ``threshold_fraction`` of the teachers (0 for an aggregator
+        without a threshold)."""
+        return self.options().get("threshold_fraction", 0.0) * num_teachers
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Aggregator) and _concrete(type(self)) is _concrete(type(other)) and self.options() == other.options()
@@ -100,7 +103,6 @@ class DPGradAgg(Aggregator):
     """
 
     name = "dpgradagg"
-    thresholded = True
     FLAT = {"projection_dim": "projection_dim", "clip": "clip", "num_bins": "num_bins", "threshold_fraction": "threshold_fraction",
             "sigma_threshold": "sigma_threshold", "sigma_gnmax": "sigma_gnmax"}
 
@@ -136,7 +138,6 @@ class TopAgg(Aggregator):
     """
 
     name = "topagg"
-    thresholded = True
     FLAT = {"topk": "topk", "sigma_topagg": "sigma", "threshold_fraction": "threshold_fraction", "topagg_max_grad": "max_grad",
             "topagg_stochastic": "stochastic"}
 
@@ -186,6 +187,17 @@ def aggregator_from(value: Any) -> Aggregator:
 
 #: Every flat G-PATE option of before the groups that now belongs to an aggregator.
 FLAT_AGGREGATOR_OPTIONS = tuple(dict.fromkeys(name for cls in AGGREGATORS.values() for name in cls.FLAT))
+
+
+def flat_aggregator_place(name: str) -> tuple[str, str] | None:
+    """:meth:`~lightning_gpate.models.base.GenerativeModel.flat_option_place` for an aggregator's flat parameter of
+    before the groups: the aggregators it now belongs to, and how a config writes it for the first of them."""
+    owners = [cls for cls in AGGREGATORS.values() if name in cls.FLAT]
+    if not owners:
+        return None
+    first = owners[0]
+    return (" or ".join(f"aggregator.{cls.FLAT[name]} of {cls.__name__}" for cls in owners),
+            f"aggregator: {{class_path: {first.__name__}, init_args: {{{first.FLAT[name]}: ...}}}}")
 
 
 def migrate_flat_aggregator(options: dict[str, Any]) -> dict[str, Any]:

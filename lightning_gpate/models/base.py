@@ -101,6 +101,17 @@ class GenerativeModel(pl.LightningModule):
         """Constructor options with the flat names of before the groups moved into them (:attr:`FLAT_OPTIONS`)."""
         return migrate_flat_options(cls.FLAT_OPTIONS, options, model=cls.__name__) if cls.FLAT_OPTIONS else options
 
+    @classmethod
+    def flat_option_place(cls, name: str) -> tuple[str, str] | None:
+        """Where the flat option ``name`` of before the groups lives now, for a one-line error: ``(its place, how a
+        config writes it)``, e.g. ``("generator.fc_dim and student.fc_dim", "generator: {fc_dim: ...}")``; ``None``
+        for a name that never was one."""
+        places = cls.FLAT_OPTIONS.get(name)
+        if not places:
+            return None
+        group, _, option = places[0].partition(".")
+        return " and ".join(places), f"{group}: {{{option}: ...}}"
+
     def store_option_groups(self, **groups: Any) -> None:
         """Store each option group as the plain mapping of all its options (resolved: the model's defaults where the
         group was given in part) in the hyperparameters, after ``save_hyperparameters``: a checkpoint or a release

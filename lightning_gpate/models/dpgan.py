@@ -120,13 +120,13 @@ OPACUS_ACCOUNTANT_KEY = "opacus_rdp_accountant"
 MECHANISM_HPARAMS = ("noise_multiplier", "sampling_rate", "accountant", "d_steps", "adaptive_d_steps")
 #: ``adaptive_d_steps``' default: Bie et al.'s MNIST ε = 10 schedule (``configs/mnist/dpgan_eps10_guarantee.yaml``).
 DEFAULT_ADAPTIVE_D_STEPS = {"threshold": 0.6, "grace": 200, "decay": 0.99}
-#: The 2018 recipe's settings where the defaults differ (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the
-#: defaults before issue 47): ``DPGAN(spec, **PAPER_SETTINGS, ...)``. Under a guarantee on MNIST it generated noise
-#: (CNN 0.085 after 6,060 generator steps on an H200: ``benchmarks/results/dpgan_mnist_cpu.md``).
 #: The generator and the critic (``generator``'s and ``critic``'s docs).
 DEFAULT_GENERATOR = GeneratorNet(z_dim=128, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="transposed", hidden=(256, 512),
                                  ema_decay=0.995)
 DEFAULT_CRITIC = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=(64, 64))
+#: The 2018 recipe's settings where the defaults differ (Xie et al. 2018, Alg. 1; G-PATE's DP-GAN baseline; the
+#: defaults before issue 47): ``DPGAN(spec, **PAPER_SETTINGS, ...)``. Under a guarantee on MNIST it generated noise
+#: (CNN 0.085 after 6,060 generator steps on an H200: ``benchmarks/results/dpgan_mnist_cpu.md``).
 PAPER_SETTINGS = {"architecture": "mlp", "loss": "wasserstein", "optimizer": "rmsprop", "lr": 5e-5, "d_steps": 5,
                   "weight_clip": 0.1, "adaptive_d_steps": None, "ema_decay": 0.0}
 

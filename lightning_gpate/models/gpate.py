@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
-from lightning_gpate.models.aggregators import Aggregator, GaussAgg, aggregator_from, migrate_flat_aggregator
+from lightning_gpate.models.aggregators import Aggregator, GaussAgg, aggregator_from, flat_aggregator_place, migrate_flat_aggregator
 from lightning_gpate.models.options import GeneratorNet, Teachers, flat_options
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
@@ -31,12 +31,12 @@ TEACHERS_KEY = "gpate_teachers"
 DEFAULT_ANCHOR_FRACTION = 0.5
 #: ``anchor_features``' default where there is an anchor: 10,000 random Fourier features (``gpate_mnist_cpu.md`` rows 42-50)
 DEFAULT_ANCHOR_FEATURES = 10000
-#: The G-PATE paper's settings where the defaults differ (Long et al. 2021 and its official code): ``GPATE(spec,
-#: **PAPER_SETTINGS, ...)`` or ``configs/mnist/gpate_paper_*.yaml``. Under a guarantee they generate noise on MNIST
-#: (``gpate_paper_eps10_guarantee``: 0.081, ``benchmarks/results/mnist_table.md``).
 #: The generator (``generator``'s doc).
 DEFAULT_GENERATOR = GeneratorNet(z_dim=100, latent_prior="uniform", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=(256, 256),
                                  ema_decay=0.99)
+#: The G-PATE paper's settings where the defaults differ (Long et al. 2021 and its official code): ``GPATE(spec,
+#: **PAPER_SETTINGS, ...)`` or ``configs/mnist/gpate_paper_*.yaml``. Under a guarantee they generate noise on MNIST
+#: (``gpate_paper_eps10_guarantee``: 0.081, ``benchmarks/results/mnist_table.md``).
 PAPER_SETTINGS = {"aggregator": "dpgradagg", "num_bins": 10, "own_label_votes": False, "group_fakes_by_label": False,
                   "ema_decay": 0.0, "anchor_fraction": 0.0, "generator_upsample": "transposed"}
 
@@ -200,18 +200,23 @@ class GPATE(PrivateGenerativeModel):
                     **{f"teacher_{name}": (f"teachers.{name}",) for name in ("fake_labels", "steps", "warmup_steps", "precision", "lr",
                                                                               "betas", "hidden", "channels", "fc", "chunk_size",
                                                                               "conv_impl", "seed")}}
-
-    @classmethod
-    def migrate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """The generator's flat names, then the aggregator's: a name and its flat parameters of before the groups
-        become the aggregator object (:func:`~lightning_gpate.models.aggregators.migrate_flat_aggregator`)."""
-        return migrate_flat_aggregator(super().migrate_options(options))
     #: Options removed (issue 47: no shipped config used them, no ladder found them useful), with the value that
     #: meant "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"normalize_directions": False, "gaussian_basis_dim": None, "teacher_augment_shift": 0}
     #: Options whose ``None`` the constructor resolves (from the data's shape, the accounting mode, the seeded RNG)
     #: and stores resolved (:meth:`store_resolved_hparams`): a resume that leaves them ``None`` asks for nothing.
     RESOLVED_HPARAMS = ("anchor_fraction", "anchor_features", "anchor_length_scale", "anchor_feature_seed")
+
+    @classmethod
+    def migrate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The generator's and teachers' flat names, then the aggregator's: a name and its flat parameters of before
+        the groups become the aggregator object (:func:`~lightning_gpate.models.aggregators.migrate_flat_aggregator`)."""
+        return migrate_flat_aggregator(super().migrate_options(options))
+
+    @classmethod
+    def flat_option_place(cls, name: str) -> tuple[str, str] | None:
+        """A group's flat name, else an aggregator's parameter (:func:`~lightning_gpate.models.aggregators.flat_aggregator_place`)."""
+        return super().flat_option_place(name) or flat_aggregator_place(name)
 
     def __init__(
         self,
@@ -295,7 +300,7 @@ class GPATE(PrivateGenerativeModel):
         self.generator = self.build_generator(net_options)
         if net_options.averaged:
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
-        self.threshold = agg.threshold_fraction * self.num_teachers if agg.thresholded else 0.0
+        self.threshold = agg.threshold(self.num_teachers)
         # Teachers are deliberately NOT registered submodules (object.__setattr__ below): DDP must never
         # average them across ranks, and a released generator checkpoint must not depend on them.
         object.__setattr__(self, "_teachers", None)

@@ -87,13 +87,13 @@ TEACHER_VOTES = ("logit", "relative")
 STUDENT_LABELS = ("argmax", "share")
 NOISE_STATE_KEY = "pategan_vote_noise"
 FAKE, REAL = 0, 1  # vote classes
+#: The generator and the student (``generator``'s and ``student``'s docs): ``None``: by data kind.
+DEFAULT_GENERATOR = GeneratorNet(z_dim=None, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=None, ema_decay=None)
+DEFAULT_STUDENT = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=None)
 #: The PATE-GAN paper's settings where the defaults differ (Yoon et al. 2019 and its code): ``PATEGAN(spec,
 #: **PAPER_SETTINGS, ...)``. Under the data-independent guarantee its votes are unanimous "fake" and teach the
 #: student nothing (``benchmarks/results/pategan_vote_signal.md``, ``tabular_ladder.md``); the defaults are the MNIST
 #: rows' (``configs/mnist/pategan_eps*_guarantee.yaml``) and, for tables, the cervical row's settings.
-#: The generator and the student (``generator``'s and ``student``'s docs): ``None``: by data kind.
-DEFAULT_GENERATOR = GeneratorNet(z_dim=None, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=None, ema_decay=None)
-DEFAULT_STUDENT = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=None)
 PAPER_SETTINGS = {"teacher_steps": 5, "student_steps": 5, "query_batch_size": 64, "planned_queries": 10_000, "lr": 1e-4,
                   "teacher_lr": 1e-4, "betas": (0.9, 0.999), "replay_capacity": 0, "query_labels": "ratio",
                   "teacher_vote": "logit", "student_labels": "argmax", "discrete_samples": False, "marginal_fraction": 0.0,
