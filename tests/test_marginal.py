@@ -265,3 +265,200 @@ def test_estimation_reads_only_the_noisy_measurements(monkeypatch):
     label_ratio = model.generator.label_ratio.double().numpy()
     np.testing.assert_allclose(label_ratio, counts[label] / counts[label].sum(), rtol=1e-5)
 
+
+
+# ============================================================================ cliques of three columns (clique_size: 3)
+def _chordal_table(n=4000, seed=0):
+    """A known chordal distribution: y -> a, (y, a) -> b (b = the parity of y + a, mostly), (a, b) -> c, and d
+    independent of everything: a junction tree {y, a, b} - {a, b, c}, d on its own."""
+    rng = np.random.default_rng(seed)
+    y = rng.binomial(1, 0.4, n)
+    a = np.where(rng.random(n) < 0.7, y + rng.integers(0, 2, n), rng.integers(0, 3, n))
+    b = np.where(rng.random(n) < 0.9, (y + a) % 2, 1 - (y + a) % 2)
+    c = np.where(rng.random(n) < 0.85, (a + b) % 3, rng.integers(0, 3, n))
+    return pd.DataFrame({"a": a, "b": b, "c": c, "d": rng.integers(0, 2, n), "y": y})
+
+
+def _chordal_datamodule(frame):
+    schema = {"a": {"categories": [0, 1, 2]}, "b": {"type": "binary", "categories": [0, 1]}, "c": {"categories": [0, 1, 2]},
+              "d": {"type": "binary", "categories": [0, 1]}, "y": {"categories": [0, 1]}}
+    return TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)
+
+
+def _joint_of_model(model):
+    """The model's distribution over (features..., y), enumerated from its released tables (not sampled)."""
+    g = model.generator
+    cards, k = g.cards.tolist(), model.num_classes
+    joint = np.zeros(cards + [k])
+    for point in np.ndindex(*joint.shape):
+        y, codes = torch.tensor([point[-1]]), torch.tensor([point[:-1]])
+        p = float(g.label_ratio[point[-1]])
+        for node in g.order.tolist():
+            p *= float(g._rows(node, y, codes)[0, point[node]])
+        joint[point] = p
+    return joint
+
+
+def test_cliques_plan_is_the_trees_and_the_epsilon_is_dp_accountings():
+    import dp_accounting
+
+    dm = _datamodule(_table())
+    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, clique_size=3, noise_seed=1)
+    tree = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, noise_seed=1)
+    assert model.plan == tree.plan  # one selection and one measurement per column, as the tree's edges
+    _fit(model, dm)
+    d, plan = 4, model.plan
+    counts = model.accountant.counts
+    assert counts["exponential_mechanism_events"] == d and counts["subsampled_gaussian_events"] == 2 + d
+    # independently: the Gaussians' RDP from dp-accounting (each measurement a Gaussian of noise multiplier
+    # sigma / sensitivity), the exponential mechanism's from its formula (eps-bounded range: min(eps, a eps^2/8);
+    # Cesar & Rogers 2021), converted with Canonne, Kamath & Steinke 2020 Prop. 12
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    gaussians = dp_accounting.rdp.RdpAccountant(orders=list(orders))
+    multipliers = [plan["sigma_label"], plan["sigma_one_way"] / math.sqrt(d)] + [plan["sigma_label_edge"]] * 2 + [plan["sigma_two_way"]] * (d - 2)
+    for z in multipliers:
+        gaussians.compose(dp_accounting.GaussianDpEvent(z))
+    selections = [plan["epsilon_select_label"]] * 2 + [plan["epsilon_select"]] * (d - 2)
+    rdp = np.asarray(gaussians._rdp) + sum(np.minimum(e, orders * e ** 2 / 8) for e in selections)
+    ok = orders > 1.01
+    eps = rdp[ok] + np.log((orders[ok] - 1) / orders[ok]) - (np.log(1e-5) + np.log(orders[ok])) / (orders[ok] - 1)
+    assert model.spent_epsilon() == pytest.approx(eps.min(), rel=1e-6)
+    assert 0.999 * 2.0 < model.spent_epsilon() <= 2.0
+
+
+def test_cliques_of_a_noise_free_fit_reproduce_the_exact_three_way_marginals():
+    frame = _chordal_table()
+    dm = _chordal_datamodule(frame)
+    model = MarginalTree(dm.spec, epsilon=1e4, delta=1e-5, clique_size=3, compress=False, noise_seed=0)
+    assert model.plan["sigma_two_way"] < 0.02  # noise-free to a fiftieth of a record
+    _fit(model, dm)
+    g, names = model.generator, ["a", "b", "c", "d"]
+    cliques = [sorted({names[c]} | {names[p] if p >= 0 else "y" for p in (g.parents[c].item(), g.parents2[c].item()) if p != -2})
+               for c in range(4)]
+    assert sum(len(clique) == 3 for clique in cliques) >= 2 and any("y" in clique and len(clique) == 3 for clique in cliques)
+    joint = _joint_of_model(model)
+    n = len(frame)
+    for clique in cliques:  # the model's clique marginals vs pandas' exact counts
+        axes = tuple(i for i, name in enumerate(names + ["y"]) if name not in clique)
+        exact = frame.groupby(clique).size().reindex(pd.MultiIndex.from_product([sorted(frame[c].unique()) for c in clique]),
+                                                     fill_value=0)
+        # the 0.1% of the independent table mixed in before IPF (INDEPENDENT_SHARE) is all that moves a cell
+        np.testing.assert_allclose(joint.sum(axes), exact.to_numpy().reshape(joint.sum(axes).shape) / n, atol=1.5e-3)
+    np.testing.assert_allclose(joint.sum(), 1.0, rtol=1e-6)
+
+
+def test_cliques_sample_in_junction_tree_order():
+    frame = _chordal_table()
+    dm = _chordal_datamodule(frame)
+    model = MarginalTree(dm.spec, epsilon=1e4, delta=1e-5, clique_size=3, noise_seed=0)
+    _fit(model, dm)
+    g = model.generator
+    placed = {-1, -2}
+    for node in g.order.tolist():  # every node after its separator
+        assert g.parents[node].item() in placed and g.parents2[node].item() in placed
+        placed.add(node)
+    synthetic = synthetic_table(model, 20000, seed=3)
+    names = model.data_spec["column_order"] + ["y"]
+    cards = g.cards.tolist() + [model.num_classes]
+    for node in g.order.tolist():
+        if g.parents2[node].item() == -2:
+            continue
+        first, second = (names[p] for p in (g.parents[node].item(), g.parents2[node].item()))  # -1: the label
+        table = g.cpt[node].numpy()  # row value(first) * card(second) + value(second): P(node | first, second)
+        for (u, v), rows in synthetic.groupby([first, second]):
+            counts = rows[names[node]].value_counts().reindex(range(cards[node]), fill_value=0).to_numpy()
+            # stratified within each separator value: a category's interval of the inverse CDF cuts at most two
+            # strata, so its count is within two rows of its expectation (binomial draws: ~sqrt(m p) off)
+            assert np.abs(counts - len(rows) * table[u * cards[names.index(second)] + v, :cards[node]]).max() < 2.0
+    assert (synthetic["c"] == (synthetic["a"] + synthetic["b"]) % 3).mean() == pytest.approx(0.9, abs=0.02)
+    pd.testing.assert_frame_equal(synthetic_table(model, 500, seed=7), synthetic_table(model, 500, seed=7))
+
+
+def test_cliques_release_holds_only_what_the_schema_declares(tmp_path):
+    # Two private tables of the same schema, one whose ages, colours and markers cover a small part of it:
+    # what the release holds beside the noisy tables (columns, bins, categories, integer grids) is the same.
+    small = _table(seed=1)
+    small["age"] = 30 + small["age"] % 5
+    small["colour"] = "red"
+    models = []
+    for frame in (_table(), small):
+        model = MarginalTree(_datamodule(frame).spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=0)
+        _fit(model, _datamodule(frame))
+        models.append(model)
+    a, b = models
+    assert a.hparams.data_spec == b.hparams.data_spec  # the spec is the schema's, not the data's
+    public = ("kinds", "cards", "starts", "integer_first", "integer_count", "integer_step")
+    for name, value in a.generator.state_dict().items():
+        assert value.shape == b.generator.state_dict()[name].shape
+        if name in public:
+            assert torch.equal(value, b.generator.state_dict()[name]), name
+    # the estimate reads only noisy measurements: no clique table is a table of integers
+    import lightning_gpate.models.marginal as marginal
+
+    calls = []
+    original = marginal.estimate_cliques
+    marginal.estimate_cliques = lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs)
+    try:
+        _fit(MarginalTree(_datamodule(small).spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=3, compress=False), _datamodule(small))
+    finally:
+        marginal.estimate_cliques = original
+    (one_way, _, measured, _, cliques), = calls
+    assert len(cliques) == 4 and all(np.abs(t - np.round(t)).max() > 1e-3 for t in (*one_way, *measured))
+    # the sampled values stay in the declared ranges and categories
+    synthetic = synthetic_table(b, 2000, seed=0)
+    assert synthetic["age"].between(18, 90).all() and set(synthetic["colour"]) <= {"red", "green", "blue"}
+
+
+def test_width_two_is_todays_tree_to_the_bit():
+    # sha256 of the tree's tables and parents, and of 500 sampled rows, at the commit before clique_size existed
+    import hashlib
+
+    expected = {0: ("4d49045f928971d646e61dab7cd7acb43062e9e2192c0a697b505faeff6ad638", "739e99dd31127c4a3ed2533197c6c520e00dfdd0badb9125c8bf0a7cc8ed3a9d"),
+                1: ("f9c094ab39d076239dc256664977acbc51c484e9a747f78e3b6ec32897966d96", "915e17d344a2ab8313c53974725dcd983daf425416bb92b00c797f850bfd6156")}
+    for seed, (tables, rows) in expected.items():
+        for options in ({}, {"clique_size": 2}):
+            dm = _datamodule(_table())
+            model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, **options)
+            _fit(model, dm)
+            g = model.generator
+            assert hashlib.sha256(g.cpt.numpy().tobytes() + g.parents.numpy().tobytes()).hexdigest() == tables
+            assert hashlib.sha256(synthetic_table(model, 500, seed=7).to_csv().encode()).hexdigest() == rows
+
+
+def test_cliques_refuse_a_bad_size_and_load_from_a_checkpoint(tmp_path):
+    dm = _datamodule(_table(n=500))
+    with pytest.raises(ValueError, match="clique_size"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size=4)
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=0)
+    _fit(model, dm)
+    path = tmp_path / "cliques.ckpt"
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    loaded = load_generator(str(path))
+    pd.testing.assert_frame_equal(synthetic_table(loaded, 500, seed=7), synthetic_table(model, 500, seed=7))
+
+
+def test_clique_estimate_is_one_consistent_distribution():
+    # noisy measurements of cliques {0, 1}, {0, 1, 2}, {1, 2, 3} (cards 3, 4, 2, 3), some cells below zero
+    from lightning_gpate.models.marginal import estimate_cliques
+
+    rng = np.random.default_rng(1)
+    cards, sigma = [3, 4, 2, 3], 4.0
+    cliques = [((0,), 1), ((0, 1), 2), ((1, 2), 3)]
+    one_way = [rng.integers(0, 60, c) + rng.normal(0, sigma, c) - 10 for c in cards]
+    measured = [rng.integers(0, 8, tuple(cards[v] for v in (*s, c))) + rng.normal(0, sigma, tuple(cards[v] for v in (*s, c))) - 3
+                for s, c in cliques]
+    assert min(t.min() for t in measured) < 0
+    n_hat, counts, tables = estimate_cliques(one_way, [np.full(c, sigma ** 2) for c in cards], measured, [sigma] * 3, cliques,
+                                             one_way_totals=[(y.sum(), len(y) * sigma ** 2) for y in one_way])
+    for table in tables:  # every clique a distribution times N: cells >= 0, one total
+        assert (table >= 0).all() and table.sum() == pytest.approx(n_hat)
+    for v in range(4):
+        assert (counts[v] >= 0).all() and counts[v].sum() == pytest.approx(n_hat)
+    close = dict(rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tables[0], tables[1].sum(2), **close)  # separator {0, 1}
+    np.testing.assert_allclose(tables[1].sum(0), tables[2].sum(2), **close)  # separator {1, 2}
+    for (s, c), table in zip(cliques, tables):  # every column's margin is its one estimate
+        for axis, v in enumerate((*s, c)):
+            np.testing.assert_allclose(table.sum(tuple(a for a in range(table.ndim) if a != axis)), counts[v], **close)
