@@ -7,10 +7,9 @@ Panels:
   (``benchmarks/tabular_utility.py``); cardio shows the logistic regression's AUROC (its larger
   benchmark scored fewer systems). Real data (Setting A) and the non-private GAN are lines.
 * **images**: accuracy on the real test digits of a logistic regression trained on 2,000 generated
-  digits: the quickstart's runs (``quickstart.jsonl``, ``benchmarks/quickstart_check.py``), the G-PATE
-  ladder (``gpate_ladder_digits.jsonl``: ε≈10 and noise-free variants), and every record of
-  ``benchmarks/image_utility.py`` (``image_utility_<preset>/*.json``: the MNIST presets once they are
-  measured on a GPU). Noise-free runs sit at the right edge, labelled "no noise".
+  digits: the quickstart's runs (``quickstart.jsonl``, ``benchmarks/quickstart_check.py``) and the G-PATE
+  ladder (``gpate_ladder_digits.jsonl``: ε≈10 and noise-free variants). Noise-free runs sit at the right edge,
+  labelled "no noise".
 
 ``--mnist`` draws the README's MNIST figure instead: the CNN accuracy (epoch chosen on synthetic digits) on the
 10,000 real test digits against ε of every model's headline row of ``mnist_table.json``
@@ -56,9 +55,10 @@ def tabular_cells(path: Path) -> dict[tuple[str, str], dict[float, list[float]]]
 
 def image_points() -> list[dict]:
     """Every committed image result with a logistic-regression score: ``{series, epsilon, score}``."""
+    from image_utility import read_jsonl
+
     points = []
-    for line in (RESULTS / "quickstart.jsonl").read_text().splitlines() if (RESULTS / "quickstart.jsonl").exists() else []:
-        r = json.loads(line)
+    for r in read_jsonl(RESULTS / "quickstart.jsonl"):
         if r.get("logreg_2000") is None or r.get("extra") or r.get("paper_defaults") or r.get("scored_on", "test") != "test":
             continue
         config = r.get("config")
@@ -67,24 +67,12 @@ def image_points() -> list[dict]:
         elif config in ("configs/quickstart.yaml", "configs/gpate_digits_eps1.yaml"):
             points.append({"series": "G-PATE, the quickstart (anchor + votes; ε = 1: gpate_digits_eps1)", "epsilon": r["epsilon"],
                            "score": r["logreg_2000"]})
-    ladder = RESULTS / "gpate_ladder_digits.jsonl"
-    for line in ladder.read_text().splitlines() if ladder.exists() else []:
-        r = json.loads(line)
+    for r in read_jsonl(RESULTS / "gpate_ladder_digits.jsonl"):
         if r.get("logreg_2000") is None or r.get("epsilon_spent") is None:
             continue
         noise_free = r["epsilon_budget"] > 1e6
         points.append({"series": "G-PATE ladder variants (digits)", "epsilon": math.inf if noise_free else r["epsilon_spent"],
                        "score": r["logreg_2000"]})
-    for folder in sorted(RESULTS.glob("image_utility_*")):
-        if not folder.is_dir():
-            continue
-        preset = folder.name.removeprefix("image_utility_")
-        for path in sorted(folder.glob("*.json")):
-            r = json.loads(path.read_text())
-            if r.get("logreg_2000") is None:
-                continue
-            eps = math.inf if str(r.get("eps")) == "inf" else float(r.get("epsilon_spent") or r.get("eps"))
-            points.append({"series": f"{r.get('model', r.get('case'))} ({preset})", "epsilon": eps, "score": r["logreg_2000"]})
     return points
 
 
