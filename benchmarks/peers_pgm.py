@@ -1,35 +1,25 @@
 """Run private-pgm's MST or AIM on a CSV: the field's own peers of ``benchmarks/tabular_utility.py``.
 
-MST (McKenna, Miklau & Sheldon, "Winning the NIST Contest", JPC 2021) and AIM (McKenna, Mullins, Sheldon &
-Miklau, "AIM: An Adaptive and Iterative Mechanism for Differentially Private Synthetic Data", VLDB 2022)
-are not part of the ``mbi`` package: they live in the ``mechanisms/`` folder of the author's repository
-(github.com/ryan112358/mbi, formerly ryan112358/private-pgm; Apache License 2.0, Copyright Ryan McKenna).
-``mst``, ``compress_domain``, ``select``, ``aim`` and the zCDP conversion below are thin adaptations of
-``mechanisms/mst.py``, ``mechanisms/aim.py``, ``mechanisms/mechanism.py`` and ``mechanisms/cdp2adp.py``
-to the ``mbi`` 2.0 API on PyPI (``estimation.MirrorDescent().estimate``), with the algorithms unchanged:
-the same budget split, noise, quality scores and exponential mechanism, the same estimation; every
-draw from one seeded ``numpy`` generator. What changed: AIM's per-round mirror descent and model-size
-limit are parameters (``max_iters``, ``max_model_size``; the defaults of the paper are 1000 and 80 MB), and
-the model's marginals and sizes for the candidates come from ``model_marginals`` and ``model_size_mb`` (the
-same numbers as ``model.project`` and ``hypothetical_model_size`` without a JAX compilation per clique or
-networkx: a cervical round went from ~230 s to ~1 s).
-
-This script runs under the interpreter of its own virtualenv (``mbi`` needs JAX; the project does not)::
+MST (McKenna, Miklau & Sheldon, JPC 2021) and AIM (McKenna et al., VLDB 2022) live in the ``mechanisms/`` folder of the
+author's repository (github.com/ryan112358/mbi, formerly private-pgm; Apache License 2.0, Copyright Ryan McKenna), not
+in the ``mbi`` package. ``mst``, ``compress_domain``, ``select``, ``aim`` and the zCDP conversion below are thin
+adaptations of ``mechanisms/{mst,aim,mechanism,cdp2adp}.py`` to the ``mbi`` 2.0 API on PyPI, with the algorithms
+unchanged (budget split, noise, qualities, exponential mechanism, estimation); every draw from one seeded ``numpy``
+generator. What changed: AIM's per-round mirror descent and model-size limit are parameters (``max_iters``,
+``max_model_size``; the paper's 1000 and 80 MB), and the model's marginals and sizes for the candidates come from
+``model_marginals`` and ``model_size_mb`` (mbi's numbers without a JAX compilation per clique: a cervical round went
+from ~230 s to ~1 s; ``--self-check`` compares them). It runs in its own virtualenv and imports nothing from the project::
 
     python -m venv .venv-pgm && .venv-pgm/bin/pip install -c constraints.txt "mbi==2.0.0" pandas
 
-and imports nothing from the project. AIM compiles new JAX programs every round, and each keeps
-memory mappings: under Linux's default ``vm.max_map_count`` (65,530) a cardio fit died after ~7 minutes
-with "LLVM compilation error: Cannot allocate memory"; raise the limit first
-(``sysctl -w vm.max_map_count=1048576``). It reads a JSON job on stdin::
+AIM compiles new JAX programs every round, each keeping memory mappings: raise Linux's ``vm.max_map_count`` first
+(``sysctl -w vm.max_map_count=1048576``; at 65,530 a cardio fit died with "LLVM compilation error"). The job on stdin::
 
-    {"synth": "mst", "epsilon": 1.0, "delta": 1e-5, "train_csv": "...", "out_csv": "...", "num_rows": 2000,
-     "bins": 10, "seed": 0,
-     "columns": {"Age": {"type": "numeric", "min": 10, "max": 90}, "Smokes": {"type": "categorical", "categories": [0, 1]}}}
+    {"synth": "mst", "epsilon": 1.0, "delta": 1e-5, "train_csv": "...", "out_csv": "...", "num_rows": 2000, "bins": 10,
+     "seed": 0, "columns": {"Age": {"type": "numeric", "min": 10, "max": 90}, "Smokes": {"type": "categorical", "categories": [0, 1]}}}
 
-Numeric columns are cut into ``bins`` equal-width bins of their declared (public) bounds and sampled
-uniformly inside their bin; other columns keep their declared categories: no budget goes to the domain.
-It writes ``num_rows`` synthetic rows to ``out_csv`` and one JSON line on stdout (wall time, cliques).
+Numeric columns are cut into ``bins`` equal-width bins of their declared (public) bounds and sampled uniformly inside
+their bin; other columns keep their declared categories. Writes ``num_rows`` rows to ``out_csv``, one JSON line on stdout.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Run one smartnoise-synth synthesizer on a CSV: the peers of ``benchmarks/tabular_utility.py``.
 
-This script runs under the interpreter of the optional ``peers`` environment (``pip install
-lightning-gpate[peers]`` into its own virtualenv: smartnoise-synth pins an old opacus that the project
-cannot share) and imports nothing from the project. It reads a JSON job on stdin::
-
-    {"synth": "mst", "epsilon": 1.0, "delta": 1e-5, "train_csv": "...", "out_csv": "...",
-     "num_rows": 2000, "bins": 10,
-     "columns": {"Age": {"type": "numeric", "min": 10, "max": 90}, "Smokes": {"type": "categorical"}, ...}}
-
-and writes ``num_rows`` synthetic rows to ``out_csv``, then one JSON line on stdout with the wall time.
-Numeric columns use the declared (public) bounds, so no budget goes to preprocessing: binned
-(``bins`` equal-width bins) for the marginal-based MST and AIM ("cube" style), min-max scaled for the
-GANs. Categorical values are label-encoded from the training data, as smartnoise does by default.
+Runs under the interpreter of the optional ``peers`` environment (its own virtualenv: smartnoise-synth pins an old opacus)
+and imports nothing from the project. The job on stdin is ``benchmarks/peers_pgm.py``'s; it writes ``num_rows`` rows to
+``out_csv`` and one JSON line on stdout. Numeric columns use the declared (public) bounds, so no budget goes to
+preprocessing: binned for MST and AIM ("cube" style), min-max scaled for the GANs; categories label-encoded (smartnoise's way).
 """
 
 from __future__ import annotations

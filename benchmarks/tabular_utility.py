@@ -1,41 +1,26 @@
-"""Fidelity and downstream utility of every tabular generator of the project, and of its strongest peers.
+"""Fidelity and downstream utility of every tabular generator of the project and of its strongest peers; the ladders.
 
-For each dataset (cervical cancer, cardio), guaranteed ε ∈ {1, 10} and seed, every system is trained
-on the same real training split (``split_seed = seed``: identical for all systems) and scored with the
-project's evaluation (:func:`~lightning_gpate.evaluation.tabular.evaluate_tabular`, Setting B: the 12
-classifiers of PATE-GAN trained on ``--num-samples`` synthetic rows and tested on the real test split;
-:func:`~lightning_gpate.evaluation.fidelity.fidelity`: mean 1-way and 2-way TVD, numeric columns in 10
-equal-width bins of their declared bounds, and the mean Pearson-correlation gap, of the synthetic rows
-against the real training split, and against the test split in the JSONL).
-Reported per cell: mean ± sd over seeds of the fidelity measures, the mean AUROC and AUPRC of the
-classifiers, logistic regression's AUROC, the ε actually spent (the guarantee), steps, wall time and
-why training stopped. Two reference rows: ``real`` (Setting A; fidelity of the test split against the
-training split: the noise floor) and ``uniform`` (independent uniform columns: what learning nothing gives).
+For each table (cervical cancer, cardio, and the wider bench of issue 59 that ships with the installed packages:
+scikit-learn's breast cancer, statsmodels' ``fair`` and ``randhie``; public schemas declared below), guaranteed
+ε ∈ {1, 10} and split seed, every system trains on the same training split and is scored with the project's
+evaluation (:func:`~lightning_gpate.evaluation.tabular.evaluate_tabular`, Setting B: PATE-GAN's 12 classifiers trained on
+the synthetic rows, tested on the real test split; :func:`~lightning_gpate.evaluation.fidelity.fidelity`: mean 1-, 2- and
+3-way TVD in 10 equal-width bins of the declared bounds and the Pearson-correlation gap, against the training split, and
+the test split in the JSONL). References: ``real`` (Setting A; the test split's fidelity: the noise floor) and
+``uniform`` (independent uniform columns). Systems: MarginalTree (``marginaltree``; ``marginaltree3``: cliques of up to
+3 columns), PATE-GAN, G-PATE, DP-GAN, GS-WGAN (sound accounting), DP-MERF, the non-private GAN; private-pgm's MST and
+AIM (``mst_pgm``, ``aim_pgm``) through ``benchmarks/peers_pgm.py`` in their own virtualenv (``--pgm-python``), and
+smartnoise-synth's peers through ``benchmarks/peers_synth.py`` (``--peers-python``); a missing one is skipped.
 
-Systems of the project: MarginalTree (noisy marginals on a label-rooted tree), PATE-GAN, G-PATE (MLP
-teachers), DP-GAN (PLD accountant), GS-WGAN (sound accounting; pretraining is part of the wall time),
-and the non-private GAN (reported once, at ε = ∞). Peers: private-pgm's MST and AIM (``mst_pgm``,
-``aim_pgm``; the author's mechanisms on the ``mbi`` package) run in their own virtualenv through
-``benchmarks/peers_pgm.py`` (a subprocess of ``--pgm-python``, default ``.venv-pgm/bin/python``; see
-that file for its install line); smartnoise-synth's MST, AIM, PATE-GAN, DP-CTGAN in the optional
-``peers`` environment through ``benchmarks/peers_synth.py`` (``--peers-python``, default
-``.venv-peers/bin/python``). A missing environment skips its peers with a message.
-
-Every cell is appended to ``<out>.jsonl`` as soon as it finishes, and cells already there are skipped:
-rerun the same command to resume. ``--report-only`` rebuilds the tables (``<out>.md``, ``<out>.csv``)
-and the plots (``<out>.png``: AUROC against ε; ``<out>_fidelity.png``: the fidelity measures against ε)
-from the JSONL.
-
-Usage::
+Cells are appended to ``<out>.jsonl`` as they finish and skipped when there (rerun to resume; a cell without the
+3-way TVD runs again); ``--report-only`` rebuilds ``<out>.md``, ``<out>.csv`` and the plots. ``--validation`` scores
+on a validation part of the training split instead of the test split (unaccounted tuning). ``--ladder`` runs the
+GANs' investigations on tables instead (``ladder_records``)::
 
     python benchmarks/tabular_utility.py                       # everything, 5 seeds (hours on 2 cores)
-    python benchmarks/tabular_utility.py --datasets cervical --systems marginaltree mst --seeds 0 \\
+    python benchmarks/tabular_utility.py --datasets cervical --systems marginaltree mst_pgm --seeds 0 \\
         --classifiers LogisticRegression RandomForest          # a quick search
-    python benchmarks/tabular_utility.py --report-only
-
-Cardio is used at full size (70,000 rows: 56,000 train, 14,000 test); the synthetic training sets have
-``--num-samples`` rows for every system, and the GAN-based systems run a fixed number of steps (below),
-stopping earlier when the budget is spent.
+    python benchmarks/tabular_utility.py --ladder pategan --rung '{"variant": "fixed"}' --seeds 0
 """
 
 from __future__ import annotations
@@ -64,7 +49,7 @@ SMARTNOISE = ("mst", "aim", "pategan_sn", "dpctgan_sn")
 PGM = ("mst_pgm", "aim_pgm")
 PEERS = (*PGM, *SMARTNOISE)
 REFERENCES = ("real", "uniform")  # not trained: the real split (noise floor) and independent uniform columns
-PROJECT = ("marginaltree", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
+PROJECT = ("marginaltree", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
 DELTA = 1e-5
 
 CERVICAL_SCHEMA = {
@@ -104,6 +89,57 @@ DATASETS = {
     ),
 }
 
+# The wider bench (issue 59): tables that ship with the installed packages (no download), each with a PUBLIC schema
+# written here from the packages' documentation and the domain, never read from the rows, and a binary label.
+# Breast cancer: every measurement is >= 0; upper bounds the documented maxima (sklearn's DESCR) rounded up.
+BREAST_CANCER_MAX = dict(zip(
+    [f"mean {f}" for f in ("radius", "texture", "perimeter", "area", "smoothness", "compactness", "concavity", "concave points",
+                           "symmetry", "fractal dimension")]
+    + [f"{f} error" for f in ("radius", "texture", "perimeter", "area", "smoothness", "compactness", "concavity", "concave points",
+                              "symmetry", "fractal dimension")]
+    + [f"worst {f}" for f in ("radius", "texture", "perimeter", "area", "smoothness", "compactness", "concavity", "concave points",
+                              "symmetry", "fractal dimension")],
+    [30, 40, 200, 2600, 0.2, 0.4, 0.5, 0.25, 0.35, 0.1, 3, 5, 25, 600, 0.035, 0.15, 0.4, 0.06, 0.09, 0.035,
+     40, 50, 260, 4500, 0.25, 1.1, 1.3, 0.3, 0.7, 0.21]))
+
+
+def _statsmodels_table(name: str) -> pd.DataFrame:
+    """statsmodels' bundled ``fair`` (label ``affair``: ``affairs > 0``) or ``randhie`` (label ``visit``: ``mdvis > 0``);
+    the count behind the label is dropped."""
+    from statsmodels import datasets
+
+    frame = getattr(datasets, name).load_pandas().data
+    count, label = {"fair": ("affairs", "affair"), "randhie": ("mdvis", "visit")}[name]
+    return frame.assign(**{label: (frame[count] > 0).astype("int64")}).drop(columns=[count])
+
+
+def _categories(*names: str, values=(0.0, 1.0)) -> dict:
+    return {n: {"type": "binary" if len(values) == 2 else "categorical", "categories": list(values)} for n in names}
+
+
+DATASETS.update({
+    # 569 rows, 30 numeric measurements (sklearn's builtin; label target: 1 benign, 0 malignant): 455 train / 114 test.
+    "breast_cancer": dict(builtin="breast_cancer", label="target", num_samples=2000,
+                          schema={**{c: {"min": 0, "max": m} for c, m in BREAST_CANCER_MAX.items()}, **_categories("target", values=(0, 1))}),
+    # 6,366 rows (Fair 1978's Redbook survey of married women; statsmodels' documentation): ages, years married and
+    # children are interval codes, kept numeric within the survey's ranges; ratings and occupations are the codes listed.
+    "fair": dict(load=lambda: _statsmodels_table("fair"), label="affair", num_samples=5000,
+                 schema={"age": {"min": 15, "max": 45}, "yrs_married": {"min": 0, "max": 25}, "children": {"min": 0, "max": 6},
+                         **_categories("rate_marriage", values=(1.0, 2.0, 3.0, 4.0, 5.0)),
+                         **_categories("religious", values=(1.0, 2.0, 3.0, 4.0)),
+                         **_categories("educ", values=(9.0, 12.0, 14.0, 16.0, 17.0, 20.0)),
+                         **_categories("occupation", "occupation_husb", values=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)),
+                         **_categories("affair", values=(0, 1))}),
+    # 20,190 person-years of the RAND Health Insurance Experiment (statsmodels' documentation: ln(coinsurance + 1) with
+    # coinsurance in [0, 100]; incentive payments and deductibles up to $1,000 on a log scale; chronic disease index).
+    "randhie": dict(load=lambda: _statsmodels_table("randhie"), label="visit", num_samples=5000,
+                    schema={"lncoins": {"min": 0, "max": 4.7}, "lpi": {"min": 0, "max": 8}, "fmde": {"min": 0, "max": 9},
+                            "disea": {"min": 0, "max": 60}, "physlm": {"min": 0, "max": 1},  # a share of limitation in [0, 1]
+                            **_categories("idp", "hlthg", "hlthf", "hlthp", values=(0, 1)),
+                            **_categories("visit", values=(0, 1))}),
+})
+DATASETS["cervical"]["num_samples"], DATASETS["cardio"]["num_samples"] = 2000, 5000
+
 
 # ============================================================================ system settings
 #: DP-MERF on tables: the same settings for both tables and both ε. The kernel is the mean of three Gaussian kernels
@@ -125,8 +161,9 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
     on one split, as the papers do); each line says what it was measured at in the results table.
     """
     cervical = dataset == "cervical"
-    if system == "marginaltree":  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
-        return {"data": {}, "model": dict(MARGINALTREE_OPTIONS), "max_steps": 1}  # one pass over the data measures everything
+    if system.startswith("marginaltree"):  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
+        cliques = {"clique_size": 3} if system == "marginaltree3" else {}  # a junction tree of cliques of up to 3 columns
+        return {"data": {}, "model": {**MARGINALTREE_OPTIONS, **cliques}, "max_steps": 1}  # one pass measures everything
     if system == "pategan":
         # Teachers judge generated rows as released (discrete_samples) and vote relative to their median on
         # generated rows of the same class; 500+ teachers keep the vote gaps far above the Laplace noise.
@@ -189,7 +226,25 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
 def datamodule(dataset: str, seed: int, **options):
     from datamodules import TabularDataModule
 
-    return TabularDataModule(**DATASETS[dataset], test_fraction=0.2, val_fraction=0.0, split_seed=seed, **options)
+    table = {k: v for k, v in DATASETS[dataset].items() if k not in ("load", "num_samples")}
+    if "load" in DATASETS[dataset]:
+        table["frame"] = DATASETS[dataset]["load"]()
+    return TabularDataModule(**table, test_fraction=0.2, val_fraction=SPLIT["val_fraction"], split_seed=seed, **options)
+
+
+#: ``--validation``: a quarter of the training split held out and scored instead of the test split (unaccounted tuning).
+SPLIT = {"held_out": "test", "val_fraction": 0.0}
+
+
+def available(dataset: str) -> str | None:
+    """Why ``dataset`` cannot be loaded here (a missing file or package), or ``None``."""
+    import importlib.util
+
+    if "path" in DATASETS[dataset] and not Path(DATASETS[dataset]["path"]).exists():
+        return f"{DATASETS[dataset]['path']} not found"
+    if "load" in DATASETS[dataset] and importlib.util.find_spec("statsmodels") is None:
+        return "statsmodels is not installed (pip install statsmodels)"
+    return None
 
 
 def _trainer(max_steps: int):
@@ -205,33 +260,17 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     import torch
 
     from lightning_gpate.evaluation.report import synthetic_table
-    from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
+    from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, PATEGAN, MarginalTree
 
-    classes = {"marginaltree": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN, "gswgan": GSWGAN, "dpmerf": DPMERF,
-               "gan": GAN}
+    classes = {"marginaltree": MarginalTree, "marginaltree3": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
+               "dpmerf": DPMERF, "gan": GAN}
     settings = system_settings(system, dataset, epsilon)
     pl.seed_everything(seed, verbose=False)
     dm = datamodule(dataset, seed, **settings["data"])
     privacy = {} if system == "gan" else {"epsilon": epsilon, "delta": DELTA}
     start = time.perf_counter()
     if system == "gswgan":
-        # Stage 1 (non-private pretraining) does not depend on ε: one checkpoint per (data, seed, nets),
-        # reused by both ε (its time is counted once, in the first cell that makes it).
-        pre_settings = {k: v for k, v in settings["model"].items() if k not in ("noise_multiplier", "ema_decay")}
-        digest = hashlib.sha1(json.dumps([pre_settings, settings["data"]], sort_keys=True, default=str).encode()).hexdigest()[:12]
-        tag = f"{dataset}-{seed}-{digest}"
-        path = Path(tempfile.gettempdir()) / "lightning_gpate_benchmark" / f"gswgan-pretrain-{tag}.ckpt"
-        if not path.exists():
-            pre = GSWGAN(dm.spec, stage="pretrain", **privacy, **settings["model"])
-            trainer = _trainer(settings["model"]["pretrain_iterations"])
-            trainer.fit(pre, datamodule=dm)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(str(path) + ".tmp")
-            os.replace(str(path) + ".tmp", path)
-            dm = datamodule(dataset, seed, **settings["data"])
-        model = GSWGAN(dm.spec, stage="train", pretrained_checkpoint=str(path), **privacy, **settings["model"])
-        trainer = _trainer(settings["max_steps"])
-        trainer.fit(model, datamodule=dm)
+        model, dm, trainer, _ = gswgan_fit(dataset, seed, settings["data"], settings["model"], privacy, settings["max_steps"])
     else:
         model = classes[system](dm.spec, **privacy, **settings["model"])
         trainer = _trainer(settings["max_steps"])
@@ -239,7 +278,7 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     wall = time.perf_counter() - start
     model.eval()
     synthetic = synthetic_table(model, num_samples, seed=seed)
-    steps = int(trainer.global_step) if system != "marginaltree" else int(model.accountant.counts["subsampled_gaussian_events"])
+    steps = int(trainer.global_step) if not system.startswith("marginaltree") else int(model.accountant.counts["subsampled_gaussian_events"])
     info = {"wall_s": wall, "steps": steps, "settings": settings}
     if system != "gan":
         info.update(eps_spent=float(model.guarantee_epsilon()), stop_reason=model.stop_reason or "max_steps reached")
@@ -247,7 +286,29 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
             info["critic_steps"] = int(model.critic_steps_taken)
             info["eps_rdp"] = float(model.accountant.epsilon())
     del torch
-    return synthetic, dm.split_frame("train"), dm.split_frame("test"), info
+    return synthetic, dm.split_frame("train"), dm.split_frame(SPLIT["held_out"]), info
+
+
+def gswgan_fit(dataset: str, seed: int, data: dict, options: dict, privacy: dict, steps: int):
+    """GS-WGAN's two stages; stage 1 (non-private pretraining: independent of ε) cached in the temp dir per (data, seed,
+    settings) and its time counted once, in the run that makes it. Returns (model, datamodule, trainer, (pretraining s, training s))."""
+    from lightning_gpate.models import GSWGAN
+
+    pre_settings = {k: v for k, v in options.items() if k not in ("noise_multiplier", "ema_decay")}
+    digest = hashlib.sha1(json.dumps([pre_settings, data], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / "lightning_gpate_benchmark" / f"gswgan-pretrain-{dataset}-{seed}-{digest}.ckpt"
+    dm, start, pretrain_s = datamodule(dataset, seed, **data), time.perf_counter(), 0.0
+    if not path.exists():
+        trainer = _trainer(options["pretrain_iterations"])
+        trainer.fit(GSWGAN(dm.spec, stage="pretrain", **privacy, **options), datamodule=dm)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(str(path) + ".tmp")
+        os.replace(str(path) + ".tmp", path)
+        dm, pretrain_s = datamodule(dataset, seed, **data), time.perf_counter() - start
+    model = GSWGAN(dm.spec, stage="train", pretrained_checkpoint=str(path), **privacy, **options)
+    trainer, start = _trainer(steps), time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    return model, dm, trainer, (pretrain_s, time.perf_counter() - start)
 
 
 #: Options of the private-pgm runs (benchmarks/peers_pgm.py): MST as published; AIM with the paper's
@@ -266,7 +327,7 @@ def peer_columns(dm) -> dict:
 
 def run_peer(system: str, dataset: str, epsilon: float, seed: int, num_samples: int, python: str, timeout: int):
     dm = datamodule(dataset, seed)
-    train, test = dm.split_frame("train"), dm.split_frame("test")
+    train, test = dm.split_frame("train"), dm.split_frame(SPLIT["held_out"])
     synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan", "mst_pgm": "mst", "aim_pgm": "aim"}.get(system, system)
     script = "peers_pgm.py" if system in PGM else "peers_synth.py"
     with tempfile.TemporaryDirectory() as tmp:
@@ -339,57 +400,11 @@ SHORT_REASONS: dict[tuple[str, str], str] = {
                       "of a GAN takes minutes to tens of minutes on 56,000 rows). Rerun the command to add the missing seeds."
        for s in ("pategan", "gpate", "dpgan", "gswgan", "gan")},
 }
-NOTES: list[str] = [
-    "## Notes", "",
-    "- private-pgm MST (`benchmarks/peers_pgm.py`): the author's `mechanisms/mst.py` on mbi 2.0.0 as published (one-way "
-    "marginals, domain compression, an exponential-mechanism maximum spanning tree, mirror descent: 2,500 iterations for the "
-    "selection, 10,000 for the model), with the same declared bounds in 10 bins and the same δ.",
-    "- private-pgm AIM: the author's `mechanisms/aim.py` with the workload of all 2-way marginals, mirror descent reduced to "
-    "250 iterations per round and the model-size limit to 5 MB (the paper: 1,000 and 80 MB) for CPU time. The model's "
-    "marginals and sizes for the candidates are computed in numpy (`model_marginals`, `model_size_mb`: the same numbers as "
-    "mbi's `model.project` and `hypothetical_model_size`, checked by `peers_pgm.py --self-check`), which took a cervical "
-    "fit from over 30 minutes (a JAX compilation per candidate per round) to 1-3 minutes (cardio: 5-8 minutes).",
-    "- PATE-GAN: relative votes against each teacher's median per class, and half of ε on every column's one-way marginal per "
-    "class, which anchors the generator (`marginal_fraction`; class deviations below one noise std thresholded at ε = 10). "
-    "Without that anchor its tables stayed at the uniform table's distance, with or without noise (`tabular_ladder.md`).",
-    "- The GS-WGAN cells on cervical and seed 0 of cardio were measured before the teachers' row order became a function "
-    "of their records (issue 20, finding 2: the same mechanisms, reshuffled teacher batch streams); every other cell after.",
-    "- Discretisation: the same for every system. Numeric columns in 10 equal-width bins of their declared (public) "
-    "bounds for MarginalTree (`num_bins=10`, its default: it measures and samples on these bins), for private-pgm's MST "
-    "and AIM (`peers_pgm.py`: the same bounds, 10 bins) and for the fidelity measures; binary and categorical columns "
-    "keep their categories. The GAN-based systems generate continuous values, scored on the same bins. `wall s` is the "
-    "fit (MarginalTree: all its measurements and the estimation; peers: the private-pgm subprocess), on 2 shared cores.",
-    "- Issue 51 (MarginalTree's fidelity at MST's level), from the 5-seed rows above (MarginalTree re-measured after its "
-    "estimate mixed 0.1% instead of 1% of the independent table into each edge's; the earlier rows stay in the JSONL): "
-    "MarginalTree's 2-way TVD is 0.93× MST's on cervical at ε = 1 (0.067 vs 0.073), 0.97× at ε = 10 (0.0156 vs 0.0160), "
-    "0.93× and 0.91× on cardio (0.019 vs 0.021); its 1-way TVD is below MST's in every cell (cervical 0.035 / 0.0071 vs "
-    "0.037 / 0.0074, cardio 0.001 / 0.000 vs 0.005); its AUROC is above MST's in every cell (cervical +0.25 / +0.02, "
-    "cardio +0.006 / +0.008); a fit takes 0.4-0.5 s against MST's 112-556 s. AIM's 2-way TVD is lower on cardio (0.014): "
-    "its cliques are not limited to a tree.",
-    "- MarginalTree's levers (issue 51; split seeds 0-1, 12 classifiers, `--marginaltree-options` to another `--out`; "
-    "1-way / 2-way TVD / AUROC, cardio ε = 1 and 10; cervical ε = 1 and 10). Defaults: 0.0007 / 0.0196 / 0.762, "
-    "0.0004 / 0.0186 / 0.764; 0.040 / 0.077 / 0.944, 0.0068 / 0.0149 / 0.929. Pair selection, one label edge: cardio "
-    "2-way 0.0169 / 0.0150 at AUROC 0.756 / 0.756, cervical 0.068 / 0.0137 at 0.935 / 0.897; no label edge (MST's "
-    "tree): cardio 0.0166 / 0.0156 at 0.755 / 0.756, cervical 0.065 / 0.0141 at 0.528 / 0.885. The second label edge "
-    "costs cardio ~0.003 of 2-way TVD for ~0.007 of AUROC, as the model's docstring says. No domain compression: "
-    "cervical worse (0.083 / 0.0165), cardio the same. Budget split, one-way marginals 10% (default 25%): cervical worse "
-    "(0.082 / 0.0188); 40%: cervical ε = 1 0.065 at AUROC 0.799, ε = 10 0.0160, cardio the same. Estimation: private-pgm's "
-    "mirror descent (mbi 2.0.0, 5,000 iterations) on MarginalTree's own noisy measurements of split seed 0 against its "
-    "closed-form tree estimate (`estimate_tree`), mean TVD of the tree's edge tables from the true ones: cardio ε = 1 "
-    "0.0019 vs 0.0029, ε = 10 0.0008 vs 0.0013, cervical ε = 1 0.074 vs 0.073, ε = 10 0.017 vs 0.020, in 15-36 s against "
-    "milliseconds. On cardio the edges' error is a tenth of the 2-way TVD over all pairs (0.019): what a tree cannot "
-    "hold, not the estimation, is where that fidelity goes; the closed form stays. Most of its edges' error on cardio was "
-    "the 1% of the independent table mixed in before IPF: at 0.1% the same measurements give 0.0024 (ε = 1) and 0.0005 "
-    "(ε = 10), below mbi's at ε = 10; the 2-way TVD over all pairs stays within seeds (seeds 0-1: cardio 0.0187 / 0.0192, "
-    "cervical 0.067 / 0.0152).",
-    "- Fidelity is measured against the real training split (the data the model saw; the issue's convention); the JSONL also "
-    "holds it against the test split (`test_*`). A private model's own evaluation (`lightning-gpate fit`) measures it "
-    "against the test split.",
-    "",
-]
+#: The page's notes (what the numbers are, and what the ladders of the levers found): appended to ``<out>.md``.
+NOTES = OUT.with_name("tabular_utility_notes.md")
 
 NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "uniform": "independent uniform columns",
-         "marginaltree": "MarginalTree (this project)", "pategan": "PATE-GAN", "gpate": "G-PATE",
+         "marginaltree": "MarginalTree (this project)", "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)", "mst_pgm": "private-pgm MST",
          "aim_pgm": "private-pgm AIM", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
          "dpctgan_sn": "smartnoise DP-CTGAN"}
@@ -466,7 +481,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
             f"- {ds} {NAMES.get(sys_, sys_)} ε={eps} seeds {sorted(seeds)}: {error.rstrip('.')}. {SHORT_REASONS.get((ds, sys_), '')}".rstrip()
             for (ds, sys_, eps, error), seeds in groups.items()]
         lines.append("")
-    lines += NOTES
+    lines += NOTES.read_text().splitlines() if out.name == OUT.name and NOTES.exists() else []
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(frame, out.with_suffix(".png"), ["auroc"])
     plot(frame, out.with_name(out.name + "_fidelity.png"), ["tvd_1way", "tvd_2way", "corr_mae"])
@@ -511,6 +526,171 @@ def plot(frame: pd.DataFrame, path: Path, measures: list[str]) -> None:
     plt.close(fig)
 
 
+# ============================================================================ ladders (--ladder): PATE-GAN and GS-WGAN on tables
+#: PATE-GAN's sanity ladder on cervical (``--ladder pategan``; issue 21): does it learn the marginals without noise
+#: (λ = 1000 under a budget that never binds), at ε = 100, at ε = 10? Variants: (data options, model options, planned
+#: queries); ``--rung '{"variant": ..., "options": {...}, "data": {...}, "queries": N}'`` picks one and overrides it.
+PATEGAN_RUNGS = {"noise-free": None, "eps100": 100.0, "eps10": 10.0, "eps1": 1.0}
+PATEGAN_VARIANTS = {
+    "before": ({"num_teachers": 500, "teacher_batch_size": 8}, {"teacher_steps": 1, "student_steps": 1, "query_batch_size": 16,
+                                                                "query_labels": "uniform", "lr": 1e-3, "teacher_lr": 1e-3}, 8000),
+    # the fix: teachers and student see generated rows as released, relative votes, 4x the queries
+    "fixed": ({"num_teachers": 500, "teacher_batch_size": 8}, {"teacher_steps": 1, "student_steps": 1, "query_batch_size": 16,
+                                                               "query_labels": "uniform", "lr": 1e-3, "teacher_lr": 1e-3,
+                                                               "discrete_samples": True, "teacher_vote": "relative"}, 32000),
+}
+#: Where PATE-GAN's vote signal goes under a guarantee (``--ladder vote-signal``): every combination, per ε and seed
+#: (``--rung`` replaces a list).
+VOTE_SIGNAL_GRID = {"teacher_vote": ["logit"], "num_teachers": [50, 150, 500], "planned_queries": [500, 4000], "teacher_steps": [1, 5]}
+#: One GS-WGAN rung on cardio under the sound analysis (``--ladder gswgan-cardio``; issue 12): the keys of its records.
+GSWGAN_RUNG = dict(discriminators=1500, sigma=2.6, batch=32, teacher_batch=32, steps=2000, pretrain=100, critic_steps=5, lr=1e-4,
+                   generator_lr=None, betas=[0.5, 0.9], generator_betas=[0.5, 0.9], generator_hidden=[256, 256], ema=0.99,
+                   epsilon=10.0, seed=0)
+LADDER_OUT = {"pategan": "pategan_ladder", "vote-signal": "pategan_vote_signal", "gswgan-cardio": "gswgan_cardio_ladder"}
+LR_RF = ["LogisticRegression", "RandomForest"]
+
+
+def vote_statistics(model, n: int = 2000) -> dict:
+    """PATE-GAN's teachers' votes on ``n`` fresh generated samples WITHOUT noise (a private diagnostic, for these
+    investigations only): ``real_votes`` (mean share voting real), ``unanimous`` (share of samples with ≥ 95% agreeing),
+    ``gap`` (mean |n_real − n_fake| / T), ``flip`` (mean probability that the Laplace noise flips the majority,
+    ``½·e^{−λg}(1 + λg/2)`` for a gap g) and ``student_real`` (the share the student calls real)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        y = model.query_labels(n)
+        x = model._fakes(y)  # as the teachers see them in training
+        counts = model.teacher_votes(x, y).cpu().numpy()
+        student_real = float((model.student(x, y) > 0).float().mean())
+    t, gap = counts.sum(1), np.abs(counts[:, 1] - counts[:, 0])
+    frac_real = counts[:, 1] / t
+    return {"real_votes": float(frac_real.mean()), "unanimous": float(((frac_real >= 0.95) | (frac_real <= 0.05)).mean()),
+            "gap": float((gap / t).mean()), "flip": float((0.5 * np.exp(-model.lam * gap) * (1 + model.lam * gap / 2)).mean()),
+            "student_real": student_real}
+
+
+def pategan_rung(seed: int, data: dict, options: dict, privacy: dict, steps: int) -> dict:
+    """PATE-GAN on cervical (the former defaults, ``PAPER_SETTINGS``, under ``options``): its vote statistics, the share of
+    noisy labels that said real, fidelity and the LR + RF AUROC of 2,000 synthetic rows."""
+    import pytorch_lightning as pl
+
+    from lightning_gpate.evaluation.report import synthetic_table
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.models.pategan import PAPER_SETTINGS
+
+    pl.seed_everything(seed, verbose=False)
+    dm = datamodule("cervical", seed, **data)
+    model = PATEGAN(dm.spec, **{**PAPER_SETTINGS, "delta": DELTA, **privacy, **options})
+    noisy_real, noisy_labels = [], model.noisy_labels
+
+    def spy(counts):  # the share of the noisy labels that said real
+        labels = noisy_labels(counts)
+        noisy_real.append(float(labels.float().mean()))
+        return labels
+
+    model.noisy_labels = spy
+    trainer, start = _trainer(steps), time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    wall = time.perf_counter() - start
+    s = score(dm.split_frame("train"), dm.split_frame("test"), synthetic_table(model, 2000, seed=seed), "Biopsy", seed, LR_RF, dm.spec)
+    return {"lam": model.lam, "steps": int(trainer.global_step), "eps_spent": float(model.spent_epsilon()), **vote_statistics(model),
+            "noisy_real": float(np.mean(noisy_real)) if noisy_real else float("nan"), "rows_per_teacher": round(dm.spec["num_train"] / data["num_teachers"], 1),
+            **{k: s[k] for k in ("tvd_1way", "tvd_2way", "corr_mae")}, "auroc_lr_rf": s["auroc"], "wall_s": wall}
+
+
+def ladder_records(args) -> list[dict]:
+    """The rungs of ``--ladder`` (see the constants above), one record each."""
+    import itertools
+
+    rung, records = json.loads(args.rung), []
+    if args.ladder == "pategan":
+        variant = rung.get("variant", "before")
+        data_options, model_options, queries = PATEGAN_VARIANTS[variant]
+        data, options, queries = {**data_options, **rung.get("data", {})}, {**model_options, **rung.get("options", {})}, rung.get("queries", queries)
+        for seed, name in itertools.product(args.seeds, args.rungs):
+            eps = PATEGAN_RUNGS[name]
+            privacy = dict(epsilon=1e9, lam=1000.0) if eps is None else dict(epsilon=eps, planned_queries=queries)
+            r = pategan_rung(seed, data, options, privacy, queries // (options["query_batch_size"] * options["student_steps"]))
+            records.append({"variant": variant, "rung": name, "seed": seed, "queries": queries,
+                            "options": {**rung.get("data", {}), **rung.get("options", {})}, "epsilon": eps, "relative_median": "per class",
+                            **{k: v for k, v in r.items() if k != "rows_per_teacher"}, "eps_spent": None if eps is None else r["eps_spent"]})
+    elif args.ladder == "vote-signal":
+        grid = {**VOTE_SIGNAL_GRID, **rung}
+        for eps, seed, (vote, teachers, queries, teacher_steps) in itertools.product(args.epsilons, args.seeds, itertools.product(*grid.values())):
+            options = dict(planned_queries=queries, teacher_steps=teacher_steps, student_steps=1, query_batch_size=16, query_labels="uniform",
+                           lr=1e-3, teacher_lr=1e-3, teacher_vote=vote)
+            r = pategan_rung(seed, dict(num_teachers=teachers, teacher_batch_size=8), options, dict(epsilon=eps), queries // 16)
+            records.append({"epsilon": eps, "seed": seed, "teacher_vote": vote, "num_teachers": teachers, "planned_queries": queries,
+                            "teacher_steps": teacher_steps, **{k: r[k] for k in ("rows_per_teacher", "lam", "steps", "eps_spent", "real_votes",
+                                                                                  "unanimous", "gap", "flip", "student_real", "auroc_lr_rf", "wall_s")}})
+    else:
+        r = {**GSWGAN_RUNG, **rung}
+        options = dict(noise_multiplier=r["sigma"], clip_bound=1.0, generator_batch_size=r["batch"], critic_steps=r["critic_steps"], z_dim=32,
+                       generator_hidden=tuple(r["generator_hidden"]), discriminator_hidden=(128,), pretrain_generator_hidden=(64,),
+                       pretrain_iterations=r["pretrain"], ema_decay=r["ema"], lr=r["lr"], generator_lr=r["generator_lr"],
+                       betas=tuple(r["betas"]), generator_betas=tuple(r["generator_betas"]))
+        import pytorch_lightning as pl
+
+        from lightning_gpate.evaluation.report import synthetic_table
+
+        pl.seed_everything(r["seed"], verbose=False)
+        model, dm, trainer, (pretrain_s, train_s) = gswgan_fit("cardio", r["seed"], dict(num_teachers=r["discriminators"], teacher_batch_size=r["teacher_batch"]),
+                                                               options, {"epsilon": r["epsilon"], "delta": DELTA}, r["steps"])
+        model.eval()
+
+        s = score(dm.split_frame("train"), dm.split_frame("test"), synthetic_table(model, 5000, seed=r["seed"]), "cardio", r["seed"], LR_RF, dm.spec)
+        records.append({**r, "lr_auroc": s["per_classifier"].get("LogisticRegression"), "rf_auroc": s["per_classifier"].get("RandomForest"),
+                        "eps_spent": float(model.guarantee_epsilon()), "steps_taken": int(trainer.global_step),
+                        "stop_reason": model.stop_reason or "max_steps reached", "pretrain_s": pretrain_s, "train_s": train_s})
+    return records
+
+
+def ladder_report(ladder: str, out: Path) -> None:
+    """The ladder's page ``<out>.md`` from its records (GS-WGAN's: printed, for ``tabular_ladder.md``)."""
+    rows = load_results(out.with_suffix(".jsonl")) if ladder != "vote-signal" else pd.read_csv(out.with_suffix(".csv")).to_dict("records")
+    command = f"Generated by `python benchmarks/tabular_utility.py --ladder {ladder}` (the ladders' section of its code defines the columns"
+    if ladder == "gswgan-cardio":
+        print("| N_D | σ | B | steps | pretrain it. | lr D / G | G betas | critic steps | ε spent | LR AUROC | RF AUROC | train s |\n" + "|---" * 12 + "|")
+        for r in rows:
+            eps = f"{r['eps_spent']:.2f}" if r["eps_spent"] < 1e3 else "not private"
+            print(f"| {r['discriminators']} | {r['sigma']} | {r['batch']} | {r['steps_taken']} | {r['pretrain']} | {r['lr']:g} / {r['generator_lr'] or r['lr']:g} | "
+                  f"{tuple(r['generator_betas'])} | {r['critic_steps']} | {eps} | {r['lr_auroc']:.3f} | {r['rf_auroc']:.3f} | {r['train_s']:.0f} |")
+        return
+    if ladder == "vote-signal":
+        lines = ["# PATE-GAN on cervical under a guarantee: where the vote signal goes", "",
+                 f"{command}; seed = split seed, student_steps 1, query batch 16, lr 1e-3, uniform query labels; e.g. `--seeds 0 --epsilons 10 "
+                 "--rung '{\"teacher_vote\": [\"relative\"]}'`). AUROC: mean of logistic regression and random forest, Setting B, 2,000 synthetic rows.", "",
+                 "| ε | seed | vote | teachers | rows/teacher | queries | λ | teacher steps | gen. steps | ε spent | real votes | unanimous | gap | flip | AUROC |",
+                 "|---" * 15 + "|"]
+        lines += [f"| {r['epsilon']:g} | {r['seed']} | {r.get('teacher_vote', 'logit')} | {r['num_teachers']} | {r['rows_per_teacher']} | {r['planned_queries']} | "
+                  f"{r['lam']:.4f} | {r['teacher_steps']} | {r['steps']} | {r['eps_spent']:.3f} | {r['real_votes']:.3f} | {r['unanimous']:.2f} | {r['gap']:.3f} | "
+                  f"{r['flip']:.3f} | {r['auroc_lr_rf']:.3f} |" for r in rows]
+    else:
+        from lightning_gpate.evaluation.fidelity import fidelity, uniform_table
+
+        dm = datamodule("cervical", 0)
+        uniform = fidelity(dm.split_frame("train"), uniform_table(dm.spec, 2000, seed=0), dm.spec)
+        lines = ["# PATE-GAN's sanity ladder on cervical", "",
+                 f"{command}; e.g. `--seeds 0 --rungs noise-free eps100 eps10 --rung '{{\"variant\": \"fixed\", \"data\": {{\"num_teachers\": 25}}}}'`). "
+                 "Fidelity against the real training split; AUROC: mean of logistic regression and random forest, Setting B, 2,000 synthetic rows. "
+                 f"Reference: independent uniform columns score 1-way TVD {uniform['tvd_1way']:.3f}, 2-way {uniform['tvd_2way']:.3f}, "
+                 f"corr Δ {uniform['corr_mae']:.3f} (split seed 0).", "",
+                 "Relative votes before the per-class median (`relative median: pooled`) compared a teacher's logit with its "
+                 "median over generated samples of every class.", "",
+                 "| variant | options | relative median | rung | seed | queries | λ | steps | ε spent | real votes | unanimous | flip | noisy real | student real | "
+                 "1-way TVD | 2-way TVD | corr Δ | AUROC |", "|---" * 18 + "|"]
+        for r in rows:
+            opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "–"
+            vote = {**PATEGAN_VARIANTS[r["variant"]][1], **r["options"]}.get("teacher_vote", "logit")
+            lines.append(f"| {r['variant']} | {opts} | {r.get('relative_median', 'pooled') if vote == 'relative' else '–'} | {r['rung']} | {r['seed']} | "
+                         f"{r.get('queries', PATEGAN_VARIANTS[r['variant']][2])} | {r['lam']:.4g} | {r['steps']} | "
+                         f"{'–' if r['eps_spent'] is None else format(r['eps_spent'], '.2f')} | {r['real_votes']:.3f} | {r['unanimous']:.2f} | "
+                         f"{r['flip']:.3f} | {r['noisy_real']:.3f} | {r['student_real']:.3f} | {r['tvd_1way']:.3f} | {r['tvd_2way']:.3f} | "
+                         f"{r['corr_mae']:.3f} | {r['auroc_lr_rf']:.3f} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
 # ============================================================================ main
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -526,15 +706,37 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--validation", action="store_true", help="score on a validation quarter of the training split, "
+                        "never the test split (unaccounted tuning; use another --out)")
     parser.add_argument("--marginaltree-options", type=json.loads, default={},
                         help='JSON of MarginalTree options for a ladder, e.g. \'{"label_edges": 1}\' (use another --out)')
+    ladder = parser.add_argument_group("ladders (--ladder): PATE-GAN's and GS-WGAN's investigations on tables")
+    ladder.add_argument("--ladder", choices=list(LADDER_OUT), help="run a ladder's rungs (--seeds, --epsilons) and rebuild its page")
+    ladder.add_argument("--rung", default="{}", help="JSON: the rung's settings over the ladder's defaults (see the code)")
+    ladder.add_argument("--rungs", nargs="+", default=["noise-free", "eps100", "eps10"], choices=list(PATEGAN_RUNGS), help="PATE-GAN's privacy levels")
     args = parser.parse_args(argv)
+    if args.ladder:
+        out = Path(args.out) if args.out != str(OUT) else OUT.with_name(LADDER_OUT[args.ladder])
+        if not args.report_only:
+            warnings.filterwarnings("ignore")
+            __import__("torch").set_num_threads(1)
+            records = ladder_records(args)
+            if args.ladder == "vote-signal":  # appended to its CSV
+                csv = out.with_suffix(".csv")
+                pd.concat(([pd.read_csv(csv)] if csv.exists() else []) + [pd.DataFrame(records)], ignore_index=True).to_csv(csv, index=False)
+            else:
+                with out.with_suffix(".jsonl").open("a") as f:
+                    f.writelines(json.dumps(r, default=float) + "\n" for r in records)
+        ladder_report(args.ladder, out)
+        return
 
     import torch
 
     from lightning_gpate.evaluation.tabular import CLASSIFIERS
 
     torch.set_num_threads(args.threads)
+    if args.validation:
+        SPLIT.update(held_out="val", val_fraction=0.2)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     jsonl = out.with_suffix(".jsonl")
@@ -544,7 +746,7 @@ def main(argv=None) -> None:
         return
     classifiers = list(args.classifiers or CLASSIFIERS)
     MARGINALTREE_OPTIONS.update(args.marginaltree_options)
-    done = {cell_key(r) for r in results if is_complete(r) and r.get("classifiers") == len(classifiers)}
+    done = {cell_key(r) for r in results if is_complete(r) and r.get("classifiers") == len(classifiers) and r.get("tvd_3way") is not None}
     interpreters = {**{p: args.peers_python for p in SMARTNOISE}, **{p: args.pgm_python for p in PGM}}
     missing = sorted(p for p in set(args.systems) & set(PEERS) if not Path(interpreters[p]).exists())
     if missing:
@@ -552,11 +754,11 @@ def main(argv=None) -> None:
               f"-c constraints.txt 'mbi==2.0.0' pandas; smartnoise: python -m venv .venv-peers && .venv-peers/bin/pip install "
               f"-e '.[peers]')", flush=True)
     for dataset in args.datasets:
-        if not Path(DATASETS[dataset]["path"]).exists():
-            print(f"{dataset} skipped: {DATASETS[dataset]['path']} not found", flush=True)
+        if available(dataset):
+            print(f"{dataset} skipped: {available(dataset)}", flush=True)
             continue
         label = DATASETS[dataset]["label"]
-        n = args.num_samples or (2000 if dataset == "cervical" else 5000)
+        n = args.num_samples or DATASETS[dataset]["num_samples"]
         for seed in args.seeds:
             for system in args.systems:
                 if system in missing:
@@ -567,7 +769,7 @@ def main(argv=None) -> None:
                         continue
                     print(f"[{time.strftime('%H:%M:%S')}] {dataset} {system} eps={epsilon:g} seed={seed}", flush=True)
                     record = {"dataset": dataset, "system": system, "epsilon": epsilon, "seed": seed, "classifiers": len(classifiers)}
-                    if system == "marginaltree" and MARGINALTREE_OPTIONS:
+                    if system.startswith("marginaltree") and MARGINALTREE_OPTIONS:
                         record["options"] = dict(MARGINALTREE_OPTIONS)
                     try:
                         spec = datamodule(dataset, seed).spec
@@ -575,7 +777,7 @@ def main(argv=None) -> None:
                             from lightning_gpate.evaluation.fidelity import uniform_table
 
                             dm = datamodule(dataset, seed)
-                            train, test = dm.split_frame("train"), dm.split_frame("test")
+                            train, test = dm.split_frame("train"), dm.split_frame(SPLIT["held_out"])
                             if system == "real":  # Setting A; fidelity of the test split against the training split
                                 record.update(score(train, test, test, label, seed, classifiers, spec, settings=("A",)))
                                 record.update({k: float("nan") for k in list(record) if k.startswith("test_")})
