@@ -462,3 +462,21 @@ def test_clique_estimate_is_one_consistent_distribution():
     for (s, c), table in zip(cliques, tables):  # every column's margin is its one estimate
         for axis, v in enumerate((*s, c)):
             np.testing.assert_allclose(table.sum(tuple(a for a in range(table.ndim) if a != axis)), counts[v], **close)
+
+
+def test_cliques_on_a_one_column_table_a_constant_column_and_a_column_of_many_values():
+    rng = np.random.default_rng(0)
+    n = 400
+    frame = pd.DataFrame({"id": np.arange(n) % 200, "const": np.zeros(n, dtype=int), "x": rng.integers(0, 2, n), "y": rng.integers(0, 2, n)})
+    schema = {"id": {"categories": list(range(200))}, "const": {"categories": [0]}, "x": {"type": "binary", "categories": [0, 1]},
+              "y": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=0)
+    assert model.generator.cpt.shape[1] == 1024  # 200 x 200 values would be no separator: tables of 1024 rows, not 40,000
+    _fit(model, dm)
+    synthetic = synthetic_table(model, 500, seed=0)
+    assert set(synthetic["const"]) == {0} and synthetic["id"].between(0, 199).all() and 0.999 < model.spent_epsilon() <= 1.0
+    one = TabularDataModule(frame=frame[["x", "y"]], label="y", schema={k: schema[k] for k in ("x", "y")}, test_fraction=0.0, val_fraction=0.0)
+    single = MarginalTree(one.spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=0)
+    _fit(single, one)
+    assert single.generator.parents.tolist() == [-1] and len(synthetic_table(single, 100, seed=0)) == 100

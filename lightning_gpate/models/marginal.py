@@ -83,6 +83,7 @@ NUMERIC, BINARY, CATEGORICAL = 0, 1, 2
 BIN_TOLERANCE = 1e-4  # in bins: the float32 data tensor puts an integer on a bin edge up to ~1e-6 below it
 LABEL_PARENT, NO_PARENT = -1, -2
 INDEPENDENT_SHARE = 1e-3  # of the independent table mixed into each edge's before IPF (estimate_tree)
+MAX_SEPARATOR_CELLS = 1024  # a pair of columns with more values together is no separator: the sampler's tables stay small
 
 
 # ============================================================================ the generator
@@ -205,7 +206,8 @@ class CliqueSampler(TreeSampler):
 
     Like :class:`TreeSampler`, but a node may have two parents (``parents`` and ``parents2``: the
     separator its clique shares with the junction tree, the label among them possibly): row
-    ``value(parents) · card(parents2) + value(parents2)`` of ``cpt[node]`` is ``P(node | separator)``.
+    ``value(parents) · card(parents2) + value(parents2)`` of ``cpt[node]`` is ``P(node | separator)`` (a pair
+    separator holds at most ``MAX_SEPARATOR_CELLS`` values, so a column of many categories keeps the tables small).
     """
 
     def __init__(self, kinds: list[int], cards: list[int], starts: list[int], num_classes: int,
@@ -213,7 +215,8 @@ class CliqueSampler(TreeSampler):
         super().__init__(kinds, cards, starts, num_classes, integer_bins)
         width = max(max(cards, default=1), num_classes, 1)
         self.register_buffer("parents2", torch.full((len(kinds),), NO_PARENT, dtype=torch.long))
-        self.register_buffer("cpt", torch.zeros(len(kinds), width * width, width, dtype=torch.float64))
+        rows = max(width, min(width * width, MAX_SEPARATOR_CELLS))
+        self.register_buffer("cpt", torch.zeros(len(kinds), rows, width, dtype=torch.float64))
 
     def _key(self, node: int, y: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         first, second = int(self.parents[node]), int(self.parents2[node])
@@ -565,7 +568,8 @@ class MarginalTree(PrivateGenerativeModel):
             # New separators: the column alone (its noisy one-way shares) and, in a clique of 3, each
             # pair with it (the clique's noisy table summed to the pair, projected on the simplex).
             shares[(c,)] = p_hat[c]
-            for v in sep:
+            cards = self.generator.cards.tolist() + [self.num_classes]
+            for v in (v for v in sep if cards[v] * cards[c] <= MAX_SEPARATOR_CELLS):
                 pair = tuple(sorted((v, c)))
                 drop = tuple(i for i, u in enumerate(members) if u not in pair)
                 marginal = table.sum(drop) if drop else table
