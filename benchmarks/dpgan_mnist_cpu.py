@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -53,6 +52,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from image_utility import append_jsonl, build, load_average, load_config, parse_sets  # noqa: E402
+
 CONFIG = "configs/mnist/dpgan_eps10_guarantee.yaml"
 MNIST_TRAIN = 60_000  # public: the published size of MNIST's training split
 
@@ -79,13 +80,7 @@ def sigma_for(epsilon: float, batch: float, steps: int, delta: float, accountant
     return math.ceil(hi * 1000) / 1000
 
 
-def _load_average() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def _build(a, model_over: dict):
-    from image_utility import build, load_config, parse_sets
-
     config = load_config(a.config)
     dm, model = build(config, model_overrides=model_over,
                       data_overrides={"root": a.data_root, "download": False, **parse_sets(a.data_set)})
@@ -149,7 +144,7 @@ def critic_step_speed(a) -> int:
     """Milliseconds per critic step of each DP-SGD path, same process, interleaved (see the module's docstring)."""
     import pytorch_lightning as pl
     import torch
-    from image_utility import _import, load_config, parse_sets
+    from image_utility import _import
     from lightning_gpate.privacy.dpsgd import physical_batch_size_for
 
     torch.set_num_threads(a.threads)
@@ -188,7 +183,7 @@ def critic_step_speed(a) -> int:
                 step()
             sync()
             compile_s[path] = round(time.perf_counter() - start, 1)
-        load_before = _load_average()
+        load_before = load_average()
         wall, cpu = {p: [] for p in steps}, {p: [] for p in steps}
         for _ in range(a.reps):
             for path, step in steps.items():
@@ -207,7 +202,7 @@ def critic_step_speed(a) -> int:
                       "ms_per_step_wall": round(statistics.median(wall[path]), 2),
                       "ms_per_step_cpu": round(statistics.median(cpu[path]), 2),
                       "warmup_s_3_steps": compile_s[path], "critic_params": sum(p.numel() for p in model.discriminator.parameters()),
-                      "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}
+                      "load_average_before": load_before, "load_average_after": load_average(), "torch": torch.__version__}
             if device.type == "cuda":
                 record.update(_launches_per_step(steps[path], device))
             else:
@@ -215,7 +210,7 @@ def critic_step_speed(a) -> int:
             if path != "opacus":
                 record["per_sample_method"] = model.per_sample_method_used
             records.append(record)
-            _append(a.results, record)
+            append_jsonl(a.results, record)
             print("RESULT " + json.dumps(record), flush=True)
     base = {r["width"]: r for r in records if r["path"] == "opacus"}
     print("| critic (width, expected batch) | path | ms per step (CPU time) | ms per step (wall) | × opacus (CPU time) |"
@@ -239,8 +234,6 @@ def speed(a) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from image_utility import parse_sets
-
     torch.set_num_threads(a.threads)
     pl.seed_everything(0, verbose=False)
     _, dm, model = _build(a, {"epsilon": 1e6, **parse_sets(a.set)})
@@ -258,7 +251,7 @@ def speed(a) -> int:
                 return
             stamps.append((time.perf_counter(), time.process_time()))
 
-    load_before = _load_average()
+    load_before = load_average()
     trainer = pl.Trainer(max_steps=a.steps + 2, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Stamps()])
     trainer.fit(model, dm)
@@ -272,11 +265,11 @@ def speed(a) -> int:
               "cpu_s_per_generator_step": round(cpu_step, 4),
               "aten_ops_per_training_step": _top_level_aten(profiled.get("events", [])),
               "generator_params": sum(p.numel() for p in model.generator.parameters()),
-              "load_average_before": load_before, "load_average_after": _load_average(), "torch": torch.__version__}
+              "load_average_before": load_before, "load_average_after": load_average(), "torch": torch.__version__}
     if n_d is not None and hasattr(model, "discriminator"):
         record.update(critic_steps_per_s=round(n_d / per_step, 3), critic_steps_per_cpu_s=round(n_d / cpu_step, 3),
                       critic_params=sum(p.numel() for p in model.discriminator.parameters()))
-    _append(a.results, record)
+    append_jsonl(a.results, record)
     print("RESULT " + json.dumps(record), flush=True)
     return 0
 
@@ -292,7 +285,7 @@ def fit(a) -> int:
     import pytorch_lightning as pl
     import torch
 
-    from image_utility import grids_every, parse_sets
+    from image_utility import grids_every
     from lightning_gpate.evaluation.image import cnn_utility
     from lightning_gpate.sampling import image_grid, save_png
 
@@ -311,7 +304,7 @@ def fit(a) -> int:
     describe = lambda trainer, m: (f" (critic steps {int(m.critic_steps_taken)}, epsilon {m.spent_epsilon():.3f}, "  # noqa: E731
                                    f"{time.perf_counter() - start:.0f} s)")
     start = time.perf_counter()
-    load_before = _load_average()
+    load_before = load_average()
     trainer = pl.Trainer(max_steps=10**9, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          callbacks=[grids_every(out, a.every, describe)])
@@ -332,9 +325,9 @@ def fit(a) -> int:
               "epsilon_budget": a.epsilon, "epsilon_spent": round(model.spent_epsilon(), 4), "noise_multiplier": sigma,
               "batch_size": batch, "critic_steps": int(model.critic_steps_taken), "generator_steps": int(trainer.global_step),
               "stopped_by": model.stop_reason, "fit_s": round(fit_s, 1), "threads": a.threads,
-              "load_average_before": load_before, "load_average_after": _load_average(), "num_samples": a.num_samples,
+              "load_average_before": load_before, "load_average_after": load_average(), "num_samples": a.num_samples,
               "grid": str(out / "final.png"), **{k: v for k, v in cnn.items() if k.startswith("cnn_accuracy")}}
-    _append(a.results, record)
+    append_jsonl(a.results, record)
     print("RESULT " + json.dumps(record), flush=True)
     return 0
 
@@ -352,12 +345,6 @@ def schedules(a) -> int:
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
     return 0
-
-
-def _append(path: str, record: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

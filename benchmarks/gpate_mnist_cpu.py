@@ -65,6 +65,7 @@ SCORES = ("cnn_accuracy_final", "cnn_accuracy_val_selected")  # what each CNN ev
 HEADLINE = (*SCORES, "cnn_accuracy_best_on_test_paper_style")  # the run's final score also keeps the test-selected figure, labelled
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from image_utility import append_jsonl  # noqa: E402
 
 
 def smooth_projections(pool: int):
@@ -83,14 +84,18 @@ def smooth_projections(pool: int):
     return projection
 
 
-def accepted(config: dict, overrides: dict) -> dict:
-    """The overrides the config's model takes (the G-PATE settings this script sets are not GS-WGAN's)."""
-    import inspect
+def flat_aggregator(init: dict) -> dict:
+    """G-PATE's model options with its aggregator group (``class_path``/``init_args``) in the flat names of before the
+    option groups (``aggregator: gaussian``, ``sigma_gaussian``), which the noise scaling and the budget here read."""
+    from lightning_gpate.models.aggregators import AGGREGATORS
 
-    from image_utility import _import
-
-    params = inspect.signature(_import(config["model"]["class_path"]).__init__).parameters
-    return {k: v for k, v in overrides.items() if k in params}
+    group = init.get("aggregator")
+    if not isinstance(group, dict):
+        return init
+    name = group["class_path"].rsplit(".", 1)[-1]
+    key, cls = next((key, cls) for key, cls in AGGREGATORS.items() if cls.__name__ == name)
+    args = group.get("init_args") or {}
+    return {**{flat: args[own] for flat, own in cls.FLAT.items() if own in args}, **init, "aggregator": key}
 
 
 def pretrained_checkpoint(config: dict, a, model_over: dict, data_over: dict) -> Path:
@@ -103,9 +108,9 @@ def pretrained_checkpoint(config: dict, a, model_over: dict, data_over: dict) ->
 
     from image_utility import build
 
-    init = config["model"]["init_args"]
+    init = {**config["model"]["init_args"], **model_over}
     groups = {**(init.get("discriminator") or {}), "z_dim": (init.get("generator") or {}).get("z_dim")}
-    nets = {k: model_over.get(k, groups.get(k, init.get(k))) for k in ("df_dim", "fc_dim", "z_dim", "pretrain_generator_hidden", "critic_steps", "lr")}
+    nets = {k: groups.get(k, init.get(k)) for k in ("df_dim", "fc_dim", "z_dim", "pretrain_generator_hidden", "critic_steps", "lr")}
     what = {"teachers": a.teachers, "iterations": a.pretrain_iterations, **nets}
     if a.records_per_teacher:  # keys of the full-data discriminators unchanged
         what["records_per_teacher"] = a.records_per_teacher
@@ -169,7 +174,7 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
     from lightning_gpate.privacy import (DEFAULT_ORDERS, ConfidentGNMaxEvent, GaussianSumEvent, PrivacyAccountant,
                                          SubsampledGaussianEvent, TopAggEvent, rdp_to_epsilon)
 
-    init = {**config["model"]["init_args"], **parse_sets(overrides)}
+    init = flat_aggregator({**config["model"]["init_args"], **parse_sets(overrides)})
     teachers = int(config["data"]["init_args"]["num_teachers"])
     m = int(init.get("fake_batch_size", 32))
     units = min(m, 10) if init.get("group_fakes_by_label") else m
@@ -189,8 +194,9 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
     per_step = PrivacyAccountant(delta=delta, data_dependent=False).rdp_of(event)[0]  # RDP at DEFAULT_ORDERS
     budget = float(init["epsilon"])
     before = np.zeros_like(per_step)
-    if float(init.get("anchor_fraction", 0.0)) > 0:  # the class-mean anchor, paid before the first aggregation
-        z = plan_gaussian_noise(float(init["anchor_fraction"]) * budget, delta=delta, conversion=conversion)
+    anchor_fraction = float(init.get("anchor_fraction") or (init.get("anchor") or {}).get("fraction") or 0.0)
+    if anchor_fraction > 0:  # the class-mean anchor, paid before the first aggregation
+        z = plan_gaussian_noise(anchor_fraction * budget, delta=delta, conversion=conversion)
         before = PrivacyAccountant(delta=delta).rdp_of(SubsampledGaussianEvent(noise_multiplier=z, sampling_rate=1.0))[0]
 
     def epsilon(n: int) -> float:
@@ -207,8 +213,7 @@ def budget_aggregations(config: dict, overrides: list[str]) -> int:
 
 def write_record(results: str, record: dict) -> None:
     """Append a run's record to the results (one JSON line) and print it."""
-    with open(results, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    append_jsonl(results, record)
     print("RESULT " + json.dumps(record), flush=True)
 
 
@@ -226,6 +231,14 @@ def stopped_record(a, curve: dict, step: int, unit: str, why: BaseException, **r
                              "num_samples": a.num_samples[0], "noise_of": a.noise_of,
                              "stopped": f"{type(why).__name__} after {step} {unit.replace('_', ' ')} of {a.steps}",
                              "curve": recorded_curve(curve)})
+
+
+def anchor_share(model) -> float:
+    """The share of ε G-PATE's class-mean anchor is measured with (its option, or the model's default share)."""
+    from lightning_gpate.models.gpate import DEFAULT_ANCHOR_FRACTION
+
+    fraction = model.anchor_options.fraction
+    return float(DEFAULT_ANCHOR_FRACTION if fraction is None else fraction)
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:
@@ -295,11 +308,10 @@ def anchor_only(model, dm, a, out: Path, start: float, evaluate, extra: dict, cu
     model.setup("fit")
     model._measure_mean_images(*(t.to(model.device) for t in dm.model_space("train")))
     opt = model.configure_optimizers()
-    hp = model.hparams
     step = 0
     try:
         for step in range(1, a.steps + 1):
-            loss = hp.anchor_weight * model.anchor_loss()
+            loss = model.anchor_options.weight * model.anchor_loss()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -387,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--device cuda: this machine has no CUDA device (leave --device out to run on the CPU)")
 
     from image_utility import build, grids_every, load_config, parse_sets
+    from mnist_table import model_overrides
     from lightning_gpate.evaluation.image import cnn_utility
     from lightning_gpate.models.base import average_step
     from lightning_gpate.models.private import plan_gaussian_noise
@@ -403,9 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     if pategan:  # the config's budget: it plans λ and the anchor's noise and stops the votes where the row would
         del model_over["epsilon"]
     model_over.update(parse_sets(a.set))
+    sigmas = flat_aggregator(init)
     for key in ("sigma_threshold", "sigma_gnmax", "sigma_topagg", "sigma_gaussian"):
-        if key in init or key in model_over:
-            sigma = float(model_over.get(key, init.get(key)))
+        if key in sigmas or key in model_over:
+            sigma = float(model_over.get(key, sigmas.get(key)))
             model_over[key] = sigma * a.teachers / a.noise_of if a.noise_of else 1e-3
     if a.smooth_projection > 1:
         import lightning_gpate.models.gpate as gpate_module
@@ -415,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     data_over = {"root": a.data_root, "download": False, "num_teachers": a.teachers}
     if a.records_per_teacher:  # the official MNIST's public 60,000 training digits; the split is keyed per record
         data_over["val_fraction"] = 1.0 - a.records_per_teacher * a.teachers / MNIST_TRAIN
-    model_over = accepted(config, model_over)
+    model_over = model_overrides(config, model_over)
     pretrain = pretrained_checkpoint(config, a, model_over, data_over) if init.get("stage") == "train" else None
     if pretrain is not None:
         model_over["pretrained_checkpoint"] = str(pretrain)
@@ -428,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         model.vote_noise = lambda shape: row_noise(shape) * (a.teachers / a.noise_of)
     if getattr(model, "anchor_noise", None) is not None and "epsilon" in model_over and a.noise_of:
         # G-PATE's class-mean anchor with the noise of the row's own budget (not of the proxy's unbounded one)
-        model.anchor_noise = plan_gaussian_noise(float(model.hparams.anchor_fraction) * float(init["epsilon"]), delta=model.delta,
+        model.anchor_noise = plan_gaussian_noise(anchor_share(model) * float(init["epsilon"]), delta=model.delta,
                                                  orders=model.accountant.orders, conversion=model.accountant.conversion,
                                                  neighbouring=model.neighbouring_relation)
     anchor_noise = getattr(model, "marginal_noise", None) if pategan else getattr(model, "anchor_noise", None)

@@ -381,7 +381,7 @@ def other_epsilon_label(key: str) -> str:
 
 def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
     """``(config, model overrides, data overrides, max_steps)`` of a row in this call (``--smoke`` shrinks them)."""
-    from image_utility import _import, load_config, parse_sets
+    from image_utility import load_config, parse_sets
 
     config = load_config(row.config)
     data_over = {"root": str(a.data_root), "download": False}
@@ -404,14 +404,25 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
         if init.get("warm_start"):
             model_over.update({f"warm_start.{k}": v for k, v in SMOKE_WARM_START.items()})
         max_steps = min(max_steps, a.smoke_steps)
+    return config, model_overrides(config, model_over), data_over, max_steps
+
+
+def model_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` (``--set``'s, a row's) as the config's model takes them: a flat name of before the option groups
+    moved to its group (``teacher_warmup_steps`` to ``teachers.warmup_steps``), an option of a group
+    (``warm_start.anchor_weight=0.5``) merged into the config's group, and what the model does not take dropped
+    (:func:`_accepted`: a row's ``--set`` may name another model's option)."""
+    from image_utility import _import
+
+    init, over = config["model"]["init_args"], dict(overrides)
     cls = _import(config["model"]["class_path"])
-    for name in [k for k in model_over if k in cls.FLAT_OPTIONS]:  # a flat name of before the option groups
-        value = model_over.pop(name)
-        model_over.update({place: value for place in cls.FLAT_OPTIONS[name]})
-    for key in [k for k in model_over if "." in k]:  # an option of a group (warm_start.anchor_weight=0.5): merged into it
+    for name in [k for k in over if k in cls.FLAT_OPTIONS]:
+        value = over.pop(name)
+        over.update({place: value for place in cls.FLAT_OPTIONS[name]})
+    for key in [k for k in over if "." in k]:
         group, _, option = key.partition(".")
-        model_over[group] = {**(init.get(group) or {}), **model_over.get(group, {}), option: model_over.pop(key)}
-    return config, _accepted(cls, model_over), data_over, max_steps
+        over[group] = {**(init.get(group) or {}), **over.get(group, {}), option: over.pop(key)}
+    return _accepted(cls, over)
 
 
 def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
@@ -630,7 +641,7 @@ def tune_rows(rows: list[Row], a) -> int:
     tables that use it say so."""
     import torch
 
-    from image_utility import parse_sets
+    from image_utility import append_jsonl, parse_sets, save_class_grid
     from lightning_gpate.evaluation.image import cnn_utility
 
     for row in rows:
@@ -654,14 +665,9 @@ def tune_rows(rows: list[Row], a) -> int:
         record.update(name=a.name or row.name, tuning=True, set=parse_sets(a.set), num_tuning=len(dm.model_space("train")[1]),
                       num_validation=len(dm.model_space("val")[1]), threads=torch.get_num_threads(),
                       scored_on="validation split of the training digits (not the test digits)")
-        grids = a.state / "tuning_grids"
-        grids.mkdir(parents=True, exist_ok=True)
-        from image_utility import save_class_grid
-
-        save_class_grid(model, grids / f"{record['name']}.png")
-        a.tune_results.parent.mkdir(parents=True, exist_ok=True)
-        with open(a.tune_results, "a") as f:
-            f.write(json.dumps(record, default=str) + "\n")
+        (a.state / "tuning_grids").mkdir(parents=True, exist_ok=True)
+        save_class_grid(model, a.state / "tuning_grids" / f"{record['name']}.png")
+        append_jsonl(a.tune_results, record)
         print("   " + ", ".join(f"{k}={_f(record.get(k))}" for k in ("steps", "fit_s", "s_per_step", "validation_cnn_accuracy_final",
                                                                        "validation_cnn_accuracy_val_selected")), flush=True)
         del model, dm

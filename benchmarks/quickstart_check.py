@@ -7,14 +7,6 @@ then loads the run's release artifact, generates 2,000 labelled digits, trains a
 on them and tests it on the real test split of the same DataModule. Writes
 ``benchmarks/results/quickstart.md`` (one line per call appended to ``quickstart.jsonl``).
 
-With ``--thread-matrix`` it measures instead how fast the quickstart's training steps are under each
-CPU thread setting (the CLI's default with no thread variables set, ``OMP_NUM_THREADS`` 1 and 2, and 2
-with OpenMP's own spin-waiting, as before the CLI chose the passive wait: :data:`THREAD_SETTINGS`),
-each alone (``none``: no competitor started) and beside a competitor (``spin``: one busy-looping Python
-process, a neighbour's job), the settings interleaved; each case is the real CLI (no MLflow, no
-evaluation) for ``--steps`` steps, timed per step after ``--warmup`` steps by a callback, with the
-load average before and after. Writes ``benchmarks/results/quickstart_threads.md`` (``.jsonl``).
-
 Usage::
 
     python benchmarks/quickstart_check.py [--threads 2] [--repeats 3] [--chart docs/img/quickstart_budget_spent.png] [-- extra CLI overrides]
@@ -30,7 +22,9 @@ overrides, except what the config sets itself; ``--tune`` holds out a
 validation split of the training digits (unaccounted tuning), scores the logistic regression on it instead of
 the test digits, and turns off the fit's own evaluation (CNN accuracy, IS/FID: it scores on the test split): settings
 are chosen that way, the test digits only score what was chosen.
-    python benchmarks/quickstart_check.py --thread-matrix [--competitors none spin] [--repeats 3]
+
+The ``--thread-matrix`` mode (seconds per quickstart step under each CPU thread setting, beside a busy neighbour) was
+removed in issue 60: its one measurement is ``benchmarks/results/quickstart_threads.md`` (rerun at commit 54b4527).
 """
 
 from __future__ import annotations
@@ -39,20 +33,18 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import pytorch_lightning as pl
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS = ROOT / "benchmarks" / "results"
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+from image_utility import append_jsonl, read_jsonl  # noqa: E402
 
 
 def _children_cpu_s() -> float:
@@ -62,121 +54,8 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-SPINNING = "OMP_NUM_THREADS=2, spin-wait"
-#: The thread settings of ``--thread-matrix``: name → environment variables (none: the CLI's default,
-#: torch's threads). The CLI sets ``OMP_WAIT_POLICY=PASSIVE`` before torch loads; :data:`SPINNING` loads
-#: torch first, so that OpenMP keeps its own default (spin, then sleep), which the CLI had before.
-THREAD_SETTINGS = {
-    "default": {},
-    "OMP_NUM_THREADS=1": {"OMP_NUM_THREADS": "1"},
-    "OMP_NUM_THREADS=2": {"OMP_NUM_THREADS": "2"},
-    SPINNING: {"OMP_NUM_THREADS": "2"},
-}
+#: The thread variables a run clears before it sets its own (``--threads 0``: none set, the CLI's default)
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-#: Competing processes of ``--thread-matrix``: name → command (``None``: nothing started).
-COMPETITORS = {"none": None, "spin": [sys.executable, "-c", "while True: pass"]}
-
-
-class StepTimes(pl.Callback):
-    """Lightning callback of the ``--thread-matrix`` children: prints the wall and CPU (all threads) time
-    between consecutive ends of training steps, and the process's intra-op threads, as one JSON line at
-    the end of training."""
-
-    def __init__(self):
-        self.ends: list[tuple[float, float]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.ends.append((time.perf_counter(), time.process_time()))
-
-    def on_train_end(self, trainer, pl_module):
-        import torch
-
-        pairs = list(zip(self.ends, self.ends[1:]))
-        print("STEP_TIMES " + json.dumps({"intervals": [b[0] - a[0] for a, b in pairs], "cpu_intervals": [b[1] - a[1] for a, b in pairs],
-                                          "torch_threads": torch.get_num_threads()}), flush=True)
-
-
-def run_steps(setting: str, competitor: str, steps: int) -> dict:
-    """One ``--thread-matrix`` case: the quickstart's first ``steps`` steps in a fresh process."""
-    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARIABLES}
-    env.update(THREAD_SETTINGS[setting])
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])
-    preload = "import torch; " if setting == SPINNING else ""
-    cmd = [sys.executable, "-c", preload + "import sys; from lightning_gpate.cli import main; sys.exit(main())",
-           "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_steps", str(steps),
-           "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--utility.enabled", "false",
-           "--image_quality.enabled", "false", "--trainer.callbacks+=quickstart_check.StepTimes"]
-    load_before = os.getloadavg()[0]
-    rival = subprocess.Popen(COMPETITORS[competitor]) if COMPETITORS[competitor] else None
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
-    finally:
-        if rival is not None:
-            rival.kill()
-            rival.wait()
-    record = {"setting": setting, "competitor": competitor, "steps": steps, "load_avg_1min_before": load_before,
-              "load_avg_1min_after": os.getloadavg()[0], "cpus": os.cpu_count(), "nice": os.nice(0)}
-    line = next((l for l in out.stdout.splitlines() if l.startswith("STEP_TIMES ")), None)
-    if out.returncode != 0 or line is None:
-        return {**record, "error": (out.stderr.strip().splitlines() or ["fit failed"])[-1]}
-    return {**record, **json.loads(line[len("STEP_TIMES "):])}
-
-
-def thread_matrix(settings: list[str], competitors: list[str], steps: int, warmup: int, repeats: int) -> None:
-    for repeat in range(repeats):
-        for competitor in competitors:
-            for setting in settings:
-                record = {**run_steps(setting, competitor, steps), "warmup": warmup, "repeat": repeat}
-                if "intervals" in record:
-                    timed = record["intervals"][warmup:]
-                    record.update(s_per_step_median=statistics.median(timed), s_per_step_max=max(timed),
-                                  steps_per_s=len(timed) / sum(timed), cpu_s_per_step=statistics.median(record["cpu_intervals"][warmup:]))
-                print(json.dumps({k: v for k, v in record.items() if k != "intervals"}), flush=True)
-                with open(RESULTS / "quickstart_threads.jsonl", "a") as fh:
-                    fh.write(json.dumps(record) + "\n")
-    print(write_thread_table())
-
-
-def write_thread_table() -> Path:
-    rows = [json.loads(line) for line in (RESULTS / "quickstart_threads.jsonl").read_text().splitlines() if line.strip()]
-    timed = [r for r in rows if "steps_per_s" in r]
-    cases: dict[tuple[str, str], list[dict]] = {}
-    for r in timed:
-        cases.setdefault((r["competitor"], r["setting"]), []).append(r)
-    median_s = {k: statistics.median(r["s_per_step_median"] for r in v) for k, v in cases.items()}
-    best = {c: min(v for (c2, _), v in median_s.items() if c2 == c) for c, _ in median_s}
-    lines = ["# Quickstart: seconds per step by CPU thread setting", "",
-             "`python benchmarks/quickstart_check.py --thread-matrix`: the quickstart's training steps through the real CLI "
-             "(`--trainer.logger false`, evaluation off) under each thread setting, the settings interleaved: `default` (no "
-             "thread variable set: what a new user runs; torch's threads, one per physical core, with the CLI's passive OpenMP "
-             "wait), `OMP_NUM_THREADS=1`, `OMP_NUM_THREADS=2` (passive wait too) and `OMP_NUM_THREADS=2, spin-wait` (OpenMP's own default wait, spin then "
-             "sleep: what the CLI did before). Each alone (`none`: no competitor started) and beside one busy-looping Python "
-             "process (`spin`). s/step: over the steps after the warm-up (the interval between ends of steps); CPU s/step: the "
-             "fit's process, all threads (spinning threads burn it), median. `load` is the 1-minute load average before → after "
-             "a case, `nice` the benchmark's niceness: on a machine shared with other jobs (a load above the 2 cores) the wall "
-             "times say more about the neighbours than the setting; the CPU times less so.", "",
-             "## Summary (median over repeats)", "",
-             "| competitor | setting | cases | load (median) | s/step | CPU s/step | slower than the best setting |",
-             "|---|---|---|---|---|---|---|"]
-    for (competitor, setting), group in sorted(cases.items(), key=lambda kv: (kv[0][0], list(THREAD_SETTINGS).index(kv[0][1]))):
-        load = statistics.median(r["load_avg_1min_before"] for r in group)
-        cpu = statistics.median(r["cpu_s_per_step"] for r in group if "cpu_s_per_step" in r) if any("cpu_s_per_step" in r for r in group) else float("nan")
-        lines.append(f"| {competitor} | {setting} | {len(group)} | {load:.1f} | {median_s[(competitor, setting)]:.3f} | {cpu:.3f} | "
-                     f"{median_s[(competitor, setting)] / best[competitor]:.2f}× |")
-    lines += ["", "## Every case", "",
-              "| competitor | setting | torch threads | load | nice | steps timed | s/step median | s/step max | CPU s/step | note |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "steps_per_s" not in r:
-            lines.append(f"| {r['competitor']} | {r['setting']} | – | – | – | – | – | – | – | {r.get('error', '')[:60]} |")
-            continue
-        lines.append(f"| {r['competitor']} | {r['setting']} | {r['torch_threads']} | {r['load_avg_1min_before']:.1f} → "
-                     f"{r['load_avg_1min_after']:.1f} | {r.get('nice', '–')} | {len(r['intervals']) - r['warmup']} | {r['s_per_step_median']:.3f} | "
-                     f"{r['s_per_step_max']:.3f} | {r['cpu_s_per_step']:.3f} | {r.get('note', '')} |")
-    path = RESULTS / "quickstart_threads.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def draw_budget_chart(client, run_id: str, path: Path) -> None:
@@ -279,7 +158,7 @@ def run_once(threads: int, extra: list[str], seed: int, chart: Path | None = Non
 
 
 def write_table() -> Path:
-    rows = [json.loads(line) for line in (RESULTS / "quickstart.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(RESULTS / "quickstart.jsonl")
     lines = ["# Quickstart check", "",
              "`benchmarks/quickstart_check.py`: `lightning-gpate fit --config configs/quickstart.yaml` through the real CLI "
              "(MLflow, default evaluation callbacks), timed end to end (wall time on a machine shared with other jobs: "
@@ -340,11 +219,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of the fit (0: none set, the CLI's default)")
     p.add_argument("--chart", type=Path, default=None, help="also draw the first run's epsilon and budget spent by the filter here (PNG)")
     p.add_argument("--repeats", type=int, default=1, help="runs with seeds 0, 1, ...")
-    p.add_argument("--thread-matrix", action="store_true", help="steps/s under each CPU thread setting instead")
-    p.add_argument("--competitors", nargs="+", default=list(COMPETITORS), choices=list(COMPETITORS))
-    p.add_argument("--settings", nargs="+", default=list(THREAD_SETTINGS), choices=list(THREAD_SETTINGS))
-    p.add_argument("--steps", type=int, default=30, help="--thread-matrix: steps per case")
-    p.add_argument("--warmup", type=int, default=5, help="--thread-matrix: first step intervals not timed")
     p.add_argument("--samples", type=Path, default=None, help="also copy the first run's samples.png (`lightning-gpate sample`) here")
     p.add_argument("--paper-defaults", action="store_true",
                    help="override with the config's model's former defaults, the paper's settings (its PAPER_SETTINGS)")
@@ -352,9 +226,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("extra", nargs="*", help="extra CLI overrides after --")
     a = p.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if a.thread_matrix:
-        thread_matrix(a.settings, a.competitors, a.steps, a.warmup, a.repeats)
-        return
     extra = list(a.extra)
     if a.paper_defaults:
         extra += paper_default_overrides(a.config)
@@ -368,8 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"seed {seed}: wall {record['wall_s']:.0f} s (CPU {record['cpu_s']:.0f} s, {a.threads} threads), "
                   f"{record['steps']} steps, epsilon {record['epsilon']:.3f} ({record['budget_accounting']}), "
                   f"LogReg on 2,000 samples {record['logreg_2000']:.3f}", flush=True)
-        with open(RESULTS / "quickstart.jsonl", "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_jsonl(RESULTS / "quickstart.jsonl", record)
     print(write_table())
 
 
