@@ -81,8 +81,12 @@ def sigma_for(epsilon: float, batch: float, steps: int, delta: float, accountant
 
 
 def _build(a, model_over: dict):
+    """``(config, datamodule, model)`` of ``--config`` with ``model_over`` (flat names of before the option groups
+    moved to their groups, as the MNIST table's rows take them) and ``--data-set``."""
+    from mnist_table import model_overrides
+
     config = load_config(a.config)
-    dm, model = build(config, model_overrides=model_over,
+    dm, model = build(config, model_overrides=model_overrides(config, model_over),
                       data_overrides={"root": a.data_root, "download": False, **parse_sets(a.data_set)})
     return config, dm, model
 
@@ -145,6 +149,7 @@ def critic_step_speed(a) -> int:
     import pytorch_lightning as pl
     import torch
     from image_utility import _import
+    from mnist_table import model_overrides
     from lightning_gpate.privacy.dpsgd import physical_batch_size_for
 
     torch.set_num_threads(a.threads)
@@ -159,10 +164,11 @@ def critic_step_speed(a) -> int:
         models, steps = {}, {}
         pl.seed_everything(0, verbose=False)
         for path in a.paths:
-            init = {**config["model"]["init_args"], "epsilon": 1e6, "gf_dim": width, "df_dim": width,
-                    "sampling_rate": batch / MNIST_TRAIN, "d_steps": 1, **parse_sets(a.set), **PATHS[path]}
-            if init.get("physical_batch_size") == "fixed":
-                init["physical_batch_size"] = physical_batch_size_for(batch)
+            over = {"epsilon": 1e6, "gf_dim": width, "df_dim": width, "sampling_rate": batch / MNIST_TRAIN, "d_steps": 1,
+                    **parse_sets(a.set), **PATHS[path]}
+            if over.get("physical_batch_size") == "fixed":
+                over["physical_batch_size"] = physical_batch_size_for(batch)
+            init = {**config["model"]["init_args"], **model_overrides(config, over)}
             torch.manual_seed(0)  # the same initial critic for every path
             model = _import(config["model"]["class_path"])(data_spec=dm.spec, **init)
             pl.Trainer(max_steps=0, accelerator=device.type, devices=1, logger=False, enable_checkpointing=False,
@@ -195,7 +201,7 @@ def critic_step_speed(a) -> int:
                 cpu[path].append((time.process_time() - c) * 1000 / a.inner)
         for path, model in models.items():
             record = {"command": "speed --critic-step", "path": path, "width": width, "expected_batch": batch,
-                      "real_rows": len(rows), "physical_batch": (model.physical_batch_size if model._critic_step_compiled or model.hparams.physical_batch_size
+                      "real_rows": len(rows), "physical_batch": (model.physical_batch_size if model._critic_step_compiled or "physical_batch_size" in PATHS[path]
                                          else len(rows)) if path != "opacus" else None,
                       "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                       "threads": a.threads, "reps": a.reps, "inner": a.inner,

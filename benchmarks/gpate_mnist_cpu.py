@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import signal
 import sys
 import time
@@ -66,22 +65,6 @@ HEADLINE = (*SCORES, "cnn_accuracy_best_on_test_paper_style")  # the run's final
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from image_utility import append_jsonl  # noqa: E402
-
-
-def smooth_projections(pool: int):
-    """Gaussian random fields on a grid ``pool`` times coarser, bilinearly upsampled: a public,
-    data-independent projection whose back-projection has no pixel-scale noise (an experiment)."""
-    import torch
-    import torch.nn.functional as F
-
-    def projection(m, d, k, *, generator=None, device=None, dtype=torch.float32):
-        side = int(round(math.sqrt(d)))
-        g = torch.randn(m * k, 1, side // pool, side // pool, generator=generator, device=device or "cpu", dtype=dtype)
-        up = F.interpolate(g, size=(side, side), mode="bilinear", align_corners=False)
-        up = up / up.flatten(1).norm(dim=1).view(-1, 1, 1, 1) * math.sqrt(d)  # columns as long as N(0, 1) ones
-        return up.view(m, k, d).transpose(1, 2).contiguous().mul_(1.0 / math.sqrt(k))
-
-    return projection
 
 
 def flat_aggregator(init: dict) -> dict:
@@ -107,10 +90,11 @@ def pretrained_checkpoint(config: dict, a, model_over: dict, data_over: dict) ->
     import pytorch_lightning as pl
 
     from image_utility import build
+    from mnist_table import flat_option, model_overrides
 
     init = {**config["model"]["init_args"], **model_over}
-    groups = {**(init.get("discriminator") or {}), "z_dim": (init.get("generator") or {}).get("z_dim")}
-    nets = {k: groups.get(k, init.get(k)) for k in ("df_dim", "fc_dim", "z_dim", "pretrain_generator_hidden", "critic_steps", "lr")}
+    nets = {k: flat_option(config, model_over, k) for k in ("df_dim", "z_dim", "pretrain_generator_hidden", "critic_steps", "lr")}
+    nets["fc_dim"] = (init.get("discriminator") or {}).get("fc_dim", init.get("fc_dim"))  # the discriminators' (the generator has one too)
     what = {"teachers": a.teachers, "iterations": a.pretrain_iterations, **nets}
     if a.records_per_teacher:  # keys of the full-data discriminators unchanged
         what["records_per_teacher"] = a.records_per_teacher
@@ -119,7 +103,8 @@ def pretrained_checkpoint(config: dict, a, model_over: dict, data_over: dict) ->
     if path.is_file():
         return path
     pl.seed_everything(0, verbose=False)
-    dm, model = build(config, model_overrides={**model_over, "stage": "pretrain", "pretrain_iterations": a.pretrain_iterations},
+    stage1 = model_overrides(config, {**model_over, "stage": "pretrain", "pretrain_iterations": a.pretrain_iterations})
+    dm, model = build(config, model_overrides=stage1,
                       data_overrides=data_over)
     trainer = pl.Trainer(max_steps=a.pretrain_iterations, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
@@ -348,7 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="model overrides (YAML values)")
     p.add_argument("--noise-of", type=int, default=0, metavar="TEACHERS",
                    help="scale the config's sigmas by --teachers / TEACHERS (0: noise-free)")
-    p.add_argument("--smooth-projection", type=int, default=1, metavar="POOL", help="experiment: smooth projections")
     p.add_argument("--pretrain-iterations", type=int, default=200, help="GS-WGAN: iterations of the discriminators' pretraining")
     p.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "mnist"))
     p.add_argument("--threads", type=int, default=2)
@@ -421,10 +405,6 @@ def main(argv: list[str] | None = None) -> int:
         if key in sigmas or key in model_over:
             sigma = float(model_over.get(key, sigmas.get(key)))
             model_over[key] = sigma * a.teachers / a.noise_of if a.noise_of else 1e-3
-    if a.smooth_projection > 1:
-        import lightning_gpate.models.gpate as gpate_module
-
-        gpate_module.random_projection = smooth_projections(a.smooth_projection)
     torch.set_num_threads(a.threads)
     data_over = {"root": a.data_root, "download": False, "num_teachers": a.teachers}
     if a.records_per_teacher:  # the official MNIST's public 60,000 training digits; the split is keyed per record
@@ -542,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     results = evaluate(model, HEADLINE)
     record = {"name": a.name, "config": a.config, "teachers": a.teachers, "aggregations": int(trainer.global_step),
               "records_per_teacher": a.records_per_teacher or None, "private_records": int(len(dm.splits["train"][1])),
-              "noise_of": a.noise_of, "set": a.set, "smooth_projection": a.smooth_projection, "seed": a.seed,
+              "noise_of": a.noise_of, "set": a.set, "seed": a.seed,
               "fit_s": round(fit_s, 1), "num_samples": a.num_samples[0], **results}
     if curve:
         record["curve"] = recorded_curve(curve)

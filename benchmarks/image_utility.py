@@ -1,10 +1,11 @@
 """The benchmarks' shared helpers: a fit config read, built and overridden, its settings' provenance, sample grids,
 JSON-lines records and the machine's load.
 
-Every runner in ``benchmarks/`` imports what it needs from here (``sys.path`` holds ``benchmarks/``), so that reading a
-config, parsing ``--set KEY=VALUE``, building a model and appending a record exist once. The image runners themselves:
-``mnist_table.py`` (the MNIST table, its tuning and its rows' CPU smoke), ``gpate_mnist_cpu.py`` (G-PATE's and PATE-GAN's
-CPU proxy), ``dpgan_mnist_cpu.py`` (DP-GAN's speed and schedules) and ``quickstart_check.py`` (the README's quickstart).
+The runners import what they need from here (``sys.path`` holds ``benchmarks/``), so that reading a config, parsing
+``--set KEY=VALUE``, building a model and appending a record exist once: ``mnist_table.py`` (the MNIST table, its
+tuning, its rows' CPU smoke; it also resolves a row's overrides into the option groups, ``model_overrides``, for the
+others), ``gpate_mnist_cpu.py`` (G-PATE's and PATE-GAN's CPU proxy), ``dpgan_mnist_cpu.py`` (DP-GAN's speed and
+schedules), ``quickstart_check.py`` (the README's quickstart) and ``utility_vs_epsilon.py``.
 """
 
 from __future__ import annotations

@@ -425,6 +425,19 @@ def model_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> dict[s
     return _accepted(cls, over)
 
 
+def flat_option(config: dict[str, Any], overrides: dict[str, Any], name: str, default: Any = None) -> Any:
+    """The model option ``name``, a flat name of before the option groups (``pretrain_iterations``), in the config with
+    ``overrides`` (:func:`model_overrides`' result): read where its group keeps it now, else under the flat name."""
+    from image_utility import _import
+
+    init = {**config["model"]["init_args"], **overrides}
+    for place in getattr(_import(config["model"]["class_path"]), "FLAT_OPTIONS", {}).get(name, ()):
+        group, _, option = place.partition(".")
+        if option in (init.get(group) or {}):
+            return init[group][option]
+    return init.get(name, default)
+
+
 def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
             callbacks: Sequence[pl.Callback] = (), save_to: Path | None = None) -> tuple[dict[str, Any], Any, Any]:
     """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule. ``save_to``:
@@ -510,13 +523,14 @@ def _pretrain_settings(row: Row, a, config: dict[str, Any], model_over: dict[str
     """What the discriminators' pretraining depends on (not σ, the accounting or the private stage's budget):
     rows that agree on it share one pretraining."""
     init, data = {**config["model"]["init_args"], **model_over}, {**config["data"]["init_args"], **data_over}
-    iterations = int(row.pretrain_iterations or init.get("pretrain_iterations", 2000))
+    iterations = int(row.pretrain_iterations or flat_option(config, model_over, "pretrain_iterations", 2000))
     return {"iterations": min(iterations, a.smoke_steps) if a.smoke else iterations, "smoke": a.smoke,
             "seed": config.get("seed_everything", 0),
             **{k: data.get(k) for k in ("dataset", "num_teachers", "teacher_batch_size", "partition_seed")},
             **{k: (init.get("discriminator") or {}).get(k) for k in ("df_dim", "fc_dim")},
             **{k: (init.get("generator") or {}).get(k) for k in ("z_dim", "latent_prior")},
-            **{k: init.get(k) for k in ("pretrain_generator_hidden", "critic_steps", "lr", "betas", "gp_weight", "drift_weight")}}
+            **{k: flat_option(config, model_over, k)
+               for k in ("pretrain_generator_hidden", "critic_steps", "lr", "betas", "gp_weight", "drift_weight")}}
 
 
 def pretrained_path(row: Row, a, config: dict[str, Any], model_over: dict[str, Any], data_over: dict[str, Any], state: Path) -> Path:
@@ -541,7 +555,8 @@ def pretrained_discriminators(row: Row, a, config: dict[str, Any], model_over: d
     settings = _pretrain_settings(row, a, config, model_over, data_over)
     pl.seed_everything(int(config.get("seed_everything", 0)), verbose=False)
     start = time.perf_counter()
-    dm0, model0 = build(config, model_overrides={**model_over, "stage": "pretrain", "pretrain_iterations": settings["iterations"]},
+    stage1 = model_overrides(config, {**model_over, "stage": "pretrain", "pretrain_iterations": settings["iterations"]})
+    dm0, model0 = build(config, model_overrides=stage1,
                         data_overrides=data_over)
     budget0 = RowBudget(row.pretrain_seconds * a.time_scale if not a.smoke else 1e9, sync)
     trainer0 = _trainer(a, max_steps=settings["iterations"], callbacks=[budget0])
