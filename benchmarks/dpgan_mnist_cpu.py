@@ -34,7 +34,7 @@ Usage::
 
     python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/dpgan_eps10_guarantee.yaml --set gf_dim=32 df_dim=32
     python benchmarks/dpgan_mnist_cpu.py speed --critic-step --critics 8:128 48:512 --paths opacus functorch bookkeeping compiled
-    python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/gpate_eps10_guarantee.yaml --data-set num_teachers=50
+    python benchmarks/dpgan_mnist_cpu.py speed --config configs/mnist/gpate_paper_eps10_guarantee.yaml --data-set num_teachers=50
     python benchmarks/dpgan_mnist_cpu.py fit --name nd10_dim32 --critic-steps 20000 --set gf_dim=32 df_dim=32 d_steps=10
     python benchmarks/dpgan_mnist_cpu.py schedules --epsilon 10 --batch 128 256 512 --critic-steps 25000 50000 100000
 """
