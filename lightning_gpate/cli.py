@@ -28,6 +28,7 @@ import argparse
 import copy
 import inspect
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -47,7 +48,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa:
 
 from datamodules.base import GenerativeDataModule  # noqa: E402
 from lightning_gpate.errors import ConfigError, OptionError, UserError  # noqa: E402
-from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume  # noqa: E402
+from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, hparam, refuse_changed_on_resume  # noqa: E402
 from lightning_gpate.models.options import OptionGroup  # noqa: E402
 
 PROG = "lightning-gpate"
@@ -82,6 +83,12 @@ class GPATEArgumentParser(LightningArgumentParser):
     """
 
     command: str | None = None
+
+    def parse_args(self, args: Sequence[str] | None = None, *more, **kwargs):
+        """jsonargparse's ``parse_args``, with ``null`` for an option of a group written as a mapping
+        (:func:`null_group_options_as_mappings`)."""
+        given = sys.argv[1:] if args is None else args
+        return super().parse_args(null_group_options_as_mappings(given) if isinstance(given, (list, tuple)) else args, *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:  # jsonargparse's inner parsers: it catches this and tries the next type
@@ -152,9 +159,14 @@ class GPATECLI(LightningCLI):
                                      and v is not None else v) for k, v in cls.migrate_options(given).items()}
 
         # None asks the model to resolve a value (a public seed, a length scale): the checkpoint's resolved one answers it
-        resolved = getattr(cls, "RESOLVED_HPARAMS", ())
-        asked = {k: v for k, v in model_args(requested.model).items() if not (k in resolved and v is None)}
-        refuse_changed_on_resume(path, model_args(pinned.model), asked)
+        theirs, asked = model_args(pinned.model), model_args(requested.model)
+        for name in getattr(cls, "RESOLVED_HPARAMS", ()):
+            group, _, option = name.rpartition(".")
+            if not group and asked.get(name, 0) is None:
+                del asked[name]
+            elif group and isinstance(asked.get(group), dict) and asked[group].get(option, 0) is None:  # the checkpoint's answers it
+                asked[group] = {**asked[group], option: hparam(theirs, name)}
+        refuse_changed_on_resume(path, theirs, asked)
         refuse_changed_on_resume(path, checkpoint.get("datamodule_hyper_parameters") or {}, vars(requested.data.init_args),
                                  PRIVACY_PARAMETERS)
 
@@ -191,6 +203,37 @@ class GPATECLI(LightningCLI):
         summary = next((cb for cb in trainer.callbacks if isinstance(cb, FitSummary)), None)
         if summary is not None and trainer.is_global_zero:
             print(summary.text(trainer, self.model, command=PROG), flush=True)
+
+
+def option_group_names() -> set[str]:
+    """The names under which some model takes an option group (``generator``, ``training``, ``warm_start``, …)."""
+    import lightning_gpate.models as models
+
+    names = set()
+    for cls in vars(models).values():
+        if isinstance(cls, type) and issubclass(cls, GenerativeModel):
+            names.update(k for k, p in inspect.signature(cls.__init__).parameters.items()
+                         if isinstance(p.default, OptionGroup) or k == "warm_start")
+    return names
+
+
+def null_group_options_as_mappings(args: Sequence[str]) -> list[str]:
+    """``args`` with each ``--model[.init_args].<group>.<option> null`` written ``--model.init_args.<group> '{<option>:
+    null}'``: jsonargparse (4.53) refuses ``null`` for an optional field of a dataclass group inside a subclass's
+    ``init_args`` ("expected a float"), but takes the same value in a mapping, merged over the config's group."""
+    pattern = re.compile(r"^--model\.(?:init_args\.)?(\w+)\.(\w+)(?:=(.*))?$")
+    groups, out, i = None, [], 0
+    args = list(args)
+    while i < len(args):
+        match = pattern.match(args[i])
+        value = match and (match.group(3) if match.group(3) is not None else (args[i + 1] if i + 1 < len(args) else None))
+        if match and value in ("null", "None") and match.group(1) in (groups := groups or option_group_names()):
+            out += [f"--model.init_args.{match.group(1)}", f"{{{match.group(2)}: null}}"]
+            i += 1 if match.group(3) is not None else 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
 
 
 def _plain_option(value: Any) -> Any:

@@ -162,7 +162,7 @@ def synthetic_probe(model, shares: Sequence[float], steps: int, *, seed: int = 0
     if type(model).__name__ == "PATEGAN":
         top = round(shares[0] * n)
         gap = abs(2 * top - n)
-        per_step = int(hp.query_batch_size) * int(hp.student_steps)
+        per_step = int(hp.query_batch_size) * int(model.student_options.steps)
         events = [LaplaceVoteEvent(np.full(per_step, gap), model.lam) for _ in range(steps)]
     elif getattr(getattr(model, "aggregator", None), "name", None) == "dpgradagg":
         bins = int(model.aggregator.num_bins)

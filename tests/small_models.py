@@ -46,7 +46,11 @@ def former(cls, *args, **options):
     """``cls(*args, **options)`` with the model's former defaults (its paper's settings, ``PAPER_SETTINGS`` of its module)
     wherever ``options`` is silent: what the tests written before issue 47 made the defaults the best guaranteed
     configuration relied on, stated."""
-    return cls(*args, **{**importlib.import_module(cls.__module__).PAPER_SETTINGS, **options})
+    paper = cls.migrate_options(dict(importlib.import_module(cls.__module__).PAPER_SETTINGS))
+    options = cls.migrate_options(dict(options))
+    merged = {**paper, **{k: {**paper[k], **v} if isinstance(v, dict) and isinstance(paper.get(k), dict) else v
+                          for k, v in options.items()}}  # a group's options over the paper's, one by one
+    return cls(*args, **merged)
 
 
 def assert_old_releases_load(model, option: str, other_value) -> None:

@@ -79,6 +79,16 @@ def _two_processes(args: list[str], experiment: str, cwd) -> tuple:
     return two, run_two
 
 
+def _one_and_two_processes(args: list[str], cwd) -> tuple:
+    """``args`` on 2 gloo processes (experiment ``two``), then in this process under DDP (``one``): (run one, run two,
+    the MLflow client)."""
+    _, run_two = _two_processes(args, "two", cwd)
+    with _one_process_under_ddp() as ddp_one:
+        assert main([*args, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
+    run_one, client = query_run("one")
+    return run_one, run_two, client
+
+
 def test_two_processes_finish_with_one_run_and_the_generator_and_epsilon_of_one(tmp_path, capsys):
     # Both under the `ddp` strategy, and both with one thread per process (the CLI's environment and the
     # test's): CPU kernels (BatchNorm, ConvTranspose) round differently with the thread count, and
@@ -112,10 +122,7 @@ DPGAN_QUICK = ["fit", "--config", str(ROOT / "configs" / "dpgan_digits.yaml"), "
 def test_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
     """Each process clips its shard of the Poisson batch, the noise is added once (rank 0), the sums are
     all-reduced: with the noise seed fixed, the same release as one process up to the order of the sums."""
-    two, run_two = _two_processes(DPGAN_QUICK, "two", tmp_path)
-    with _one_process_under_ddp() as ddp_one:
-        assert main([*DPGAN_QUICK, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
-    run_one, _ = query_run("one")
+    run_one, run_two, _ = _one_and_two_processes(DPGAN_QUICK, tmp_path)
     for run in (run_one, run_two):
         assert run.info.status == "FINISHED" and run.data.tags["stop_reason"] == "max_steps=3 reached"
         assert not [t for t in run.data.tags if t.endswith("_error")], run.data.tags
@@ -149,8 +156,8 @@ def test_a_warm_started_dpgan_on_two_processes_releases_the_generator_and_epsilo
 
 
 # Bie et al.'s recipe, small; the adaptive n_D moves every generator step (threshold 1, grace 1): 1, 2, 5
-DPGAN_REVISITED = [*DPGAN_QUICK, "--model.init_args.loss", "nonsaturating", "--model.init_args.optimizer", "adam",
-                   "--model.init_args.lr", "0.0002", "--model.init_args.weight_clip", "null",
+DPGAN_REVISITED = [*DPGAN_QUICK, "--model.init_args.training.loss", "nonsaturating", "--model.init_args.training.optimizer", "adam",
+                   "--model.init_args.training.lr", "0.0002", "--model.init_args.training.weight_clip", "null",
                    "--model.init_args.architecture", "conv", "--model.init_args.generator.gf_dim", "8", "--model.init_args.critic.df_dim", "8",
                    "--model.init_args.generator.ema_decay", "0.9", "--model.init_args.d_steps", "1",
                    "--model.init_args.adaptive_d_steps", "{threshold: 1.0, grace: 1, decay: 0.5}", "--trainer.log_every_n_steps", "1"]
@@ -160,10 +167,7 @@ def test_dpgan_revisited_recipe_on_two_processes_releases_the_generator_and_epsi
     """Under DDP each process decides the adaptive n_D from the same critic and the same public fakes: the
     processes stay in step (a process serving another number of batches would change the ε, or hang the
     all-reduce), and the release (the EMA generator) and ε are one process's."""
-    two, run_two = _two_processes(DPGAN_REVISITED, "two", tmp_path)
-    with _one_process_under_ddp() as ddp_one:
-        assert main([*DPGAN_REVISITED, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
-    run_one, client = query_run("one")
+    run_one, run_two, client = _one_and_two_processes(DPGAN_REVISITED, tmp_path)
     for run in (run_one, run_two):
         assert run.info.status == "FINISHED" and run.data.tags["stop_reason"] == "max_steps=3 reached"
         history = {key: [m.value for m in client.get_metric_history(run.info.run_id, key)] for key in ("d_steps", "d_steps_next")}

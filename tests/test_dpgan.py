@@ -103,10 +103,10 @@ def test_a_record_moves_the_critic_gradient_by_at_most_c_and_the_fake_term_ignor
     dp_opt = model.optimizers()[1].optimizer
     dp_opt.noise_multiplier = 0.0
     critic_params = list(model.discriminator.parameters())
-    if model.hparams.weight_clip is not None:
+    if model.training_options.weight_clip is not None:
         with torch.no_grad():  # weight clipping after the step is then a no-op: the critic stays the same
             for p in critic_params:
-                p.clamp_(-model.hparams.weight_clip, model.hparams.weight_clip)
+                p.clamp_(-model.training_options.weight_clip, model.training_options.weight_clip)
     grads = []
     dp_opt.original_optimizer.step = lambda *a, **k: grads.append(_flat(p.grad for p in critic_params))  # record, no update
     x, y = dm.model_space("train")
@@ -227,7 +227,7 @@ def test_the_adaptive_n_d_moves_up_the_ladder_and_every_critic_step_is_paid(tmp_
         former(DPGAN, dm.spec, epsilon=50.0, d_steps=3, adaptive_d_steps=adaptive, loss="nonsaturating", **SMALL)
     with pytest.raises(ValueError, match="threshold, grace and decay"):
         former(DPGAN, dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps={"threshold": 0.6}, loss="nonsaturating", **SMALL)
-    with pytest.raises(ValueError, match="needs loss: nonsaturating"):
+    with pytest.raises(ValueError, match="needs training.loss: nonsaturating"):
         former(DPGAN, dm.spec, epsilon=50.0, d_steps=1, adaptive_d_steps=adaptive, **SMALL)
 
 
@@ -509,7 +509,8 @@ def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
     dm = ImageDataModule(**config["data"]["init_args"])
     model = DPGAN(dm.spec, **config["model"]["init_args"])
     hp = model.hparams
-    assert (hp.architecture, hp.loss, hp.optimizer, hp.weight_clip, hp.adaptive_d_steps is not None, hp.generator["ema_decay"]) == (
+    assert (hp.architecture, hp.training["loss"], hp.training["optimizer"], hp.training["weight_clip"], hp.adaptive_d_steps is not None,
+            hp.generator["ema_decay"]) == (
         "conv", "nonsaturating", "adam", None, True, 0.995)
     paper = DPGAN.migrate_options(dict(PAPER_SETTINGS))  # its flat names in their groups
     assert all(hp[k] != v if not isinstance(v, dict) else any(hp[k][o] != x for o, x in v.items()) for k, v in paper.items())

@@ -114,11 +114,11 @@ def test_functorch_per_sample_gradients_equal_a_loop_over_samples(recipe, monkey
     C = 0.05
     fake_loop = reference(fakes, labels, fake_loss)
     assert min(float(g.norm()) for g in loop) > C  # every record's gradient needed clipping
-    bookkeeping = model.hparams.per_sample_method == "bookkeeping"
+    bookkeeping = model.critic_step_options.per_sample_method == "bookkeeping"
     build = critic_bookkeeping_function if bookkeeping else critic_gradient_function
     for ghost_above in ((dpsgd.GHOST_ABOVE, 0) if bookkeeping else (None,)):  # 0: every convolution it can by ghost norms
         monkeypatch.setattr(dpsgd, "GHOST_ABOVE", ghost_above)
-        step = build(critic, loss=model.hparams.loss, max_grad_norm=C, fake_count=len(labels))
+        step = build(critic, loss=model.training_options.loss, max_grad_norm=C, fake_count=len(labels))
         real_sum, fake_term, scores, _ = step(params, buffers, real_x, real_y, torch.ones(6), fakes, labels)
         assert torch.allclose(real_sum, sum(g * C / float(g.norm()) for g in loop), atol=1e-7, rtol=1e-4)
         clipped = sum(g * min(1.0, C / float(g.norm())) for g in fake_loop) / len(labels)
@@ -135,10 +135,10 @@ def test_a_record_moves_the_functorch_critic_gradient_by_at_most_c(recipe):
     _ready(model, dm)
     dp_opt, grads = _recorded_gradients(model)
     dp_opt.noise_multiplier = 0.0
-    if model.hparams.weight_clip is not None:
+    if model.training_options.weight_clip is not None:
         with torch.no_grad():
             for p in model.discriminator.parameters():
-                p.clamp_(-model.hparams.weight_clip, model.hparams.weight_clip)
+                p.clamp_(-model.training_options.weight_clip, model.training_options.weight_clip)
     x, y = dm.model_space("train")
     for n in (30, 31):
         model._public_seed, model._public_gen = 0, None
@@ -249,10 +249,10 @@ def test_checkpoints_move_between_the_implementations(tmp_path):
                          enable_model_summary=False)
     trainer.fit(model, dm)
     trainer.save_checkpoint(tmp_path / "m.ckpt")
-    opacus = DPGAN.load_from_checkpoint(tmp_path / "m.ckpt", dp_sgd_impl="opacus")
+    opacus = DPGAN.load_from_checkpoint(tmp_path / "m.ckpt", critic_step={"impl": "opacus"})
     assert type(opacus.discriminator).__name__ == "GradSampleModule"
     assert torch.equal(_flat(opacus.discriminator.parameters()), _flat(model.discriminator.parameters()))
-    with pytest.raises(ValueError, match="dp_sgd_impl must be one of"):
+    with pytest.raises(ValueError, match="critic_step.impl must be one of"):
         former(DPGAN, dm.spec, epsilon=1.0, **{**RECIPES["wgan_mlp"], "dp_sgd_impl": "jax"})
 
 
@@ -289,18 +289,12 @@ def test_opacus_dpgan_on_two_processes_releases_the_generator_and_epsilon_of_one
     functorch, the same way): Bie et al.'s recipe, small, adaptive n_D; each process clips its shard, rank 0
     adds the noise once, the sums are all-reduced: the release and ε of one process (noise seed fixed)."""
     from clitools import assert_same_tensors
-    from conftest import query_run
-    from lightning_gpate.cli import main
-    from test_cli_ddp import DPGAN_REVISITED, _artifact_tensors, _one_process_under_ddp, _two_processes
+    from test_cli_ddp import DPGAN_REVISITED, _artifact_tensors, _one_and_two_processes
 
-    args = [*DPGAN_REVISITED, "--model.init_args.dp_sgd_impl", "opacus"]
-    _, run_two = _two_processes(args, "two", tmp_path)
-    with _one_process_under_ddp() as ddp_one:
-        assert main([*args, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
-    run_one, client = query_run("one")
+    run_one, run_two, client = _one_and_two_processes([*DPGAN_REVISITED, "--model.init_args.critic_step.impl", "opacus"], tmp_path)
     for run in (run_one, run_two):
         assert run.info.status == "FINISHED" and run.data.tags["stop_reason"] == "max_steps=3 reached"
-        assert run.data.params["dp_sgd_impl"] == "opacus"
+        assert run.data.params["critic_step/impl"] == "opacus"
         assert [m.value for m in client.get_metric_history(run.info.run_id, "d_steps")] == [1.0, 2.0, 5.0]
     assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
     one, two = (_artifact_tensors(run.data.tags["release_artifact"]) for run in (run_one, run_two))
@@ -327,7 +321,7 @@ def test_bookkeeping_is_for_critics_of_linear_and_convolutional_layers_only():
         refused = DPGAN(dm.spec, epsilon=10.0, **{**FUNCTORCH["nonsaturating_conv-bookkeeping"], "compile_critic_step": "default"})
         _ready(refused, dm)
         refused.critic_gradient_step()
-    with pytest.raises(ValueError, match="per_sample_method must be one of"):
+    with pytest.raises(ValueError, match="critic_step.per_sample_method must be one of"):
         DPGAN(dm.spec, epsilon=1.0, **{**dcgan, "per_sample_method": "ghost"})
 
 

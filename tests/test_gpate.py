@@ -511,7 +511,7 @@ def test_unbiased_anchor_gap_has_the_squared_gap_of_the_true_class_means_as_its_
     np.testing.assert_allclose(unbiased.numpy(), squared_gap.numpy(), atol=0.05)
     with pytest.raises(ValueError, match="at least 2 images a class"):
         class_mean_gap(generate, targets, 2, unbiased=True)
-    with pytest.raises(ValueError, match="anchor_batch_size >= 20"):
+    with pytest.raises(ValueError, match="anchor.batch_size >= 20"):
         _digits_gpate(epsilon=8.0, anchor_fraction=0.1, anchor_unbiased=True, anchor_batch_size=19)
 
 
@@ -556,7 +556,7 @@ def test_feature_anchor_measures_class_mean_embeddings_and_matches_the_mean_imag
     with torch.no_grad():
         assert float(model.anchor_loss()) < before / 3
 
-    with pytest.raises(ValueError, match="needs anchor_fraction > 0"):
+    with pytest.raises(ValueError, match="needs anchor.fraction > 0"):
         _digits_gpate(epsilon=8.0, anchor_features=64)
     with pytest.raises(ValueError, match="even integer"):
         _digits_gpate(epsilon=8.0, anchor_fraction=0.1, anchor_features=63)

@@ -455,10 +455,10 @@ def test_digits_config_runs_both_stages_from_the_command_line():
 
     small = ["--config", str(ROOT / "configs" / "gswgan_digits.yaml"), f"--data.num_teachers={N_D}",
              f"--model.noise_multiplier={SIGMA}", f"--model.generator_batch_size={B}", "--model.generator.gf_dim=4",
-             "--model.discriminator.df_dim=4", "--model.generator.fc_dim=8", "--model.discriminator.fc_dim=8", "--model.pretrain_generator_hidden=[8]",
+             "--model.discriminator.df_dim=4", "--model.generator.fc_dim=8", "--model.discriminator.fc_dim=8", "--model.pretraining.generator_hidden=[8]",
              "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1", "--utility.enabled=false",
              "--image_quality.enabled=false"]
-    main(["fit", *small, "--model.stage=pretrain", "--model.pretrain_iterations=1"])
+    main(["fit", *small, "--model.stage=pretrain", "--model.pretraining.iterations=1"])
     pre, _ = query_run("digits")
     assert pre.data.params["stage"] == "pretrain" and "pretrain/d_loss" not in pre.data.metrics  # non-private losses: opt-in
     main(["fit", *small, f"--model.pretrained_checkpoint={pre.data.tags['training_checkpoint']}", "--trainer.max_steps=2"])

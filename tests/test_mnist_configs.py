@@ -103,12 +103,12 @@ def test_config_parses_and_builds(path, tiny_mnist, cli):
         assert (model.aggregator.sigma, model.aggregator.threshold_fraction) == ((5000.0, 0.7) if "eps1_" in name else (800.0, 0.2))
     elif "hybrid" in name:  # its GaussAgg row plus the random-feature anchor, nothing else; the anchor's share is paid first
         gaussagg = yaml.safe_load((path.parent / path.name.replace("hybrid", "gaussagg")).read_text())
-        anchor = {k: v for k, v in raw["model"]["init_args"].items() if k.startswith("anchor_")}
-        assert {k: v for k, v in raw["model"]["init_args"].items() if k not in anchor} == {
-            k: v for k, v in gaussagg["model"]["init_args"].items() if not k.startswith("anchor_")}
-        assert gaussagg["model"]["init_args"]["anchor_fraction"] == 0.0  # the votes alone: no anchor (stated)
+        anchor = raw["model"]["init_args"]["anchor"]
+        assert {k: v for k, v in raw["model"]["init_args"].items() if k != "anchor"} == {
+            k: v for k, v in gaussagg["model"]["init_args"].items() if k != "anchor"}
+        assert gaussagg["model"]["init_args"]["anchor"] == {"fraction": 0.0}  # the votes alone: no anchor (stated)
         assert raw["data"] == gaussagg["data"] and raw["trainer"]["max_steps"] == gaussagg["trainer"]["max_steps"]
-        assert anchor["anchor_features"] == 10000 and anchor["anchor_length_scale"] == 10.0 and model.anchor_noise is not None
+        assert anchor["features"] == 10000 and anchor["length_scale"] == 10.0 and model.anchor_noise is not None
         left = _budget_aggregations(raw["model"]["init_args"], teachers)
         assert left == (1068 if "eps10_" in name else 300) and f"buys {left} aggregations" in path.read_text()
     elif "gaussagg" in name:  # as many aggregations as the ladder row it replaces the aggregator of
@@ -153,13 +153,13 @@ def _budget_aggregations(init: dict, teachers: int) -> int:
     Confident-GNMax query of the most vote units answered), from the papers' closed forms: Confident-GNMax
     ``λ/(2σ1²) + λ/σ2²`` per query (Papernot et al. 2018), TopAgg ``2kλ/σ²`` per sample (DataLens), the
     Gaussian sum ``λΔ²/(2σ²)`` with Δ = 2 (Mironov 2017), converted with the accountant's conversion. With
-    ``anchor_fraction``: after the anchor's one Gaussian ``λ/(2z²)``, z the smallest whose ε alone is that share."""
+    ``anchor.fraction``: after the anchor's one Gaussian ``λ/(2z²)``, z the smallest whose ε alone is that share."""
     from lightning_gpate.models.aggregators import aggregator_from
     from lightning_gpate.privacy import DEFAULT_ORDERS, rdp_to_epsilon
 
     spent = 0.0 * DEFAULT_ORDERS  # the RDP of what is paid before the first aggregation
-    if init.get("anchor_fraction", 0.0) > 0:
-        share = init["anchor_fraction"] * init["epsilon"]
+    if (init.get("anchor") or {}).get("fraction", 0.0) > 0:
+        share = init["anchor"]["fraction"] * init["epsilon"]
         lo, hi = 1e-3, 1e3  # bisection on z (ε alone falls as z grows); hi stays within the share
         for _ in range(200):
             z = (lo * hi) ** 0.5
@@ -218,13 +218,13 @@ def test_the_hybrid_anchor_with_its_default_length_scale_trains_under_the_comman
     from lightning_gpate.privacy.merf import median_distance_of_uniform
 
     path = ROOT / "configs" / "mnist" / "gpate_eps1_hybrid_guarantee.yaml"
-    built = _build(cli, _args(path, tiny_mnist) + ["--data.num_teachers", "20", "--model.init_args.anchor_length_scale", "null",
-                                                    "--model.init_args.anchor_feature_seed", "null", "--model.init_args.anchor_features",
+    built = _build(cli, _args(path, tiny_mnist) + ["--data.num_teachers", "20", "--model.init_args.anchor.length_scale", "null",
+                                                    "--model.init_args.anchor.feature_seed", "null", "--model.init_args.anchor.features",
                                                     "200", "--model.init_args.teachers.warmup_steps", "0",
                                                     "--model.init_args.teachers.precision", "32"])
     model, dm = built.model, built.data
-    assert model.hparams.anchor_length_scale == pytest.approx(median_distance_of_uniform(784))
-    assert isinstance(model.hparams.anchor_feature_seed, int) and model.hparams.anchor_feature_seed == int(model.anchor_seed)
+    assert model.hparams.anchor["length_scale"] == pytest.approx(median_distance_of_uniform(784))
+    assert isinstance(model.hparams.anchor["feature_seed"], int) and model.hparams.anchor["feature_seed"] == int(model.anchor_seed)
     trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1)
     trainer.fit(model, dm)

@@ -212,7 +212,7 @@ def test_relative_votes_compare_each_teacher_with_its_own_median_on_fresh_fakes(
     counts = model.teacher_votes(x, y)
     for c in range(model.num_classes):
         assert 0.35 < counts[y == c, 1].sum() / (6 * int((y == c).sum())) < 0.65
-    with pytest.raises(ValueError, match="teacher_vote"):
+    with pytest.raises(ValueError, match="teachers.vote"):
         former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, teacher_vote="soft", **SMALL)
 
 
@@ -644,9 +644,9 @@ def test_measured_marginals_are_the_noisy_conditional_marginals_and_pull_the_gen
 
 def test_measured_marginals_need_the_guarantee_and_a_datamodule():
     dm = marker_datamodule()
-    with pytest.raises(ValueError, match="marginal_fraction"):
+    with pytest.raises(ValueError, match="marginals.fraction"):
         former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, budget_accounting="paper", **SMALL)
-    with pytest.raises(ValueError, match="marginal_fraction must be in"):
+    with pytest.raises(ValueError, match="marginals.fraction must be in"):
         former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=1.0, **SMALL)
     model = former(PATEGAN, dm.spec, epsilon=1.0, delta=1e-5, marginal_fraction=0.2, **SMALL)
     dm.setup("fit")
@@ -683,9 +683,9 @@ def test_the_minimal_config_trains_with_the_best_guaranteed_settings():
     dm = ImageDataModule(**config["data"]["init_args"])
     model = PATEGAN(dm.spec, **config["model"]["init_args"], gf_dim=16, df_dim=16, fc_dim=64)  # small nets: seconds
     hp = model.hparams
-    assert (hp.marginal_fraction, hp.teacher_vote, hp.student_labels, hp.replay_capacity, hp.generator["upsample"]) == (
-        0.5, "relative", "share", hp.planned_queries, "nearest")
-    assert (hp.teacher_steps, hp.student_steps, hp.query_batch_size, hp.lr, tuple(hp.betas)) == (1, 1, 16, 2e-4, (0.5, 0.999))
+    assert (hp.marginals["fraction"], hp.teachers["vote"], hp.student["labels"], hp.student["replay_capacity"],
+            hp.generator["upsample"]) == (0.5, "relative", "share", hp.planned_queries, "nearest")
+    assert (hp.teachers["steps"], hp.student["steps"], hp.query_batch_size, hp.lr, tuple(hp.betas)) == (1, 1, 16, 2e-4, (0.5, 0.999))
     assert (PAPER_SETTINGS["teacher_vote"], PAPER_SETTINGS["marginal_fraction"]) == ("logit", 0.0)  # the paper's, kept apart
     fit(model, dm, steps=4)
     assert bool(model.marginals_measured) and 5.0 <= model.accountant.epsilon() <= 10.0  # ε/2 on the anchor, then votes

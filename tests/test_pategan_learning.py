@@ -70,5 +70,5 @@ def test_share_labels_are_the_noisy_vote_share_at_the_same_price():
     assert spent["argmax"] == spent["share"]
     with pytest.raises(ValueError, match="guarantee"):
         former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, student_labels="share", budget_accounting="paper", **SMALL)
-    with pytest.raises(ValueError, match="student_labels"):
+    with pytest.raises(ValueError, match="student.labels"):
         former(PATEGAN, dm.spec, epsilon=10.0, lam=0.5, student_labels="soft", **SMALL)

@@ -25,7 +25,7 @@ QUICK = ["--config", str(ROOT / "configs" / "quickstart.yaml"), "--data.num_teac
              [f"--model.{key}", str(value)] if not isinstance(value, dict) else
              ["--model.aggregator", value["class_path"], *[x for o, v in value["init_args"].items() for x in (f"--model.aggregator.{o}", str(v))]]
              if key == "aggregator" else [x for o, v in value.items() for x in (f"--model.{key}.{o}", str(v))])],
-         "--model.anchor_features", "0"]
+         "--model.anchor.features", "0"]
 
 
 class _Model:

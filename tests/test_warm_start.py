@@ -197,7 +197,7 @@ def test_pate_gan_and_gs_wgan_take_the_warm_start_and_pay_its_release_once(kind,
     plain, warm = build(None), build({**WARM, "fraction": 0.3})
     assert own_noise(warm) != own_noise(plain)  # planned for what the release leaves
     if kind == "pategan":
-        assert warm.hparams.marginal_fraction == 0.0  # the release replaces the class-mean images
+        assert warm.hparams.marginals["fraction"] == 0.0  # the release replaces the class-mean images
     pl.seed_everything(0, verbose=False)
     _trainer(2, tmp_path).fit(warm, dm)
     release = warm.warm_release

@@ -1,7 +1,7 @@
 """The class-mean anchor of an image generator: each class's mean image, measured once with the Gaussian
 mechanism, and the generator's distance to it.
 
-The image analogue of the per-class marginals that made PATE-GAN's tables learn (``marginal_fraction``):
+The image analogue of the per-class marginals that made PATE-GAN's tables learn (``marginals.fraction``):
 a share of ε buys, once before training, per class the sum of its images (pixels mapped to [0, 1]) and its
 count, each entry plus N(0, (z·√(d + 1))²): one record moves one class's sum by its image (L2 at most √d)
 and its count by one, so the L2 sensitivity is √(d + 1) and the release is one Gaussian mechanism of noise
@@ -10,7 +10,7 @@ ratio (with the noisy count at least 1, clipped to [0, 1]) is a DP release: publ
 every later use (the generator's loss towards it) is post-processing. On the official MNIST (~6,000
 digits a class) the noise on a mean pixel is z·28/6,000: 0.04 at the z of ε = 0.5 alone.
 
-Used by PATE-GAN (``marginal_fraction`` on images) and G-PATE (``anchor_fraction``); the share of ε each
+Used by PATE-GAN (``marginals.fraction`` on images) and G-PATE (``anchor_fraction``); the share of ε each
 spends is planned by :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.plan_gaussian_noise`.
 
 G-PATE can anchor to more than the mean (``anchor_features``): each class's mean *embedding* under random

@@ -147,8 +147,7 @@ class GenerativeModel(pl.LightningModule):
             raise TypeError(f"{type(self).__name__} does not resolve {sorted(unknown)} (RESOLVED_HPARAMS)")
         #: names this construction resolved itself (a resume may replace them by its checkpoint's)
         self._resolved_here = {k for k in resolved if requested.get(k) is None}
-        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
-            hparams.update(resolved)
+        self._update_hparams(resolved)
 
     def adopt_resolved_hparams(self, pinned: Mapping[str, Any], path: str = "the checkpoint") -> dict[str, Any]:
         """On a resume: the values of :attr:`RESOLVED_HPARAMS` that ``pinned`` (the checkpoint's
@@ -156,13 +155,22 @@ class GenerativeModel(pl.LightningModule):
         them (the subclass redraws what depends on them). A value this model was *given* that differs from the
         checkpoint's is refused (:class:`CheckpointError`), as any other change of a resumed run."""
         here = getattr(self, "_resolved_here", set())
-        given = {k: self.hparams[k] for k in self.RESOLVED_HPARAMS if k not in here and k in self.hparams}
-        refuse_changed_on_resume(path, pinned, given)
-        adopted = {k: pinned[k] for k in self.RESOLVED_HPARAMS if k in here and pinned.get(k) is not None
-                   and pinned[k] != self.hparams.get(k)}
-        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
-            hparams.update(adopted)
+        pinned = {k: hparam(pinned, k) for k in self.RESOLVED_HPARAMS if hparam(pinned, k, _MISSING) is not _MISSING}
+        ours = {k: hparam(self.hparams, k) for k in self.RESOLVED_HPARAMS if hparam(self.hparams, k, _MISSING) is not _MISSING}
+        refuse_changed_on_resume(path, pinned, {k: v for k, v in ours.items() if k not in here})
+        adopted = {k: pinned[k] for k in self.RESOLVED_HPARAMS if k in here and pinned.get(k) is not None and pinned[k] != ours.get(k)}
+        self._update_hparams(adopted)
         return adopted
+
+    def _update_hparams(self, values: Mapping[str, Any]) -> None:
+        """Set hyperparameters by name, a group's option as ``"group.option"`` (in the saved and the initial ones)."""
+        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
+            for name, value in values.items():
+                group, _, option = name.rpartition(".")
+                if group:
+                    hparams[group] = {**hparams[group], option: value}
+                else:
+                    hparams[name] = value
 
     def setup(self, stage: str) -> None:
         destroy_gloo_process_group_at_exit()
@@ -297,6 +305,16 @@ class GenerativeModel(pl.LightningModule):
             raise CheckpointError(f"{path} holds a {meta.get('model_class')}, but the config trains a {mine}: resume with the config it was trained with")
         if "state_dict" not in checkpoint or "optimizer_states" not in checkpoint or "loops" not in checkpoint:
             raise CheckpointError(f"{path} holds no training state (optimizers, loops): it cannot be resumed; give the training checkpoint")
+
+
+_MISSING = object()
+
+
+def hparam(hparams: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    """The hyperparameter ``name`` of ``hparams``; a group's option is ``"group.option"`` (:attr:`GenerativeModel.RESOLVED_HPARAMS`)."""
+    group, _, option = name.rpartition(".")
+    holder = hparams.get(group) if group else hparams
+    return holder.get(option, default) if isinstance(holder, Mapping) else default
 
 
 def refuse_changed_on_resume(path: str, pinned: Mapping[str, Any], requested: Mapping[str, Any],

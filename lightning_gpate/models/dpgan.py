@@ -76,6 +76,7 @@ from __future__ import annotations
 import copy
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -83,7 +84,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_gpate.models.base import refuse_changed_on_resume
-from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, OptionGroup, flat_options, positive_int
 from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.nets.discriminators import (
@@ -105,12 +106,96 @@ OPTIMIZERS = ("rmsprop", "adam")
 #: The values the adaptive n_D moves through (Bie et al.'s ``D_STEPS_RATE_OPTIONS``).
 D_STEPS_LADDER = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 ACCOUNTANTS = ("rdp", "pld")
-#: How the critic's DP-SGD step computes per-sample gradients (see ``dp_sgd_impl``).
+#: How the critic's DP-SGD step computes per-sample gradients (``critic_step.impl``).
 DP_SGD_IMPLS = ("functorch", "opacus")
-#: ``compile_critic_step`` values: torch.compile modes, "auto" and "none".
-#: ``per_sample_method`` values: how the functorch step gets each sample's clipped gradient.
+#: ``critic_step.per_sample_method`` values: how the functorch step gets each sample's clipped gradient.
 PER_SAMPLE_METHODS = ("auto", "vmap", "bookkeeping")
+#: ``critic_step.compile`` values: torch.compile modes, "auto" and "none".
 COMPILE_MODES = ("auto", "none", "default", "reduce-overhead", "max-autotune")
+@dataclass(frozen=True, kw_only=True)
+class AdversarialTraining(OptionGroup):
+    """How DP-GAN's critic and generator are trained (Bie et al. 2023 by default; Xie et al. 2018: ``{loss:
+    wasserstein, optimizer: rmsprop, lr: 5e-5, weight_clip: 0.1}``).
+
+    Args:
+        loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or ``"nonsaturating"`` (logistic
+            discriminator, ℓ_real = −log σ(D), ℓ_fake = −log(1 − σ(D)), generator −log σ(D); Goodfellow et al. 2014,
+            Bie et al. 2023).
+        optimizer: ``"rmsprop"`` (WGAN) or ``"adam"`` with ``betas`` (Bie et al.: (0.5, 0.999)), for both networks;
+            the critic's is wrapped by the DP optimizer.
+        lr: learning rate of both networks (Bie et al. with Adam: 2e-4; WGAN with RMSprop: 5e-5).
+        generator_lr: the generator's own learning rate (``None``: ``lr``); a warm-started generator fine-tunes with a
+            smaller one than its critic's.
+        betas: Adam's β1, β2.
+        weight_clip: the critic's weights are clipped to ``[−weight_clip, weight_clip]`` after each step (WGAN: 0.1);
+            ``None``: no weight clipping (the non-saturating loss needs none).
+    """
+
+    loss: str = "nonsaturating"
+    optimizer: str = "adam"
+    lr: float = 2e-4
+    generator_lr: float | None = None
+    betas: tuple[float, float] = (0.5, 0.999)
+    weight_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"training.loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"training.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"training.lr must be a finite number > 0, got {self.lr}")
+        if self.generator_lr is not None and not (self.generator_lr >= 0 and math.isfinite(self.generator_lr)):
+            raise ValueError(f"training.generator_lr must be a finite number >= 0 or null (lr), got {self.generator_lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"training.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.weight_clip is not None and not self.weight_clip > 0:
+            raise ValueError(f"training.weight_clip must be > 0 or null (none), got {self.weight_clip}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticStep(OptionGroup):
+    """How a DP-SGD critic step gets its clipped per-sample gradients: the same mechanism and accounting whichever is
+    chosen (a speed choice; checkpoints move between them).
+
+    Args:
+        impl: ``"functorch"`` (no hooks: the clipped sums by ``torch.func``'s ``vmap`` of ``grad`` over one
+            fixed-shape padded physical batch, the step one function that ``torch.compile`` can compile once, or by
+            book-keeping eagerly (``per_sample_method``); :meth:`DPGAN.functorch_discriminator_step`; on a CPU,
+            eagerly with book-keeping, 3.6-3.7x faster than opacus per critic step at width 8, 2.7x at the MNIST
+            configs' width 48: ``benchmarks/results/dpgan_mnist_cpu.md``) or ``"opacus"`` (opacus' hooks and
+            ``DPOptimizer``: the reference; :meth:`DPGAN.critic_per_sample_gradients`).
+        physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut into physical
+            batches of this size, the last padded with masked rows (every drawn record is used). ``None``: where the
+            step is compiled, ``B + 3√B`` of this process's expected batch B, rounded up to a multiple of 8 (one
+            physical batch but about once in 700 steps; one shape, one graph); where it runs eagerly, the Poisson
+            batch itself (no padding: on a CPU padding rows cost arithmetic and a new shape costs nothing).
+        compile: with ``functorch``, the ``torch.compile`` mode of the step: ``"auto"`` (``"reduce-overhead"``, i.e.
+            CUDA graphs, on a GPU; eager on a CPU, where the compiled step measured slower), a mode (``"default"``,
+            ``"reduce-overhead"``, ``"max-autotune"``) or ``"none"`` (eager). Where compilation fails the step runs
+            eagerly, with a one-line warning.
+        per_sample_method: with ``functorch``, how the clipped sums are computed (the same sums): ``"vmap"`` (every
+            sample's whole gradient, then clipped and summed; what ``torch.compile`` compiles), ``"bookkeeping"`` (one
+            forward and one backward to the layers' outputs, each sample's norm and the clipped sums from them layer
+            by layer: :func:`~lightning_gpate.privacy.dpsgd.bookkeeping_clipped_sums`; eager only; critics of linear
+            and convolutional layers) or ``"auto"`` (book-keeping where the step runs eagerly and the critic allows
+            it, else vmap).
+    """
+
+    impl: str = "functorch"
+    physical_batch_size: int | None = None
+    compile: str = "auto"
+    per_sample_method: str = "auto"
+
+    def __post_init__(self) -> None:
+        for option, value, choices in (("impl", self.impl, DP_SGD_IMPLS), ("compile", self.compile, COMPILE_MODES),
+                                       ("per_sample_method", self.per_sample_method, PER_SAMPLE_METHODS)):
+            if value not in choices:
+                raise ValueError(f"critic_step.{option} must be one of {choices}, got {value!r}")
+        positive_int("critic_step.physical_batch_size", self.physical_batch_size)
+
+
 #: PLD ε is reported for step counts rounded up to a multiple of this (an upper bound: ε grows with steps).
 PLD_STEP_GRID = 10
 OPACUS_ACCOUNTANT_KEY = "opacus_rdp_accountant"
@@ -312,11 +397,8 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         max_grad_norm: C, the L2 bound of each real record's critic gradient (of ``ℓ_real(D(x_i, y_i))``).
         budget_accounting: ``"guarantee"`` (DP-SGD's accounting is its only analysis: ``"paper"`` is refused).
         conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
-        z_dim: latent size (the baseline's G FC [128, 256, 512, 784] has z_dim 128).
-        latent_prior: ``"normal"`` or ``"uniform"``.
-        lr: learning rate of both networks (default 2e-4, Bie et al. with Adam; WGAN with RMSprop: 5e-5).
-        generator_lr: the generator's own learning rate (``None``, default: ``lr``); a warm-started generator
-            fine-tunes with a smaller one than its critic's.
+        training: how both networks are trained (:class:`AdversarialTraining`: loss, optimizer, lr, the generator's
+            own lr, betas, weight clipping); default Bie et al.'s non-saturating loss with Adam 2e-4, (0.5, 0.999).
         critic_warmup_steps: training steps of critic steps only before the first generator update (each pays
             its n_D critic steps like any other; Lightning counts none of them, so ``max_steps`` still counts
             generator updates): a warm-started generator then first moves through a trained critic. Default 0.
@@ -329,14 +411,6 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
             generator steps have passed at the current n_D and the average is at most ``threshold``, n_D
             moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``. The
             reported ε is that of the schedule's worst case (:meth:`most_critic_steps`), capped by the budget.
-        weight_clip: critic weights are clipped to ``[−weight_clip, weight_clip]`` after each step
-            (WGAN: 0.1); ``None`` (default): no weight clipping (the non-saturating loss needs none).
-        loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or
-            ``"nonsaturating"`` (logistic discriminator, ℓ_real = −log σ(D), ℓ_fake = −log(1 − σ(D)),
-            generator −log σ(D); Goodfellow et al. 2014, Bie et al. 2023).
-        optimizer: ``"rmsprop"`` (WGAN) or ``"adam"`` with ``betas`` (Bie et al.: (0.5, 0.999)), for both
-            networks; the critic's is wrapped by the DP optimizer.
-        betas: Adam's β1, β2.
         architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables), ``"dcgan"``
             (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only) or ``"conv"`` (the
             all-convolutional conditional DCGAN of Bie et al., no normalisation; images only). ``None`` (default):
@@ -366,32 +440,8 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
             estimate; non-saturating: the logit gap) on the real batch and the
             Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
             the estimate on rank 0's shard, the size of the whole batch).
-        dp_sgd_impl: how the critic step gets its per-sample gradients (the same mechanism and accounting
-            either way): ``"functorch"`` (no hooks: the clipped sums by ``torch.func``'s ``vmap`` of ``grad``
-            over one fixed-shape padded physical batch, the step one function that ``torch.compile`` can
-            compile once, or by book-keeping eagerly (``per_sample_method``);
-            :meth:`functorch_discriminator_step`; the default: on a CPU, eagerly with book-keeping,
-            3.6-3.7x faster than opacus per critic step at width 8, 2.7x at the MNIST configs' width 48:
-            ``benchmarks/results/dpgan_mnist_cpu.md``) or ``"opacus"`` (opacus' hooks and
-            ``DPOptimizer``: the reference; :meth:`critic_per_sample_gradients`). Checkpoints move between the two.
-        physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut
-            into physical batches of this size, the last padded with masked rows (every drawn record is
-            used). ``None``: where the step is compiled, ``B + 3√B`` of this process's expected batch B,
-            rounded up to a multiple of 8 (one physical batch but about once in 700 steps; one shape, one
-            graph); where it runs eagerly, the Poisson batch itself (one physical batch, no padding: on a
-            CPU padding rows cost arithmetic and a new shape costs nothing).
-        compile_critic_step: with ``functorch``, the ``torch.compile`` mode of the critic step:
-            ``"auto"`` (``"reduce-overhead"``, i.e. CUDA graphs, on a GPU; eager on a CPU, where the
-            compiled step measured slower: ``benchmarks/results/dpgan_mnist_cpu.md``), a mode
-            (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``) or ``"none"`` (eager). Where
-            compilation fails the step runs eagerly, with a one-line warning.
-        per_sample_method: with ``functorch``, how the clipped sums are computed (the same sums):
-            ``"vmap"`` (``torch.func``'s vmap of grad: every sample's whole gradient, then clipped and
-            summed; what ``torch.compile`` compiles), ``"bookkeeping"`` (one forward and one backward to
-            the layers' outputs, each sample's norm and the clipped sums from them layer by layer:
-            :func:`~lightning_gpate.privacy.dpsgd.bookkeeping_clipped_sums`; eager only; for critics of
-            linear and convolutional layers) or ``"auto"`` (book-keeping where the step runs eagerly and
-            the critic allows it, else vmap).
+        critic_step: how a critic step computes its clipped per-sample gradients (:class:`CriticStep`: a speed
+            choice, the same mechanism and accounting).
         noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
             both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
             and the batches: for tests only.
@@ -400,7 +450,10 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
     HAS_PAPER_ANALYSIS = False  # DP-SGD's RDP / PLD bounds are guarantees: there is no paper-style analysis
     #: Options whose ``None`` the constructor resolves from the data's kind and stores resolved (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("architecture",)
-    FLAT_OPTIONS = flat_options("critic")
+    FLAT_OPTIONS = {**flat_options("critic"),
+                    **{name: (f"training.{name}",) for name in ("loss", "optimizer", "lr", "generator_lr", "betas", "weight_clip")},
+                    "dp_sgd_impl": ("critic_step.impl",), "physical_batch_size": ("critic_step.physical_batch_size",),
+                    "compile_critic_step": ("critic_step.compile",), "per_sample_method": ("critic_step.per_sample_method",)}
 
     def __init__(
         self,
@@ -413,14 +466,9 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         max_grad_norm: float = 1.0,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
-        lr: float = 2e-4,
-        generator_lr: float | None = None,
+        training: AdversarialTraining = AdversarialTraining(),
         critic_warmup_steps: int = 0,
         d_steps: int = 1,
-        weight_clip: float | None = None,
-        loss: str = "nonsaturating",
-        optimizer: str = "adam",
-        betas: Sequence[float] = (0.5, 0.999),
         adaptive_d_steps: dict[str, float] | None = DEFAULT_ADAPTIVE_D_STEPS,
         architecture: str | None = None,
         generator_architecture: str | None = None,
@@ -430,14 +478,13 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         secure_mode: bool = False,
         accountant: str = "rdp",
         log_private_diagnostics: bool = False,
-        dp_sgd_impl: str = "functorch",
-        physical_batch_size: int | None = None,
-        compile_critic_step: str = "auto",
-        per_sample_method: str = "auto",
+        critic_step: CriticStep = CriticStep(),
         noise_seed: int | None = None,
     ) -> None:
         net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
         critic_options = DiscriminatorNet.of(critic, DEFAULT_CRITIC, name="critic")
+        training_options = AdversarialTraining.of(training, AdversarialTraining(), name="training")
+        step_options = CriticStep.of(critic_step, CriticStep(), name="critic_step")
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
                          conversion=conversion, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
                          log_private_diagnostics=log_private_diagnostics)
@@ -450,35 +497,17 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
         if int(critic_warmup_steps) != critic_warmup_steps or critic_warmup_steps < 0:
             raise ValueError(f"critic_warmup_steps must be an integer >= 0, got {critic_warmup_steps}")
-        if generator_lr is not None and not (generator_lr >= 0 and math.isfinite(generator_lr)):
-            raise ValueError(f"generator_lr must be a finite number >= 0 or null (lr), got {generator_lr}")
         if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a finite number > 0, got {max_grad_norm}")
         if d_steps < 1:
             raise ValueError(f"d_steps must be >= 1, got {d_steps}")
-        if weight_clip is not None and not weight_clip > 0:
-            raise ValueError(f"weight_clip must be > 0 or null (none), got {weight_clip}")
-        if loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas}")
         if adaptive_d_steps is not None:
-            if loss != "nonsaturating":
+            if training_options.loss != "nonsaturating":
                 raise ValueError("adaptive_d_steps (on by default) reads the discriminator's accuracy on fakes (D < 0): it needs "
-                                 "loss: nonsaturating; set adaptive_d_steps: null for a fixed n_D (d_steps)")
+                                 "training.loss: nonsaturating; set adaptive_d_steps: null for a fixed n_D (d_steps)")
             adaptive_d_steps = check_adaptive_d_steps(adaptive_d_steps, d_steps)
         if accountant not in ACCOUNTANTS:
             raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-        if dp_sgd_impl not in DP_SGD_IMPLS:
-            raise ValueError(f"dp_sgd_impl must be one of {DP_SGD_IMPLS}, got {dp_sgd_impl!r}")
-        if physical_batch_size is not None and physical_batch_size < 1:
-            raise ValueError(f"physical_batch_size must be >= 1 or null (B + 3*sqrt(B)), got {physical_batch_size}")
-        if compile_critic_step not in COMPILE_MODES:
-            raise ValueError(f"compile_critic_step must be one of {COMPILE_MODES}, got {compile_critic_step!r}")
-        if per_sample_method not in PER_SAMPLE_METHODS:
-            raise ValueError(f"per_sample_method must be one of {PER_SAMPLE_METHODS}, got {per_sample_method!r}")
         requested = {"architecture": architecture}
         if architecture is None:  # the default: Bie et al.'s all-convolutional nets for images, the MLP for tables
             architecture = "conv" if self.is_image else "mlp"
@@ -490,10 +519,10 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         if warm_start is not None and accountant != "rdp":
             raise ValueError("warm_start composes its Gaussian release with the critic's steps under RDP: use accountant: rdp")
         self.save_hyperparameters()
-        self.store_option_groups(generator=net_options, critic=critic_options)
+        self.store_option_groups(generator=net_options, critic=critic_options, training=training_options, critic_step=step_options)
         self.store_resolved_hparams(requested, architecture=architecture)
         self.automatic_optimization = False
-        self.generator_options = net_options
+        self.generator_options, self.training_options, self.critic_step_options = net_options, training_options, step_options
         in_features = math.prod(data_spec["shape"])
         generator_net = generator_architecture or architecture
         if generator_net == "conv":
@@ -517,7 +546,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         self.init_warm_start(warm_start)  # its share of ε planned alone; the critic's steps get the rest
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         # (functorch: the same holder without hooks, so that checkpoints move between the implementations)
-        if dp_sgd_impl == "opacus":
+        if step_options.impl == "opacus":
             self.discriminator = GradSampleModule(critic_net, batch_first=True, loss_reduction="sum")
         else:
             if hasattr(critic_net, "label_taps"):  # the same function; its per-sample gradients without label maps
@@ -599,14 +628,13 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
     def configure_optimizers(self):
         from lightning_gpate.privacy.distributed import DPSumOptimizer
 
-        hp = self.hparams
+        hp = self.training_options
         if hp.optimizer == "adam":
             make = lambda params, lr: torch.optim.Adam(params, lr=lr, betas=tuple(hp.betas))  # noqa: E731
         else:
             make = lambda params, lr: torch.optim.RMSprop(params, lr=lr)  # noqa: E731
-        generator_lr = hp.get("generator_lr")
-        opt_g = make(self.generator.parameters(), hp.lr if generator_lr is None else generator_lr)
-        if hp.optimizer == "adam" and hp.get("dp_sgd_impl", "opacus") == "functorch":
+        opt_g = make(self.generator.parameters(), hp.lr if hp.generator_lr is None else hp.generator_lr)
+        if hp.optimizer == "adam" and self.critic_step_options.impl == "functorch":
             # the critic's Adam as one fused kernel (the same update): the for-loop one is ~10 operator calls per
             # tensor, ~100 a critic step, a fifth of the functorch step's host work at width 8 (dpgan_mnist_cpu.md)
             critic_opt = torch.optim.Adam(self.discriminator.parameters(), lr=hp.lr, betas=tuple(hp.betas), fused=True)
@@ -808,12 +836,12 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
     # ----------------------------------------------------------------- steps
     def critic_losses(self, real_scores: torch.Tensor, fake_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample critic losses ``(ℓ_real(D(x_i)), ℓ_fake(D(G(z_j))))`` of the configured ``loss``."""
-        return critic_losses(self.hparams.loss, real_scores, fake_scores)
+        return critic_losses(self.training_options.loss, real_scores, fake_scores)
 
     def generator_loss(self, fake_scores: torch.Tensor) -> torch.Tensor:
         """The generator's loss on the critic's scores of its fakes: ``mean −log σ(s)`` (non-saturating)
         or ``mean −s`` (WGAN)."""
-        if self.hparams.loss == "nonsaturating":
+        if self.training_options.loss == "nonsaturating":
             return F.softplus(-fake_scores).mean()
         return -fake_scores.mean()
 
@@ -864,7 +892,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         """One DP-SGD critic step on a Poisson batch (already paid for) and ``fakes`` (default: drawn
         here), then weight clipping where configured. Returns ``mean D(real) − mean D(fake)`` on this process's rows (WGAN: the critic's
         Wasserstein estimate; non-saturating: the logit gap; private: a diagnostic only)."""
-        if self.hparams.get("dp_sgd_impl", "opacus") == "functorch":
+        if self.critic_step_options.impl == "functorch":
             return self.functorch_discriminator_step(real_x, real_y, fakes)
         dp_opt = self.optimizers()[1].optimizer
         dp_opt.zero_grad()  # clears the last step's per-sample gradients
@@ -875,7 +903,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
                 for p, g in zip((p for p in self.discriminator.parameters() if p.requires_grad), fake_term):
                     p.grad.add_(g)
             dp_opt.original_optimizer.step()  # uncounted: Lightning counts generator steps
-        c = self.hparams.weight_clip
+        c = self.training_options.weight_clip
         if c is not None:
             with torch.no_grad():
                 for p in self.discriminator.parameters():
@@ -886,8 +914,8 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
     def physical_batch_size(self) -> int:
         """Rows of one physical batch of the functorch step (``physical_batch_size``, or ``B + 3√B`` of
         this process's expected share B of the Poisson batch, rounded up to a multiple of 8)."""
-        if self.hparams.get("physical_batch_size") is not None:
-            return int(self.hparams.physical_batch_size)
+        if self.critic_step_options.physical_batch_size is not None:
+            return int(self.critic_step_options.physical_batch_size)
         world = self.trainer.world_size if self._trainer is not None else 1
         return physical_batch_size_for(self.expected_batch_size / world)
 
@@ -897,18 +925,18 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         if self._critic_step_fn is None:
             hp = self.hparams
             critic = self.discriminator._module
-            mode, method = hp.get("compile_critic_step", "auto"), hp.get("per_sample_method", "auto")
+            mode, method = self.critic_step_options.compile, self.critic_step_options.per_sample_method
             if mode == "auto":
                 mode = "none" if self.device.type != "cuda" or method == "bookkeeping" else "reduce-overhead"
             if method == "bookkeeping" and mode != "none":
-                raise ValueError("per_sample_method 'bookkeeping' runs eagerly: set compile_critic_step to 'none' (or 'auto' on a CPU)")
+                raise ValueError("critic_step.per_sample_method 'bookkeeping' runs eagerly: set critic_step.compile to 'none' (or 'auto' on a CPU)")
             if method == "bookkeeping" and not bookkeeping_supports(critic):
-                raise ValueError(f"per_sample_method 'bookkeeping' handles critics of Linear and Conv2d layers only, "
+                raise ValueError(f"critic_step.per_sample_method 'bookkeeping' handles critics of Linear and Conv2d layers only, "
                                  f"not this {type(critic).__name__}: use 'vmap' or 'auto'")
             if method == "auto":
                 method = "bookkeeping" if mode == "none" and bookkeeping_supports(critic) else "vmap"
             build = critic_bookkeeping_function if method == "bookkeeping" else critic_gradient_function
-            eager = build(critic, loss=hp.loss, max_grad_norm=float(hp.max_grad_norm), fake_count=self.fake_batch_size)
+            eager = build(critic, loss=self.training_options.loss, max_grad_norm=float(hp.max_grad_norm), fake_count=self.fake_batch_size)
             if mode == "none" and method == "vmap":  # eager: wide convolutions' per-sample gradients as matmuls (dynamo cannot trace them)
                 use_patch_grad_convs(critic)
             self.per_sample_method_used = method
@@ -942,7 +970,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         buffers = {k: b.detach() for k, b in critic.named_buffers()}
         step = self.critic_gradient_step()
         n = len(real_y)
-        fixed = self.hparams.get("physical_batch_size") is not None or self._critic_step_compiled
+        fixed = self.critic_step_options.physical_batch_size is not None or self._critic_step_compiled
         chunks = padded_batches(real_x.to(fakes.dtype), real_y.to(labels.dtype), self.physical_batch_size if fixed else max(n, 1))
         real_sum, fake_term, real_scores, fake_scores = step(named, buffers, *chunks[0], fakes, labels)
         # a CUDA graph's outputs are overwritten by its next replay and are not written in place: own them
@@ -965,7 +993,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
             offset += p.numel()
         dp_opt.original_optimizer.step()  # uncounted: Lightning counts generator steps
         self.opacus_accountant.step(noise_multiplier=dp_opt.noise_multiplier, sample_rate=self.sampling_rate)
-        c = self.hparams.weight_clip
+        c = self.training_options.weight_clip
         if c is not None:
             with torch.no_grad():
                 for p in self.discriminator.parameters():
@@ -1018,7 +1046,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
             return None
         g_loss, fake_detected = self.generator_step()
         metrics = {"g_loss": g_loss}  # through the DP critic: post-processing
-        if self.hparams.loss == "nonsaturating":
+        if self.training_options.loss == "nonsaturating":
             metrics["critic_fake_accuracy"] = fake_detected
         if self.hparams.adaptive_d_steps is not None:
             self.adapt_d_steps(float(fake_detected))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ from torch.profiler import record_function
 
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
 from lightning_gpate.models.aggregators import Aggregator, GaussAgg, aggregator_from, flat_aggregator_place, migrate_flat_aggregator
-from lightning_gpate.models.options import GeneratorNet, Teachers, flat_options
+from lightning_gpate.models.options import GeneratorNet, OptionGroup, Teachers, flat_options, positive_int
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
@@ -27,9 +28,9 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
 TEACHERS_KEY = "gpate_teachers"
-#: ``anchor_fraction``'s default for images under a guarantee: half of ε buys the random-feature class embeddings
+#: ``anchor.fraction``'s default for images under a guarantee: half of ε buys the random-feature class embeddings
 DEFAULT_ANCHOR_FRACTION = 0.5
-#: ``anchor_features``' default where there is an anchor: 10,000 random Fourier features (``gpate_mnist_cpu.md`` rows 42-50)
+#: ``anchor.features``' default where there is an anchor: 10,000 random Fourier features (``gpate_mnist_cpu.md`` rows 42-50)
 DEFAULT_ANCHOR_FEATURES = 10000
 #: The generator (``generator``'s doc).
 DEFAULT_GENERATOR = GeneratorNet(z_dim=100, latent_prior="uniform", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=(256, 256),
@@ -39,6 +40,54 @@ DEFAULT_GENERATOR = GeneratorNet(z_dim=100, latent_prior="uniform", gf_dim=64, f
 #: (``gpate_paper_eps10_guarantee``: 0.081, ``benchmarks/results/mnist_table.md``).
 PAPER_SETTINGS = {"aggregator": "dpgradagg", "num_bins": 10, "own_label_votes": False, "group_fakes_by_label": False,
                   "ema_decay": 0.0, "anchor_fraction": 0.0, "generator_upsample": "transposed"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassAnchor(OptionGroup):
+    """G-PATE's class anchor (:mod:`~lightning_gpate.models.anchor`, as PATE-GAN's class-mean ``marginals``): a share of
+    ε buys each class's mean image, or its mean embedding under random features, once before the first step; every
+    generator step then pulls the generated classes towards it (post-processing). Images under ``budget_accounting:
+    guarantee`` only.
+
+    Args:
+        fraction: the share of ε (the ε of that release alone); the aggregations get the rest. ``None``: 0.5 for
+            images under ``budget_accounting: guarantee`` (the anchor is what makes a guaranteed G-PATE useful on
+            MNIST and the 8×8 digits: ``docs/results.md``), else 0; 0: none, the paper.
+        weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²`` averaged over
+            classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
+        batch_size: generated images (every class equally often) per generator step for that term (1,000: the peak of
+            the MNIST sweep, ``gpate_mnist_cpu.md`` rows 48-50).
+        unbiased: subtract from that term its bias, the spread of each class's generated images over their count
+            (:func:`~lightning_gpate.models.anchor.class_mean_gap`), which otherwise pulls a class's images together
+            (post-processing; needs ``batch_size`` of at least 2 a class). ``False``: the plain gap.
+        features: ``None``: 10,000 where there is an anchor (the MNIST ladders' choice), else 0. 0: the anchor is each
+            class's mean image. An even number ``2M``: each class's mean embedding under ``2M`` random Fourier features
+            of a Gaussian kernel instead (DP-MERF's release, Harder et al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the
+            same z), whose higher orders carry the spread within a class; the term is then ``½·ℓ²·‖mean embedding −
+            anchor‖²``, the mean-image term to first order.
+        length_scale: ℓ of that kernel (public); ``None``: ``√(2d/3)``, the distance of two uniform points of
+            ``[-1, 1]^d``; a list ``[ℓ_1, …, ℓ_k]``: the mean of k such kernels, the features shared equally
+            (:func:`~lightning_gpate.privacy.merf.fourier_frequencies`).
+        feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG; the value used,
+            like the length scale used, is stored in the hyperparameters, checkpoints and release).
+    """
+
+    fraction: float | None = None
+    weight: float = 1.0
+    batch_size: int = 1000
+    unbiased: bool = False
+    features: int | None = None
+    length_scale: float | list[float] | None = None
+    feature_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fraction is not None and not 0 <= self.fraction < 1:
+            raise ValueError(f"anchor.fraction must be in [0, 1), got {self.fraction}")
+        if not 0 <= self.weight < math.inf:
+            raise ValueError(f"anchor.weight must be a finite number >= 0, got {self.weight}")
+        positive_int("anchor.batch_size", self.batch_size)
+        if self.length_scale is not None and not isinstance(self.length_scale, (int, float)):
+            object.__setattr__(self, "length_scale", [float(v) for v in self.length_scale])
 
 
 def own_label_voting(real_y: torch.Tensor, fake_y: torch.Tensor) -> torch.Tensor:
@@ -166,28 +215,8 @@ class GPATE(PrivateGenerativeModel):
             ``transposed`` draws lattices at 28×28, see :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`);
             tables an MLP of (256, 256); ``ema_decay`` 0.99, the weight average that samples (the MNIST ladders'
             choice, ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: none, the paper).
-        anchor_fraction: images, ``budget_accounting: guarantee``: the share of ε (the ε of that release
-            alone) that buys each class's mean image once before the first step (the class-mean anchor,
-            :mod:`~lightning_gpate.models.anchor`, as PATE-GAN's ``marginal_fraction``); the aggregations get
-            the rest. ``None`` (default): 0.5 for images under ``budget_accounting: guarantee`` (the anchor is what
-            makes a guaranteed G-PATE useful on MNIST and the 8×8 digits: ``docs/results.md``), else 0; 0: none, the paper.
-        anchor_weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²``
-            averaged over classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
-        anchor_batch_size: generated images (every class equally often) per generator step for that term (default
-            1,000: the peak of the MNIST sweep, ``gpate_mnist_cpu.md`` rows 48-50).
-        anchor_unbiased: subtract from that term its bias, the spread of each class's generated images over their
-            count (:func:`~lightning_gpate.models.anchor.class_mean_gap`), which otherwise pulls a class's images
-            together (post-processing; needs ``anchor_batch_size`` of at least 2 a class). ``False``: the plain gap.
-        anchor_features: ``None`` (default): 10,000 where there is an anchor (the MNIST ladders' choice), else 0.
-            0: the anchor is each class's mean image. An even number ``2M``: each class's
-            mean embedding under ``2M`` random Fourier features of a Gaussian kernel instead (DP-MERF's release,
-            Harder et al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the same z), whose higher orders carry the spread
-            within a class; the term is then ``½·ℓ²·‖mean embedding − anchor‖²``, the mean-image term to first order.
-        anchor_length_scale: ℓ of that kernel (public); ``None``: ``√(2d/3)``, the distance of two uniform points
-            of ``[-1, 1]^d``; a list ``[ℓ_1, …, ℓ_k]``: the mean of k such kernels, the features shared equally
-            (:func:`~lightning_gpate.privacy.merf.fourier_frequencies`).
-        anchor_feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG; the
-            value used, like the length scale used, is stored in the hyperparameters, checkpoints and release).
+        anchor: the class anchor (:class:`ClassAnchor`): by default, for images under the guarantee, half of ε buys
+            each class's mean embedding under 10,000 random features once and every generator step pulls towards it.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
             knows it — for tests only.
@@ -199,13 +228,15 @@ class GPATE(PrivateGenerativeModel):
     FLAT_OPTIONS = {**flat_options(generator_hidden="hidden"),
                     **{f"teacher_{name}": (f"teachers.{name}",) for name in ("fake_labels", "steps", "warmup_steps", "precision", "lr",
                                                                               "betas", "hidden", "channels", "fc", "chunk_size",
-                                                                              "conv_impl", "seed")}}
+                                                                              "conv_impl", "seed")},
+                    **{f"anchor_{name}": (f"anchor.{name}",) for name in ("fraction", "weight", "batch_size", "unbiased", "features",
+                                                                            "length_scale", "feature_seed")}}
     #: Options removed (issue 47: no shipped config used them, no ladder found them useful), with the value that
     #: meant "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"normalize_directions": False, "gaussian_basis_dim": None, "teacher_augment_shift": 0}
     #: Options whose ``None`` the constructor resolves (from the data's shape, the accounting mode, the seeded RNG)
     #: and stores resolved (:meth:`store_resolved_hparams`): a resume that leaves them ``None`` asks for nothing.
-    RESOLVED_HPARAMS = ("anchor_fraction", "anchor_features", "anchor_length_scale", "anchor_feature_seed")
+    RESOLVED_HPARAMS = ("anchor.fraction", "anchor.features", "anchor.length_scale", "anchor.feature_seed")
 
     @classmethod
     def migrate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -238,13 +269,7 @@ class GPATE(PrivateGenerativeModel):
         generator_betas: tuple[float, float] = (0.5, 0.999),
         target_scale: float = 1.0,
         generator_steps: int = 1,
-        anchor_fraction: float | None = None,
-        anchor_weight: float = 1.0,
-        anchor_batch_size: int = 1000,
-        anchor_unbiased: bool = False,
-        anchor_features: int | None = None,
-        anchor_length_scale: float | list[float] | None = None,
-        anchor_feature_seed: int | None = None,
+        anchor: ClassAnchor = ClassAnchor(),
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
     ) -> None:
@@ -262,39 +287,40 @@ class GPATE(PrivateGenerativeModel):
         for name, value in (("fake_batch_size", fake_batch_size), ("generator_steps", generator_steps)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        requested = {"anchor_fraction": anchor_fraction, "anchor_features": anchor_features,
-                     "anchor_length_scale": anchor_length_scale, "anchor_feature_seed": anchor_feature_seed}
+        anchor_options = ClassAnchor.of(anchor, ClassAnchor(), name="anchor")
+        requested = {f"anchor.{k}": getattr(anchor_options, k) for k in ("fraction", "features", "length_scale", "feature_seed")}
+        anchor_fraction, anchor_features = anchor_options.fraction, anchor_options.features
+        anchor_length_scale, anchor_feature_seed = anchor_options.length_scale, anchor_options.feature_seed
         if anchor_fraction is None:  # the default: the anchor wherever it can be measured
             anchor_fraction = DEFAULT_ANCHOR_FRACTION if budget_accounting == "guarantee" and len(self.data_spec["shape"]) == 3 else 0.0
-        if not 0 <= anchor_fraction < 1 or not 0 <= anchor_weight < math.inf or anchor_batch_size < 1:
-            raise ValueError("anchor_fraction must be in [0, 1), anchor_weight finite and >= 0, anchor_batch_size >= 1, "
-                             f"got {anchor_fraction}, {anchor_weight}, {anchor_batch_size}")
         if anchor_fraction > 0 and (budget_accounting != "guarantee" or len(self.data_spec["shape"]) != 3):
-            raise ValueError("anchor_fraction measures each class's mean image: images under budget_accounting: guarantee")
-        if anchor_unbiased and anchor_batch_size < 2 * self.num_classes:
-            raise ValueError(f"anchor_unbiased needs at least 2 generated images a class: anchor_batch_size >= "
-                             f"{2 * self.num_classes}, got {anchor_batch_size}")
+            raise ValueError("anchor.fraction measures each class's mean image: images under budget_accounting: guarantee")
+        if anchor_options.unbiased and anchor_options.batch_size < 2 * self.num_classes:
+            raise ValueError(f"anchor.unbiased needs at least 2 generated images a class: anchor.batch_size >= "
+                             f"{2 * self.num_classes}, got {anchor_options.batch_size}")
         dim = int(np.prod(self.data_spec["shape"]))
         if anchor_features is None:  # the default: random features wherever there is an anchor
             anchor_features = DEFAULT_ANCHOR_FEATURES if anchor_fraction > 0 else 0
         if anchor_features:
             if not anchor_fraction > 0:
-                raise ValueError(f"anchor_features={anchor_features} chooses what the anchor measures: it needs anchor_fraction > 0")
+                raise ValueError(f"anchor.features={anchor_features} chooses what the anchor measures: it needs anchor.fraction > 0")
             if anchor_length_scale is None:
                 anchor_length_scale = median_distance_of_uniform(dim)
             fourier_frequencies(anchor_features, 1, anchor_length_scale, 0)  # validates both
             if anchor_feature_seed is None:  # public: the random state seed_everything governs
                 anchor_feature_seed = int(torch.randint(2**31 - 1, (1,)))
+        anchor_options = replace(anchor_options, fraction=anchor_fraction, features=anchor_features, length_scale=anchor_length_scale,
+                                 feature_seed=anchor_feature_seed)
         if agg.name == "topagg" and agg.topk > dim:
             raise ValueError(f"TopAgg's topk must be at most the data dimension {dim}, got {agg.topk}")
         if agg.name != "dpgradagg" and budget_accounting == "smooth_sensitivity":
             raise ValueError("budget_accounting: smooth_sensitivity releases Confident-GNMax's data-dependent cost; "
                              f"{type(agg).__name__}'s cost is data-independent already: use budget_accounting: guarantee")
         self.save_hyperparameters()
-        self.store_option_groups(generator=net_options, aggregator=agg, teachers=teacher_options)
-        self.aggregator, self.teacher_options = agg, teacher_options
-        self.store_resolved_hparams(requested, anchor_fraction=anchor_fraction, anchor_features=anchor_features,
-                                    anchor_length_scale=anchor_length_scale, anchor_feature_seed=anchor_feature_seed)
+        self.store_option_groups(generator=net_options, aggregator=agg, teachers=teacher_options, anchor=anchor_options)
+        self.aggregator, self.teacher_options, self.anchor_options = agg, teacher_options, anchor_options
+        self.store_resolved_hparams(requested, **{f"anchor.{k}": getattr(anchor_options, k) for k in ("fraction", "features",
+                                                                                                     "length_scale", "feature_seed")})
         self.automatic_optimization = False
         self.generator_options = net_options
         self.generator = self.build_generator(net_options)
@@ -446,8 +472,8 @@ class GPATE(PrivateGenerativeModel):
             for step in range(hp.generator_steps):
                 out = x if step == 0 else self.generator(z, y)
                 g_loss = 0.5 * (out - target).flatten(1).pow(2).sum(dim=1).mean()
-                if self.anchor_noise is not None and hp.anchor_weight > 0:
-                    g_loss = g_loss + hp.anchor_weight * self.anchor_loss()
+                if self.anchor_noise is not None and self.anchor_options.weight > 0:
+                    g_loss = g_loss + self.anchor_options.weight * self.anchor_loss()
                 opt_g.zero_grad()
                 self.manual_backward(g_loss)
                 opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
@@ -475,8 +501,8 @@ class GPATE(PrivateGenerativeModel):
         if self.anchor_noise is None:
             return []
         hp = self.hparams
-        share = hp.anchor_fraction
-        what = (f"each class's mean embedding under {hp.anchor_features:,} random features" if hp.anchor_features
+        share = self.anchor_options.fraction
+        what = (f"each class's mean embedding under {self.anchor_options.features:,} random features" if self.anchor_options.features
                 else "each class's mean image")
         made = "released once" if bool(self.anchor_measured) else "not released yet"
         steps = int(self.trainer.global_step) if self._trainer is not None else 0
@@ -491,7 +517,7 @@ class GPATE(PrivateGenerativeModel):
     def measure_anchor(self) -> bool:
         """Pay for and measure each class's mean image on the whole training split (the DataModule's).
         Returns ``False`` (nothing measured) when the budget refuses it."""
-        datamodule = self.whole_split_datamodule("anchor_fraction")
+        datamodule = self.whole_split_datamodule("anchor.fraction")
         if not self.charge(self.anchor_event()):
             return False
         return self._measure_mean_images(*datamodule.model_space("train"))
@@ -499,8 +525,7 @@ class GPATE(PrivateGenerativeModel):
     def anchor_frequencies(self) -> torch.Tensor:
         """The random Fourier features' frequencies ``[anchor_features/2, d]``, redrawn from the stored public seed."""
         if self._anchor_frequencies is None or self._anchor_frequencies.device != self.device:
-            hp = self.hparams
-            frequencies = fourier_frequencies(hp.anchor_features, int(np.prod(self.data_spec["shape"])), hp.anchor_length_scale,
+            frequencies = fourier_frequencies(self.anchor_options.features, int(np.prod(self.data_spec["shape"])), self.anchor_options.length_scale,
                                               int(self.anchor_seed))
             self._anchor_frequencies = frequencies.to(self.device)
         return self._anchor_frequencies
@@ -510,7 +535,7 @@ class GPATE(PrivateGenerativeModel):
         (the same on every rank under DDP, so every replica holds the same release)."""
         if self._shared_gen is None or self._shared_gen.device != self.device:
             self.setup("fit")
-        if self.hparams.anchor_features:
+        if self.anchor_options.features:
             means = noisy_class_feature_means(x, y, self.anchor_frequencies().to(x.device), num_classes=self.num_classes,
                                               noise_multiplier=self.anchor_noise, generator=self._shared_gen)
         else:
@@ -526,16 +551,15 @@ class GPATE(PrivateGenerativeModel):
         generator, as the fakes' do: every DDP rank computes the same term on its replica. With ``anchor_features``:
         ``½·ℓ²·‖mean embedding − anchor‖²`` averaged over classes (the same to first order; several ℓ: the ℓ² of
         :func:`~lightning_gpate.privacy.merf.kernel_curvature_scale`)."""
-        hp = self.hparams
         d = self.anchor_targets[0].numel()
         gen = self._shared_gen
         features, scale = None, 1.0
-        if hp.anchor_features:
+        if self.anchor_options.features:
             frequencies = self.anchor_frequencies()
             features = lambda x: fourier_features(x, frequencies)  # noqa: E731
-            scale = kernel_curvature_scale(hp.anchor_length_scale)
+            scale = kernel_curvature_scale(self.anchor_options.length_scale)
         gap = class_mean_gap(lambda y: self.generator(self.latent(y.shape[0], generator=gen), y), self.anchor_targets,
-                             int(hp.anchor_batch_size), features, unbiased=hp.anchor_unbiased)
+                             int(self.anchor_options.batch_size), features, unbiased=self.anchor_options.unbiased)
         return 0.5 * scale * d * gap.mean()
 
     def _directions(self, fakes: torch.Tensor, y: torch.Tensor, units: "_VoteUnits"):

@@ -17,7 +17,7 @@ gradient. Two stages, each its own resumable, logged ``lightning-gpate fit``:
    non-private models (only the generator of stage 2 is a DP release).
 2. ``stage: train`` (``pretrained_checkpoint`` from stage 1) — each generator step draws one
    discriminator uniformly (the DataModule's one-teacher sampling, with its real batches), runs
-   ``critic_steps`` WGAN-GP steps on it (λ_GP = 10 plus 0.001·mean D(real)², Adam lr 1e-4,
+   ``training.critic_steps`` WGAN-GP steps on it (λ_GP = 10 plus 0.001·mean D(real)², Adam lr 1e-4,
    β = (0.5, 0.9), each discriminator with its own Adam state), then updates the generator through
    it with the gradient from the discriminator into each generated sample clipped to C and noised
    with N(0, (2Cσ)²) (:class:`~lightning_gpate.privacy.sanitizer.GradientSanitizer`); nothing else
@@ -42,7 +42,7 @@ discriminator that (in the extreme) announced how often it had been trained woul
 used another one, and those steps would be charged as if there were no subsampling. No composition
 theorem covers such hidden state, so under the guarantee every draw starts the discriminator from its
 state at the start of training (its pretrained weights: a function of its own subset) with a fresh
-Adam state, and takes its ``critic_steps`` against the current generator: each step is then exactly
+Adam state, and takes its ``training.critic_steps`` against the current generator: each step is then exactly
 the subsampled mechanism the analysis composes. ``discriminator_state: kept`` (the official code) is
 available under ``budget_accounting: paper`` only.
 
@@ -66,6 +66,7 @@ import copy
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -73,7 +74,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
-from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
+from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, OptionGroup, positive_widths, flat_options, positive_int
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.models.sharding import (gather_members, local_backward, owned_members, rank_and_world,
@@ -87,6 +88,64 @@ from lightning_gpate.release import RELEASE_KEY
 
 STAGES = ("pretrain", "train")
 DISCRIMINATOR_STATES = ("reset", "kept")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WGANTraining(OptionGroup):
+    """How GS-WGAN's networks are trained (Chen et al. 2020: WGAN-GP, Gulrajani et al. 2017).
+
+    Args:
+        lr: Adam learning rate of every network (the paper's 1e-4); betas: Adam betas ((0.5, 0.9)).
+        generator_lr, generator_betas: the generator's own Adam settings (``None``: ``lr``, ``betas``, the paper's).
+            Under the sound analysis every step carries a noise of std 2Cσ per sample coordinate: a larger rate and
+            momentum (e.g. 1e-3, (0.9, 0.999)) average it over steps.
+        critic_steps: critic steps per generator step (5).
+        gp_weight: λ of the gradient penalty (10); drift_weight: weight of mean D(real)² (0.001).
+    """
+
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.5, 0.9)
+    generator_lr: float | None = None
+    generator_betas: tuple[float, float] | None = None
+    critic_steps: int = 5
+    gp_weight: float = 10.0
+    drift_weight: float = 1e-3
+
+    def __post_init__(self) -> None:
+        positive_int("training.critic_steps", self.critic_steps)
+        for name, value in (("lr", self.lr), ("generator_lr", self.generator_lr)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"training.{name} must be a finite number > 0, got {value}")
+        for name, value in (("betas", self.betas), ("generator_betas", self.generator_betas)):
+            if value is not None and (len(value) != 2 or not all(0 <= b < 1 for b in value)):
+                raise ValueError(f"training.{name} must be two numbers in [0, 1), got {value}")
+        if not (self.gp_weight >= 0 and self.drift_weight >= 0):
+            raise ValueError(f"training.gp_weight and drift_weight must be >= 0, got {self.gp_weight}, {self.drift_weight}")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if self.generator_betas is not None:
+            object.__setattr__(self, "generator_betas", tuple(float(b) for b in self.generator_betas))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pretraining(OptionGroup):
+    """Stage ``pretrain`` (non-private: its discriminators are only ever used through the sanitiser of stage
+    ``train``, which loads them from ``pretrained_checkpoint``).
+
+    Args:
+        iterations: the stage stops after this many iterations (each: ``training.critic_steps`` steps of every
+            discriminator, one step of every throwaway generator; 2000 in the paper). ``trainer.max_steps`` may
+            stop it earlier; resume with ``ckpt_path``.
+        generator_hidden: hidden widths of small MLP throwaway generators; ``None``: the main generator's network
+            (N_D copies of it are held at once).
+    """
+
+    iterations: int = 2000
+    generator_hidden: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("pretraining.iterations", self.iterations)
+        object.__setattr__(self, "generator_hidden", positive_widths("pretraining.generator_hidden", self.generator_hidden))
+
 GSWGAN_CHECKPOINT_KEY = "gswgan"
 #: The GS-WGAN paper's settings where the defaults differ (Chen et al. 2020 and its official code): ``GSWGAN(spec,
 #: **PAPER_SETTINGS, ...)`` or ``configs/mnist/gswgan_eps10_paper.yaml``. Its σ = 1.07 is ε ≈ 9.24 after 20,000 steps
@@ -270,18 +329,11 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         stage: ``"pretrain"`` (non-private discriminator pretraining) or ``"train"``.
         pretrained_checkpoint: private training checkpoint of a ``pretrain`` run on the same data and partition
             (stage ``train``; without it the discriminators start untrained, with a warning).
-        pretrain_iterations: stage ``pretrain`` stops after this many iterations (each:
-            ``critic_steps`` steps of every discriminator, one step of every throwaway generator;
-            2000 in the paper). ``trainer.max_steps`` may stop it earlier; resume with ``ckpt_path``.
         budget_accounting: ``"guarantee"`` (sound GS-WGAN analysis) or ``"paper"`` (per-sample
             composition of the official code: not a guarantee).
         conversion: RDP → (ε, δ) conversion.
-        lr: Adam learning rate of every network (1e-4); betas: Adam betas ((0.5, 0.9)).
-        generator_lr, generator_betas: the generator's own Adam settings (default: ``lr``, ``betas``,
-            the paper's). Under the sound analysis every step carries a noise of std 2Cσ per sample
-            coordinate: a larger rate and momentum (e.g. 1e-3, (0.9, 0.999)) average it over steps.
-        critic_steps: critic steps per generator step (5).
-        gp_weight: λ of the gradient penalty (10); drift_weight: weight of mean D(real)² (0.001).
+        training: how the networks are trained (:class:`WGANTraining`: the paper's Adam 1e-4, (0.5, 0.9) for every
+            network, 5 critic steps a generator step, the gradient penalty 10 and drift 0.001).
         generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
             some of its options): z 100 from N(0, I); tables an MLP of (256, 256) (ReLU, BatchNorm, tanh/softmax
             outputs); images a DCGAN of ``gf_dim`` 64 and ``fc_dim`` 256 with ``upsample: transposed`` (``nearest``:
@@ -293,8 +345,8 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         discriminator: the discriminators' network (:class:`~lightning_gpate.models.options.DiscriminatorNet`):
             tables an MLP of (128,) (LeakyReLU 0.2, no normalisation: the gradient penalty is per sample); images a
             DCGAN discriminator of ``df_dim`` 32 and ``fc_dim`` 256 (no normalisation).
-        pretrain_generator_hidden: hidden widths of small MLP throwaway generators for pretraining;
-            ``None`` uses the main generator's architecture (N_D copies of it are held at once).
+        pretraining: stage ``pretrain``'s length and throwaway generators (:class:`Pretraining`; the paper's 2,000
+            iterations, the main generator's network).
         discriminator_state: ``"reset"`` (default: every draw starts the discriminator from its state at
             the start of training, with a fresh Adam state; see the module docstring) or ``"kept"``
             (it continues from its last draw, as the official code: ``budget_accounting: paper`` only).
@@ -315,7 +367,10 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
     #: Options whose ``None`` the constructor resolves (σ, planned from the budget) and stores resolved
     #: (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("noise_multiplier",)
-    FLAT_OPTIONS = flat_options("discriminator")
+    FLAT_OPTIONS = {**flat_options("discriminator"),
+                    **{name: (f"training.{name}",) for name in ("lr", "betas", "generator_lr", "generator_betas", "critic_steps",
+                                                               "gp_weight", "drift_weight")},
+                    "pretrain_iterations": ("pretraining.iterations",), "pretrain_generator_hidden": ("pretraining.generator_hidden",)}
 
     def __init__(
         self,
@@ -329,20 +384,13 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         generator_batch_size: int = 32,
         stage: str = "train",
         pretrained_checkpoint: str | None = None,
-        pretrain_iterations: int = 2000,
+        pretraining: Pretraining = Pretraining(),
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
-        lr: float = 1e-4,
-        betas: tuple[float, float] = (0.5, 0.9),
-        generator_lr: float | None = None,
-        generator_betas: tuple[float, float] | None = None,
-        critic_steps: int = 5,
-        gp_weight: float = 10.0,
-        drift_weight: float = 1e-3,
+        training: WGANTraining = WGANTraining(),
         generator: GeneratorNet = DEFAULT_GENERATOR,
         discriminator: DiscriminatorNet = DEFAULT_DISCRIMINATOR,
         warm_start: WarmStart | None = None,
-        pretrain_generator_hidden: Sequence[int] | None = None,
         discriminator_state: str = "reset",
         log_private_diagnostics: bool = False,
         secure_mode: bool = False,
@@ -350,6 +398,8 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
     ) -> None:
         net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
         discriminator_options = DiscriminatorNet.of(discriminator, DEFAULT_DISCRIMINATOR, name="discriminator")
+        training_options = WGANTraining.of(training, WGANTraining(), name="training")
+        pretraining_options = Pretraining.of(pretraining, Pretraining(), name="pretraining")
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
                          conversion=conversion, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
                          log_private_diagnostics=log_private_diagnostics)
@@ -367,12 +417,6 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
         if not (clip_bound > 0 and math.isfinite(clip_bound)):
             raise ValueError(f"clip_bound must be a finite number > 0, got {clip_bound}")
-        if pretrain_iterations < 1:
-            raise ValueError(f"pretrain_iterations must be >= 1, got {pretrain_iterations}")
-        if critic_steps < 1:
-            raise ValueError(f"critic_steps must be >= 1, got {critic_steps}")
-        if generator_lr is not None and not (generator_lr > 0 and math.isfinite(generator_lr)):
-            raise ValueError(f"generator_lr must be a finite number > 0 or unset, got {generator_lr}")
         if discriminator_state not in DISCRIMINATOR_STATES:
             raise ValueError(f"discriminator_state must be one of {DISCRIMINATOR_STATES}, got {discriminator_state!r}")
         if discriminator_state == "kept" and budget_accounting != "paper":
@@ -380,8 +424,10 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
                              "draws, which no analysis here covers: use it with budget_accounting: paper (not a guarantee), "
                              "or discriminator_state: reset")
         self.save_hyperparameters()
-        self.store_option_groups(generator=net_options, discriminator=discriminator_options)
+        self.store_option_groups(generator=net_options, discriminator=discriminator_options, training=training_options,
+                                 pretraining=pretraining_options)
         self.generator_options, self.discriminator_options = net_options, discriminator_options
+        self.training_options, self.pretraining_options = training_options, pretraining_options
         self.init_warm_start(warm_start if stage == "train" else None)  # its share of ε, planned before σ takes the rest
         if noise_multiplier is None:  # the default: the least noise for which the planned steps fit the budget
             noise_multiplier = self.plan_noise_multiplier(num_discriminators, generator_batch_size, int(planned_steps))
@@ -404,7 +450,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
                 self.discriminator_adam = StackedAdamState(self.discriminator, num_discriminators)
             # the discriminator drawn per step (the subsampling GS-WGAN's amplification rests on) comes
             # from an OS-seeded generator in the DataModule, as does the sanitiser's noise here
-            self.train_sampling = {"kind": "one_teacher", "batches": critic_steps,
+            self.train_sampling = {"kind": "one_teacher", "batches": training_options.critic_steps,
                                    "mechanism_seed": derived_seed(noise_seed, "discriminator choice")}
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if net_options.averaged else None
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
@@ -482,17 +528,17 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
                                   hidden=net.hidden, seed=seed)
 
     def _new_pretrain_generator(self) -> nn.Module:
-        hp = self.hparams
-        if hp.pretrain_generator_hidden is None:  # the main generator's network
+        hidden = self.pretraining_options.generator_hidden
+        if hidden is None:  # the main generator's network
             return self.build_generator(self.generator_options)
-        return build_mlp_generator(self, hidden=hp.pretrain_generator_hidden)
+        return build_mlp_generator(self, hidden=hidden)
 
     @property
     def has_release(self) -> bool:
         return self.stage != "pretrain"  # stage 1's throwaway generators are not a release
 
     def configure_optimizers(self):
-        hp = self.hparams
+        hp = self.training_options
         adam = lambda params: torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas))  # noqa: E731
         if self.stage == "pretrain":
             # Adam is elementwise: one optimizer over the stacked tensors = one Adam per member.
@@ -580,7 +626,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         return GSWGANStepEvent(noise_multiplier=hp.noise_multiplier, num_discriminators=self.num_discriminators, batch_size=hp.generator_batch_size, steps=1)
 
     def _critic_loss(self, critic, real_x, real_y, fake_x, **random) -> torch.Tensor:
-        hp = self.hparams
+        hp = self.training_options
         return wgan_gp_critic_loss(critic, real_x, real_y, fake_x, gp_weight=hp.gp_weight, drift_weight=hp.drift_weight, **random)
 
     def training_step(self, batch, batch_idx):
@@ -589,9 +635,9 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         return self._train_step(*batch)
 
     def _pretrain_step(self, real_x: torch.Tensor, real_y: torch.Tensor) -> None:
-        """One critic step of every discriminator on its own batch; every ``critic_steps``-th call
+        """One critic step of every discriminator on its own batch; every ``training.critic_steps``-th call
         also one step of every throwaway generator (the step Lightning counts)."""
-        if self.trainer.global_step >= self.hparams.pretrain_iterations:  # resumed after the end
+        if self.trainer.global_step >= self.pretraining_options.iterations:  # resumed after the end
             self.trainer.should_stop = True
             return
         n_d, b = real_y.shape[:2]
@@ -612,7 +658,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         self.step_uncounted(opt_d)
         self.critic_steps_taken += 1
         logs = {"pretrain/d_loss": d_loss.detach() / n_d}  # non-private networks on private data: opt-in only
-        if int(self.critic_steps_taken) % self.hparams.critic_steps == 0:
+        if int(self.critic_steps_taken) % self.training_options.critic_steps == 0:
             labels = self.sample_labels(n_all * b).view(n_all, b)[owned]
             fake = self.pretrain_generators(self.latent(n_all * b).view(n_all, b, -1)[owned], labels)
             with frozen(self.discriminators):
@@ -621,8 +667,8 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
             local_backward(self, g_loss)
             opt_g.step()
             logs["pretrain/g_loss"] = g_loss.detach() / n_d
-            if self.trainer.global_step >= self.hparams.pretrain_iterations:
-                self.stop_reason = f"pretraining done ({self.hparams.pretrain_iterations} iterations)"
+            if self.trainer.global_step >= self.pretraining_options.iterations:
+                self.stop_reason = f"pretraining done ({self.pretraining_options.iterations} iterations)"
                 self.trainer.should_stop = True
         self.log_private(logs)
 
@@ -648,7 +694,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         d_loss = self.train_critic(k, real_x, real_y, generator=critic_gen) if rank == owner else None
         g_loss = self.generator_step(self.discriminator, owner=owner)
         if rank != owner:  # the job's count on every rank (the owner counted its steps in train_critic)
-            self.critic_steps_taken += self.hparams.critic_steps
+            self.critic_steps_taken += self.training_options.critic_steps
         if rank == owner:  # the sanitised gradient is the step's only release: these are not (opt-in diagnostics)
             self.log_private({"d_loss": d_loss, "g_loss": g_loss, "discriminator": float(k)})
 

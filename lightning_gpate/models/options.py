@@ -41,7 +41,7 @@ LATENT_PRIORS = ("normal", "uniform")
 UPSAMPLES = ConditionalDCGANGenerator.UPSAMPLE
 
 
-def _widths(name: str, value: Sequence[int] | None) -> tuple[int, ...] | None:
+def positive_widths(name: str, value: Sequence[int] | None) -> tuple[int, ...] | None:
     if value is None:
         return None
     if isinstance(value, (str, bytes)) or not all(int(w) == w and w >= 1 for w in value):
@@ -49,7 +49,7 @@ def _widths(name: str, value: Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(int(w) for w in value)
 
 
-def _positive_int(name: str, value: Any) -> None:
+def positive_int(name: str, value: Any) -> None:
     if value is not None and not (int(value) == value and value >= 1):
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
@@ -129,16 +129,16 @@ class GeneratorNet(OptionGroup):
     ema_decay: float | None = 0.0
 
     def __post_init__(self) -> None:
-        _positive_int("generator.z_dim", self.z_dim)
-        _positive_int("generator.gf_dim", self.gf_dim)
-        _positive_int("generator.fc_dim", self.fc_dim)
+        positive_int("generator.z_dim", self.z_dim)
+        positive_int("generator.gf_dim", self.gf_dim)
+        positive_int("generator.fc_dim", self.fc_dim)
         if self.latent_prior not in LATENT_PRIORS:
             raise ValueError(f"generator.latent_prior must be one of {LATENT_PRIORS}, got {self.latent_prior!r}")
         if self.upsample not in UPSAMPLES:
             raise ValueError(f"generator.upsample must be one of {UPSAMPLES}, got {self.upsample!r}")
         if self.ema_decay is not None and not (0 <= self.ema_decay < 1 and math.isfinite(self.ema_decay)):
             raise ValueError(f"generator.ema_decay must be in [0, 1) or null, got {self.ema_decay}")
-        object.__setattr__(self, "hidden", _widths("generator.hidden", self.hidden))
+        object.__setattr__(self, "hidden", positive_widths("generator.hidden", self.hidden))
 
     @property
     def averaged(self) -> bool:
@@ -163,9 +163,9 @@ class DiscriminatorNet(OptionGroup):
     hidden: tuple[int, ...] | None = (256, 256)
 
     def __post_init__(self) -> None:
-        _positive_int("df_dim", self.df_dim)
-        _positive_int("fc_dim", self.fc_dim)
-        object.__setattr__(self, "hidden", _widths("hidden", self.hidden))
+        positive_int("df_dim", self.df_dim)
+        positive_int("fc_dim", self.fc_dim)
+        object.__setattr__(self, "hidden", positive_widths("hidden", self.hidden))
 
 
 #: How G-PATE's teachers label their fakes (:class:`Teachers`).
@@ -175,58 +175,77 @@ TEACHER_PRECISIONS = ("32", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Teachers(OptionGroup):
-    """G-PATE's teacher ensemble: one discriminator per disjoint partition, trained on it and never released (so its
-    training costs no privacy; what they vote is the aggregator's to pay). Images: the paper's conditional conv nets
-    (:class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`), tables an MLP each.
+class TeacherEnsemble(OptionGroup):
+    """A PATE teacher ensemble: one discriminator per disjoint partition, trained on it and never released (so its
+    training costs no privacy; what the teachers vote is the mechanism's to pay). Images: the G-PATE paper's
+    conditional conv nets (:class:`~lightning_gpate.nets.ensemble.ConvTeacherEnsemble`), tables an MLP each
+    (:class:`~lightning_gpate.nets.ensemble.MLPTeacherEnsemble`). G-PATE's :class:`Teachers` and PATE-GAN's
+    teachers add how they are trained or vote.
+
+    Args:
+        steps: Adam steps per iteration.
+        lr: Adam's learning rate (``None``: the model's rule).
+        hidden: tables: hidden widths of the MLP teachers (``None``: the model's rule).
+        channels: images: conv widths ``(c0, c1)`` (``None``: the paper's).
+        fc: images: dense width.
+        chunk_size: teachers processed at once in a backward pass (bounds memory; ``None``: all).
+        seed: seed of the teachers' initialisation (per global teacher id).
+    """
+
+    steps: int = 1
+    lr: float | None = 1e-3
+    hidden: tuple[int, ...] | None = (64,)
+    channels: tuple[int, ...] | None = None
+    fc: int = 256
+    chunk_size: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive_int("teachers.steps", self.steps)
+        positive_int("teachers.fc", self.fc)
+        positive_int("teachers.chunk_size", self.chunk_size)
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"teachers.lr must be a finite number > 0, got {self.lr}")
+        object.__setattr__(self, "hidden", positive_widths("teachers.hidden", self.hidden))
+        object.__setattr__(self, "channels", positive_widths("teachers.channels", self.channels))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Teachers(TeacherEnsemble):
+    """G-PATE's teacher ensemble (:class:`TeacherEnsemble`: ``steps`` Adam steps per iteration, each on new fakes and
+    the same real batch), and how it is trained.
 
     Args:
         fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as the official code) or
             ``"class_ratio"`` (one fake batch, labels from the class ratio, shared by all teachers).
-        steps: Adam steps per iteration (each on new fakes, the same real batch).
         warmup_steps: steps before the first aggregation, against the untrained generator's fakes (no privacy cost).
         precision: ``"32"`` or ``"bf16"`` (autocast of the forward and backward; votes compared with fp32 by
             ``benchmarks/teacher_throughput.py``).
-        lr: Adam's learning rate; betas: its betas.
-        hidden: tables: hidden widths of the MLP teachers.
-        channels: images: conv widths ``(c0, c1)`` (``None``: the paper's).
-        fc: images: dense width.
-        chunk_size: teachers processed at once (bounds memory; ``None``: all).
+        betas: Adam's betas.
         conv_impl: images: kernels (``"auto"``: by device; ``"cpu"``: im2col + batched matmuls and channels-last grouped
             convolutions; ``"gpu"``: grouped convolutions; ``"bmm"``: im2col + batched matmuls for every convolution;
             the same maths).
-        seed: seed of the teachers' initialisation (per global teacher id).
     """
 
     fake_labels: str = "teacher"
-    steps: int = 1
     warmup_steps: int = 0
     precision: str = "32"
-    lr: float = 1e-3
     betas: tuple[float, float] = (0.5, 0.999)
-    hidden: tuple[int, ...] = (64,)
-    channels: tuple[int, ...] | None = None
-    fc: int = 256
-    chunk_size: int | None = None
     conv_impl: str = "auto"
-    seed: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for option, value, choices in (("fake_labels", self.fake_labels, TEACHER_FAKE_LABELS),
                                        ("precision", str(self.precision), TEACHER_PRECISIONS), ("conv_impl", self.conv_impl, CONV_IMPLS)):
             if value not in choices:
                 raise ValueError(f"teachers.{option} must be one of {choices}, got {value!r}")
         object.__setattr__(self, "precision", str(self.precision))
-        _positive_int("teachers.steps", self.steps)
-        _positive_int("teachers.fc", self.fc)
-        _positive_int("teachers.chunk_size", self.chunk_size)
         if int(self.warmup_steps) != self.warmup_steps or self.warmup_steps < 0:
             raise ValueError(f"teachers.warmup_steps must be an integer >= 0, got {self.warmup_steps}")
-        if not (self.lr > 0 and math.isfinite(self.lr)) or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"teachers.lr must be > 0 and teachers.betas two numbers in [0, 1), got {self.lr}, {self.betas}")
+        if self.lr is None or self.hidden is None or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"teachers.lr must be > 0, teachers.hidden widths and teachers.betas two numbers in [0, 1), got "
+                             f"{self.lr}, {self.hidden}, {self.betas}")
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        object.__setattr__(self, "hidden", _widths("teachers.hidden", self.hidden))
-        object.__setattr__(self, "channels", _widths("teachers.channels", self.channels))
 
 
 def migrate_flat_options(flat_options: dict[str, tuple[str, ...]], options: dict[str, Any], *, model: str) -> dict[str, Any]:

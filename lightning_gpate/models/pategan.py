@@ -2,12 +2,12 @@
 
 Per generator step (Yoon et al. 2019, Algorithm 1):
 
-1. ``teacher_steps`` (n_T) steps of the k teachers, each a conditional real-vs-fake classifier
+1. ``teachers.steps`` (n_T) steps of the k teachers, each a conditional real-vs-fake classifier
    trained on its own partition of the training data. The partition is the DataModule's fixed,
    disjoint :class:`~datamodules.partition.TeacherPartition` (a record reaches one teacher, for the
    whole run); the teachers are one stacked-parameter ensemble
    (:mod:`lightning_gpate.nets.ensemble`) under one Adam, so every teacher has its own moments.
-2. ``student_steps`` (n_S) steps of the student on **generated samples only**, each labelled by the
+2. ``student.steps`` (n_S) steps of the student on **generated samples only**, each labelled by the
    noisy teacher vote ``argmax_j(n_j + Lap(1/λ))`` (n_j: teachers voting class j ∈ {fake, real}).
    Every query batch is charged to the accountant as a
    :class:`~lightning_gpate.privacy.LaplaceVoteEvent` *before* the student sees its labels; when the
@@ -15,25 +15,25 @@ Per generator step (Yoon et al. 2019, Algorithm 1):
 3. One generator step against the student.
 
 Options beyond the paper, all free post-processing of the paid-for votes: ``query_labels: uniform``
-(a rare class gets its share of the queries) and ``replay_capacity`` (the student re-fits every
+(a rare class gets its share of the queries) and ``student.replay_capacity`` (the student re-fits every
 labelled sample kept so far rather than only the newest batch).
 
-One option that is not post-processing and pays for itself: ``marginal_fraction`` (tables). Neither
+One option that is not post-processing and pays for itself: ``marginals.fraction`` (tables). Neither
 vote keeps the generator near the data (``benchmarks/results/tabular_ladder.md``): with the paper's
 vote the teachers call every generated row fake; a relative vote only ranks generated rows against each
 other, so the generator follows its direction past the data to the bounds of the declared domain, even
-without noise. With ``marginal_fraction > 0`` a share of ε buys every column's one-way marginal per
+without noise. With ``marginals.fraction > 0`` a share of ε buys every column's one-way marginal per
 class, once, before training (the Gaussian mechanism on the ``d`` tables class × value, numeric
-columns in ``marginal_bins`` equal-width bins of their declared range: a record adds one to one cell of
-each, L2 sensitivity √d), and the generator's loss adds ``marginal_weight`` times the KL divergence of
+columns in ``marginals.bins`` equal-width bins of their declared range: a record adds one to one cell of
+each, L2 sensitivity √d), and the generator's loss adds ``marginals.weight`` times the KL divergence of
 each measured conditional marginal from the generator's (soft) marginal on a batch of its rows: the
 marginals anchor the generator, the teachers' votes shape the rest. The measured tables are noisy
 releases (kept in the checkpoint as public state); the votes get the budget that is left. For images
 the same share buys the image analogue, the **per-class mean image** (the first moment of every
 pixel's marginal per class): per class the sum of its images (pixels in [0, 1]) and its count, one
 Gaussian on the vector (sums, counts) of L2 sensitivity √(d + 1) (a record adds its image and one to
-its class's), and the generator's loss adds ``marginal_weight`` times the squared distance of each
-class's mean generated image (a batch of ``marginal_batch_size``) from the measured one.
+its class's), and the generator's loss adds ``marginals.weight`` times the squared distance of each
+class's mean generated image (a batch of ``marginals.batch_size``) from the measured one.
 
 What the public implementations got wrong, and what this one does instead (see REFERENCE.md and the
 replication study): teacher partitions are fixed and disjoint; the student never sees real rows;
@@ -62,14 +62,15 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, flat_options
+from lightning_gpate.models.options import (DiscriminatorNet, GeneratorNet, OptionGroup, TeacherEnsemble, flat_options,
+                                            positive_int)
 from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
@@ -87,9 +88,121 @@ TEACHER_VOTES = ("logit", "relative")
 STUDENT_LABELS = ("argmax", "share")
 NOISE_STATE_KEY = "pategan_vote_noise"
 FAKE, REAL = 0, 1  # vote classes
+@dataclass(frozen=True, kw_only=True)
+class VotingTeachers(TeacherEnsemble):
+    """PATE-GAN's teachers (:class:`~lightning_gpate.models.options.TeacherEnsemble`: ``steps`` is n_T, teacher steps
+    per generator step; ``lr`` ``None``: 1e-4 for images, 1e-3 for tables, :func:`resolved_defaults`; ``hidden``
+    ``None``: ``[d]``) and how they vote.
+
+    Args:
+        vote: ``"logit"`` (the paper: a teacher votes "real" when its logit is positive) or ``"relative"``: it votes
+            "real" when its logit exceeds its own median logit on a fresh batch of generated samples of the same class
+            ("more real than the generator's typical output for this label"). Teachers trained on a few rows each
+            call every generated sample fake, so paper votes are unanimous and teach the student nothing
+            (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a signal. Each vote still depends
+            on one teacher's partition only: the analysis is unchanged.
+        relative_reference: fresh generated samples per class on which a teacher's median is taken for ``vote:
+            relative`` (at least the queries voted on). Its forward through every teacher is most of a vote's cost
+            on images.
+        vote_chunk_size: generated samples per teacher forward when voting (bounds memory).
+    """
+
+    vote: str = "relative"
+    relative_reference: int = 64
+    vote_chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vote not in TEACHER_VOTES:
+            raise ValueError(f"teachers.vote must be one of {TEACHER_VOTES}, got {self.vote!r}")
+        positive_int("teachers.relative_reference", self.relative_reference)
+        positive_int("teachers.vote_chunk_size", self.vote_chunk_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Student(DiscriminatorNet):
+    """PATE-GAN's student: its network (:class:`~lightning_gpate.models.options.DiscriminatorNet`; tables an MLP of
+    ``[d, d/2]`` with ``hidden: null``, images a DCGAN discriminator) and how it learns from the noisy votes, all of
+    it post-processing of the paid-for labels.
+
+    Args:
+        steps: n_S student steps per generator step (each one batch of ``query_batch_size`` vote queries).
+        batch_size: samples per student step when replaying (``None``: ``query_batch_size``).
+        replay_capacity: ``None``: ``planned_queries`` for images (every paid-for label replayed, the MNIST rows'), 0
+            for tables (replay did not help there: ``tabular_ladder.md`` rung 13). 0 (the paper): each student step
+            trains on the samples just labelled. ``> 0``: keep the last ``student.replay_capacity`` labelled samples and train
+            each student step on a draw of ``batch_size`` of them (the student fits the few labels a small budget can
+            buy better, and queries can be fewer per generator step).
+        labels: what the student is trained on for each voted sample (``None``: ``"share"`` for images under
+            ``budget_accounting: guarantee``, the MNIST rows', else ``"argmax"``): ``"argmax"`` (the paper: the noisy
+            majority, 1 = real) or ``"share"``: the noisy share of "real" votes, ``clip(½ + (ñ_real − ñ_fake)/(2T), 0,
+            1)`` with ñ the noisy counts, as a soft target. The guarantee already covers the whole noisy histogram
+            (the Laplace mechanism on a vector of L1 sensitivity 2), so the share costs nothing more than its argmax;
+            a graded label tells the student how far a sample is from the teachers' verdict, not a coin flip near the
+            middle. Under the data-dependent analyses (``paper``, ``smooth_sensitivity``), which bound the argmax
+            only, it is refused.
+    """
+
+    steps: int = 1
+    batch_size: int | None = 64
+    replay_capacity: int | None = None
+    labels: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive_int("student.steps", self.steps)
+        positive_int("student.batch_size", self.batch_size)
+        if self.replay_capacity is not None and (int(self.replay_capacity) != self.replay_capacity or self.replay_capacity < 0):
+            raise ValueError(f"student.replay_capacity must be an integer >= 0 (or null), got {self.replay_capacity}")
+        if self.labels is not None and self.labels not in STUDENT_LABELS:
+            raise ValueError(f"student.labels must be one of {STUDENT_LABELS}, got {self.labels!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassMarginals(OptionGroup):
+    """The marginals PATE-GAN measures once before training and pulls its generator towards (module doc): a share of
+    ε buys every column's one-way marginal per class (tables) or each class's mean image (images).
+
+    Args:
+        fraction: the share of ε (the ε of that measurement alone); ``None``: 0.5 under ``budget_accounting:
+            guarantee`` (the anchor is what makes a guaranteed PATE-GAN useful: ``pategan_mnist_cpu.md``,
+            ``tabular_ladder.md``) except for images with a ``warm_start`` (its release replaces the class means),
+            else 0; 0 is the paper. Needs ``budget_accounting: guarantee`` and a DataModule (the whole training split
+            is read once).
+        weight: weight of the generator's term to the measured marginals (tables: KL divergence; images: mean over
+            classes of the mean squared pixel difference, in [-1, 1]); ``None``: 10 for images, 30 for tables (the
+            MNIST and cervical rows').
+        bins: equal-width bins of a numeric column's declared range for those marginals.
+        batch_size: generated rows or images (every class equally often) per generator step for the term.
+        threshold: tables: a class's measured deviation from the pooled marginal is kept beyond this many noise stds
+            of a share (soft thresholding; 0 keeps it all). On cervical (35 positive rows) 1 gave the better tables
+            and AUROC at ε = 10; at ε = 1, where that threshold erases the positive class's deviations entirely, 0
+            scored better (its noisy marginals make its rows unlike the negatives'; ``tabular_ladder.md``).
+    """
+
+    fraction: float | None = None
+    weight: float | None = None
+    bins: int = 10
+    batch_size: int = 256
+    threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.fraction is not None and not 0.0 <= self.fraction < 1.0:
+            raise ValueError(f"marginals.fraction must be in [0, 1), got {self.fraction}")
+        if self.weight is not None and not 0 <= self.weight < math.inf:
+            raise ValueError(f"marginals.weight must be a finite number >= 0, got {self.weight}")
+        for name, value in {"bins": self.bins, "batch_size": self.batch_size}.items():
+            if int(value) != value or value < 2:
+                raise ValueError(f"marginals.{name} must be an integer >= 2, got {value}")
+        if not 0 <= self.threshold < math.inf:
+            raise ValueError(f"marginals.threshold must be a finite number >= 0, got {self.threshold}")
+
+
 #: The generator and the student (``generator``'s and ``student``'s docs): ``None``: by data kind.
 DEFAULT_GENERATOR = GeneratorNet(z_dim=None, latent_prior="normal", gf_dim=64, fc_dim=1024, upsample="nearest", hidden=None, ema_decay=None)
-DEFAULT_STUDENT = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=None)
+DEFAULT_STUDENT = Student(df_dim=64, fc_dim=1024, hidden=None)
+#: The teachers (``teachers``' docs): ``None``: by data kind.
+DEFAULT_TEACHERS = VotingTeachers(lr=None, hidden=None)
 #: The PATE-GAN paper's settings where the defaults differ (Yoon et al. 2019 and its code): ``PATEGAN(spec,
 #: **PAPER_SETTINGS, ...)``. Under the data-independent guarantee its votes are unanimous "fake" and teach the
 #: student nothing (``benchmarks/results/pategan_vote_signal.md``, ``tabular_ladder.md``); the defaults are the MNIST
@@ -100,10 +213,11 @@ PAPER_SETTINGS = {"teacher_steps": 5, "student_steps": 5, "query_batch_size": 64
                   "marginal_weight": 1.0, "student_batch_size": None, "generator_upsample": "transposed"}
 
 
-def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, *, warm_start: bool = False,
-                      **requested: Any) -> dict[str, Any]:
-    """The values of :attr:`PATEGAN.RESOLVED_HPARAMS` that ``requested`` leaves ``None``, from the data's kind
-    (``"image"`` or ``"tabular"``) and the accounting mode: public numbers only.
+def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, requested: dict[str, Any], *,
+                      warm_start: bool = False) -> dict[str, Any]:
+    """The values of :attr:`PATEGAN.RESOLVED_HPARAMS` (``"teachers.lr"``: the option ``lr`` of the group ``teachers``)
+    that ``requested`` leaves ``None``, from the data's kind (``"image"`` or ``"tabular"``) and the accounting mode:
+    public numbers only.
 
     Images: the MNIST rows' settings (``configs/mnist/pategan_eps*_guarantee.yaml``, ``pategan_mnist_cpu.md``: 0.725-0.745
     at ε = 10, 0.734 at ε = 1 on the CPU proxy): Adam 2e-4 (teachers 1e-4), β (0.5, 0.999), every paid-for label replayed,
@@ -115,11 +229,11 @@ def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, *
     """
     image = kind == "image"
     guarantee = budget_accounting == "guarantee"
-    defaults = {"lr": 2e-4 if image else 1e-3, "teacher_lr": 1e-4 if image else 1e-3,
+    defaults = {"lr": 2e-4 if image else 1e-3, "teachers.lr": 1e-4 if image else 1e-3,
                 "betas": (0.5, 0.999) if image else (0.9, 0.999),
-                "marginal_fraction": 0.5 if guarantee and not (image and warm_start) else 0.0,
-                "marginal_weight": 10.0 if image else 30.0, "replay_capacity": int(planned_queries) if image else 0,
-                "student_labels": "share" if image and guarantee else "argmax", "discrete_samples": not image}
+                "marginals.fraction": 0.5 if guarantee and not (image and warm_start) else 0.0,
+                "marginals.weight": 10.0 if image else 30.0, "student.replay_capacity": int(planned_queries) if image else 0,
+                "student.labels": "share" if image and guarantee else "argmax", "discrete_samples": not image}
     return {k: defaults[k] if requested.get(k) is None else requested[k] for k in defaults}
 
 
@@ -161,15 +275,10 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             ``planned_queries`` labelled samples fit the budget under the guarantee.
         planned_queries: labelled samples to plan the budget for when ``lam`` is ``None`` (default 16,000: the MNIST
             and cervical rows'; paper: 10,000).
-        teacher_steps: n_T teacher steps per generator step (default 1, the MNIST and cervical rows'; paper: 5).
-        student_steps: n_S student steps per generator step (default 1; paper: 5).
         query_batch_size: generated samples per student step (= vote queries) and per generator step (default 16:
             few queries a step, so the budget pays for many generator steps; paper: 64).
-        lr: Adam learning rate of generator and student (and of the teachers, unless ``teacher_lr``); ``None``
-            (default): 2e-4 for images, 1e-3 for tables (:func:`resolved_defaults`; paper: 1e-4).
-        teacher_lr: Adam learning rate of the teachers; ``None`` (default): 1e-4 for images, 1e-3 for tables (paper:
-            ``lr``, 1e-4). Teachers that separate real from fake perfectly vote "fake" unanimously and teach the student
-            nothing.
+        lr: Adam learning rate of generator and student; ``None`` (default): 2e-4 for images, 1e-3 for tables
+            (:func:`resolved_defaults`; paper: 1e-4).
         betas: Adam betas; ``None`` (default): (0.5, 0.999) for images, (0.9, 0.999) for tables (the paper's).
         generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
             some of its options): z from N(0, I), its size ``None``: the data dimension d for tables, 100 for images;
@@ -177,79 +286,44 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             ``upsample: nearest`` (the MNIST rows': no checkerboard lattice; the paper's ``transposed``); ``ema_decay``
             ``null`` (the paper): no weight average; if set, the average (after a warm-up,
             :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) samples and is released.
-        student: the student network (:class:`~lightning_gpate.models.options.DiscriminatorNet`): tables an MLP of
-            ``[d, d/2]`` (``hidden: null``), images a DCGAN discriminator of ``df_dim`` 64 and ``fc_dim`` 1,024.
-        teacher_hidden: hidden widths of the tabular teachers (``None``: ``[d]``).
-        replay_capacity: ``None`` (default): ``planned_queries`` for images (every paid-for label replayed, the MNIST
-            rows'), 0 for tables (replay did not help there: ``tabular_ladder.md`` rung 13).
-            0 (the paper): each student step trains on the samples just labelled. ``> 0``:
-            keep the last ``replay_capacity`` labelled samples and train each student step on a draw
-            of ``student_batch_size`` of them (free post-processing: the student fits the few labels a
-            small budget can buy better, and queries can be fewer per generator step).
-        student_batch_size: samples per student step when replaying (default 64; ``None``: ``query_batch_size``).
+        student: the student (:class:`Student`: its network and its training on the noisy votes; a mapping overrides
+            some of its options): tables an MLP of ``[d, d/2]`` (``hidden: null``), images a DCGAN discriminator of
+            ``df_dim`` 64 and ``fc_dim`` 1,024; one step a generator step (paper: 5), replay and soft labels by data kind.
+        teachers: the teachers (:class:`VotingTeachers`): one step a generator step (the MNIST and cervical rows';
+            paper: 5), Adam at ``lr`` ``None``: 1e-4 for images, 1e-3 for tables (paper: 1e-4; teachers that separate
+            real from fake perfectly vote "fake" unanimously and teach the student nothing), tables an MLP of ``[d]``
+            (``hidden: null``), relative votes (paper: logit).
+        marginals: the measured marginals (:class:`ClassMarginals`): half of ε under the guarantee by default.
         query_labels: labels of the generated samples the teachers vote on and the generator trains
             on: ``"ratio"`` (the sampling class ratio, the paper) or ``"uniform"`` (default: every class equally often, so
             that a rare class gets its share of the queries; sampling still uses the class ratio).
-        teacher_vote: ``"logit"`` (the paper: a teacher votes "real" when its logit is positive) or
-            ``"relative"`` (default): it votes "real" when its logit exceeds its own median logit on a fresh batch
-            of generated samples of the same class ("more real than the generator's typical output for
-            this label"). Teachers trained
-            on a few rows each call every generated sample fake, so paper votes are unanimous and teach
-            the student nothing (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a
-            signal. Each vote still depends on one teacher's partition only: the analysis is unchanged.
-        relative_reference: fresh generated samples per class on which a teacher's median is taken for
-            ``teacher_vote: relative`` (at least the queries voted on; default 64). Its forward through every
-            teacher is most of a vote's cost on images.
         discrete_samples: tables only (``None``, default: ``True`` for tables): the teachers (training and voting) and the student see generated
             rows as they are released: binary columns at ±1 (the sign), categorical ones one-hot (the
             argmax), with straight-through gradients to the generator. Real rows are exactly ±1 and
             one-hot, so soft generated values are a giveaway that lets every teacher call every
             generated row fake without learning anything about the data.
-        student_labels: what the student is trained on for each voted sample (``None``, default: ``"share"`` for images
-            under ``budget_accounting: guarantee``, the MNIST rows', else ``"argmax"``): ``"argmax"`` (the paper:
-            the noisy majority, 1 = real) or ``"share"``: the noisy share of "real" votes,
-            ``clip(½ + (ñ_real − ñ_fake)/(2T), 0, 1)`` with ñ the noisy counts, as a soft target. The
-            guarantee already covers the whole noisy histogram (the Laplace mechanism on a vector of
-            L1 sensitivity 2), so the share costs nothing more than its argmax; a graded label tells the
-            student how far a sample is from the teachers' verdict, not a coin flip near the middle.
-            Under the data-dependent analyses (``paper``, ``smooth_sensitivity``), which bound the
-            argmax only, it is refused.
-        marginal_fraction: the share of ε (the ε of that measurement alone) spent before training on
-            every column's one-way marginal per class (tables) or on the mean image per class (images; see
-            the module doc); ``None`` (default): 0.5 under ``budget_accounting: guarantee`` (the anchor is what makes
-            a guaranteed PATE-GAN useful: ``pategan_mnist_cpu.md``, ``tabular_ladder.md``), else 0; 0 is the paper. Needs
-            ``budget_accounting: guarantee`` and a
-            DataModule (the whole training split is read once).
         warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
             options): a share of ε buys DP-MERF's one release before the first vote, the generator trains on it
             (post-processing) and may keep its pull; λ is planned for what the budget leaves. For images it replaces
-            the class-mean images (``marginal_fraction`` then defaults to 0). ``None`` (default): none.
-        marginal_weight: weight of the generator's term to the measured marginals (tables: KL divergence;
-            images: mean over classes of the mean squared pixel difference, in [-1, 1]); ``None`` (default): 10 for
-            images, 30 for tables (the MNIST and cervical rows').
-        marginal_bins: equal-width bins of a numeric column's declared range for those marginals.
-        marginal_batch_size: generated rows or images (every class equally often) per generator step for the term.
-        marginal_threshold: tables: a class's measured deviation from the pooled marginal is kept beyond this
-            many noise stds of a share (soft thresholding; 0 keeps it all). On cervical (35 positive
-            rows) 1 gave the better tables and AUROC at ε = 10; at ε = 1, where that threshold erases the
-            positive class's deviations entirely, 0 scored better (its noisy marginals make its rows
-            unlike the negatives'; ``benchmarks/results/tabular_ladder.md``).
-        teacher_channels, teacher_fc: :class:`ConvTeacherEnsemble` widths (``None``: its defaults).
-        teacher_seed: seed of the teachers' initialisation.
+            the class-mean images (``marginals.fraction`` then defaults to 0). ``None`` (default): none.
         noise_seed: seed of the vote noise. ``None`` (default) draws it from OS entropy: anyone who
             knows the seed can subtract the noise, so a fixed seed is for tests only.
-        vote_chunk_size: generated samples per teacher forward when voting (bounds memory).
-        teacher_chunk_size: teachers per backward chunk of a teacher step (``None``: all at once).
         log_private_diagnostics: also log teacher losses and mean vote margins. These are computed
             from the private data WITHOUT noise: for debugging only, never for a released run.
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
-    FLAT_OPTIONS = flat_options("student", against_hidden="student_hidden")
+    FLAT_OPTIONS = {**flat_options("student", against_hidden="student_hidden"),
+                    **{f"teacher_{name}": (f"teachers.{name}",) for name in ("steps", "lr", "hidden", "channels", "fc", "seed", "chunk_size")},
+                    "teacher_vote": ("teachers.vote",), "relative_reference": ("teachers.relative_reference",),
+                    "vote_chunk_size": ("teachers.vote_chunk_size",), "student_steps": ("student.steps",),
+                    "student_batch_size": ("student.batch_size",), "replay_capacity": ("student.replay_capacity",),
+                    "student_labels": ("student.labels",),
+                    **{f"marginal_{name}": (f"marginals.{name}",) for name in ("fraction", "weight", "bins", "batch_size", "threshold")}}
     #: Options whose ``None`` the constructor resolves from the data's kind and the accounting mode
     #: (:func:`resolved_defaults`) and stores resolved (:meth:`store_resolved_hparams`).
-    RESOLVED_HPARAMS = ("lr", "teacher_lr", "betas", "marginal_fraction", "marginal_weight", "replay_capacity",
-                        "student_labels", "discrete_samples")
+    RESOLVED_HPARAMS = ("lr", "teachers.lr", "betas", "marginals.fraction", "marginals.weight", "student.replay_capacity",
+                        "student.labels", "discrete_samples")
     #: Options removed (issue 47: no shipped config used them, no ladder measured them), with the value that meant
     #: "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"teacher_fake_batch_size": None}
@@ -267,77 +341,45 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         lam: float | None = None,
         planned_queries: int = 16_000,
         warm_start: WarmStart | None = None,
-        teacher_steps: int = 1,
-        student_steps: int = 1,
         query_batch_size: int = 16,
+        query_labels: str = "uniform",
         lr: float | None = None,
-        teacher_lr: float | None = None,
         betas: tuple[float, float] | None = None,
         generator: GeneratorNet = DEFAULT_GENERATOR,
-        student: DiscriminatorNet = DEFAULT_STUDENT,
-        teacher_hidden: list[int] | None = None,
-        replay_capacity: int | None = None,
-        student_batch_size: int | None = 64,
-        query_labels: str = "uniform",
-        teacher_vote: str = "relative",
-        relative_reference: int = 64,
+        student: Student = DEFAULT_STUDENT,
+        teachers: VotingTeachers = DEFAULT_TEACHERS,
+        marginals: ClassMarginals = ClassMarginals(),
         discrete_samples: bool | None = None,
-        student_labels: str | None = None,
-        marginal_fraction: float | None = None,
-        marginal_weight: float | None = None,
-        marginal_bins: int = 10,
-        marginal_batch_size: int = 256,
-        marginal_threshold: float = 1.0,
-        teacher_channels: list[int] | None = None,
-        teacher_fc: int = 256,
-        teacher_seed: int = 0,
         noise_seed: int | None = None,
-        vote_chunk_size: int = 1024,
-        teacher_chunk_size: int | None = None,
         log_private_diagnostics: bool = False,
     ) -> None:
-        requested = {"lr": lr, "teacher_lr": teacher_lr, "betas": betas, "marginal_fraction": marginal_fraction,
-                     "marginal_weight": marginal_weight, "replay_capacity": replay_capacity,
-                     "student_labels": student_labels, "discrete_samples": discrete_samples}
-        resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries,
-                                     warm_start=warm_start is not None, **requested)
-        lr, teacher_lr, betas, marginal_fraction, marginal_weight, replay_capacity, student_labels, discrete_samples = (
-            resolved[k] for k in requested)
+        teacher_options = VotingTeachers.of(teachers, DEFAULT_TEACHERS, name="teachers")
+        student_options = Student.of(student, DEFAULT_STUDENT, name="student")
+        marginal_options = ClassMarginals.of(marginals, ClassMarginals(), name="marginals")
+        requested = {"lr": lr, "teachers.lr": teacher_options.lr, "betas": betas, "marginals.fraction": marginal_options.fraction,
+                     "marginals.weight": marginal_options.weight, "student.replay_capacity": student_options.replay_capacity,
+                     "student.labels": student_options.labels, "discrete_samples": discrete_samples}
+        resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries, requested,
+                                     warm_start=warm_start is not None)
+        lr, betas, discrete_samples = resolved["lr"], resolved["betas"], resolved["discrete_samples"]
+        teacher_options = replace(teacher_options, lr=resolved["teachers.lr"])
+        student_options = replace(student_options, replay_capacity=resolved["student.replay_capacity"], labels=resolved["student.labels"])
+        marginal_options = replace(marginal_options, fraction=resolved["marginals.fraction"], weight=resolved["marginals.weight"])
         num_teachers = int(data_spec.get("num_teachers", 0))
         if num_teachers < 1:
             raise ValueError("PATE-GAN needs teachers: set data.num_teachers (e.g. about N/1000 ... N/10 of the training rows)")
-        if teacher_vote not in TEACHER_VOTES:
-            raise ValueError(f"teacher_vote must be one of {TEACHER_VOTES}, got {teacher_vote!r}")
-        if student_labels not in STUDENT_LABELS:
-            raise ValueError(f"student_labels must be one of {STUDENT_LABELS}, got {student_labels!r}")
-        if student_labels == "share" and budget_accounting != "guarantee":
-            raise ValueError("student_labels: share releases the noisy vote counts, which only budget_accounting: guarantee "
+        if student_options.labels == "share" and budget_accounting != "guarantee":
+            raise ValueError("student.labels: share releases the noisy vote counts, which only budget_accounting: guarantee "
                              "covers (the data-dependent analyses bound their argmax)")
         if query_labels not in QUERY_LABELS:
             raise ValueError(f"query_labels must be one of {QUERY_LABELS}, got {query_labels!r}")
-        counts = {"teacher_steps": teacher_steps, "student_steps": student_steps, "query_batch_size": query_batch_size,
-                  "planned_queries": planned_queries, "vote_chunk_size": vote_chunk_size, "relative_reference": relative_reference}
-        for name, value in counts.items():
+        for name, value in {"query_batch_size": query_batch_size, "planned_queries": planned_queries}.items():
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value}")
-        if replay_capacity < 0 or int(replay_capacity) != replay_capacity:
-            raise ValueError(f"replay_capacity must be an integer >= 0, got {replay_capacity}")
-        if student_batch_size is not None and (int(student_batch_size) != student_batch_size or student_batch_size < 1):
-            raise ValueError(f"student_batch_size must be an integer >= 1 (or null), got {student_batch_size}")
-        if not 0.0 <= marginal_fraction < 1.0:
-            raise ValueError(f"marginal_fraction must be in [0, 1), got {marginal_fraction}")
-        if marginal_fraction > 0 and budget_accounting != "guarantee":
-            raise ValueError("marginal_fraction measures the marginals (tables) or mean images (images) under budget_accounting: "
+        if marginal_options.fraction > 0 and budget_accounting != "guarantee":
+            raise ValueError("marginals.fraction measures the marginals (tables) or mean images (images) under budget_accounting: "
                              f"guarantee; got budget_accounting: {budget_accounting}")
-        for name, value in {"marginal_bins": marginal_bins, "marginal_batch_size": marginal_batch_size}.items():
-            if int(value) != value or value < 2:
-                raise ValueError(f"{name} must be an integer >= 2, got {value}")
-        if not 0 <= marginal_threshold < math.inf:
-            raise ValueError(f"marginal_threshold must be a finite number >= 0, got {marginal_threshold}")
-        if not 0 <= marginal_weight < math.inf:
-            raise ValueError(f"marginal_weight must be a finite number >= 0, got {marginal_weight}")
         net_options = GeneratorNet.of(generator, DEFAULT_GENERATOR, name="generator")
-        student_options = DiscriminatorNet.of(student, DEFAULT_STUDENT, name="student")
         if lam is not None and not (0 < lam < math.inf):
             raise ValueError(f"lam must be a finite number > 0 (or null to plan it from the budget), got {lam}")
         image = data_spec["kind"] == "image"
@@ -355,17 +397,18 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
                          log_private_diagnostics=log_private_diagnostics,
                          epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity)
         self.save_hyperparameters()
-        self.store_option_groups(generator=net_options, student=student_options)
+        self.store_option_groups(generator=net_options, student=student_options, teachers=teacher_options, marginals=marginal_options)
         self.store_resolved_hparams(requested, **resolved)
         self.automatic_optimization = False
         self.num_teachers = num_teachers
-        self.generator_options = net_options
-        self.marginal_noise = self.plan_gaussian_noise(marginal_fraction) if marginal_fraction > 0 else None
+        self.generator_options, self.student_options = net_options, student_options
+        self.teacher_options, self.marginal_options = teacher_options, marginal_options
+        self.marginal_noise = self.plan_gaussian_noise(marginal_options.fraction) if marginal_options.fraction > 0 else None
         if self.marginal_noise is not None and image:  # the mean image of each class in [-1, 1], measured once
             self.register_buffer("marginal_targets", torch.zeros(self.num_classes, *data_spec["shape"]))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
         elif self.marginal_noise is not None:
-            cards = column_cards(data_spec, int(marginal_bins))
+            cards = column_cards(data_spec, int(marginal_options.bins))
             # P̂(column j = v | class c), measured once (a DP release: public state from then on)
             self.register_buffer("marginal_targets", torch.zeros(len(cards), self.num_classes, max(cards)))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
@@ -377,13 +420,13 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
                 in_shape=data_spec["shape"], num_classes=self.num_classes, df_dim=student_options.df_dim, fc_dim=student_options.fc_dim)
             self.teachers = ConvTeacherEnsemble(
                 num_teachers, in_shape=data_spec["shape"], num_classes=self.num_classes,
-                channels=teacher_channels, fc=teacher_fc, seed=teacher_seed)
+                channels=teacher_options.channels, fc=teacher_options.fc, seed=teacher_options.seed)
         else:
             self.generator = self.build_generator(net_options)
             self.student = ConditionalMLPDiscriminator(in_features=d, num_classes=self.num_classes, hidden=student_options.hidden)
             self.teachers = MLPTeacherEnsemble(
-                num_teachers, in_features=d, num_classes=self.num_classes,
-                hidden=tuple((width,) if teacher_hidden is None else teacher_hidden), seed=teacher_seed)
+                num_teachers, in_features=d, num_classes=self.num_classes, seed=teacher_options.seed,
+                hidden=(width,) if teacher_options.hidden is None else teacher_options.hidden)
         self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False) if net_options.averaged else None
         self._noise_generator: torch.Generator | None = None
         self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
@@ -427,16 +470,16 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         """Pay for and measure every column's one-way marginal per class on the whole training split
         (the DataModule's): noisy counts ``n(c, v) + N(0, (z√d)²)``; each class's shares (its row
         projected on the simplex of its noisy total, :func:`~lightning_gpate.models.marginal.noisy_shares`)
-        keep their deviation from the pooled shares only beyond ``marginal_threshold`` noise stds of a
+        keep their deviation from the pooled shares only beyond ``marginals.threshold`` noise stds of a
         share, ``σ / n̂_c`` (soft thresholding). Returns ``False`` (nothing measured) when the budget
         refuses it."""
-        datamodule = self.whole_split_datamodule("marginal_fraction")
+        datamodule = self.whole_split_datamodule("marginals.fraction")
         if not self.charge(self.marginal_event()):
             return False
         x, y = datamodule.model_space("train")
         if self.is_image:
             return self._measure_mean_images(x, y)
-        bins = int(self.hparams.marginal_bins)
+        bins = int(self.marginal_options.bins)
         codes, labels = column_codes(x, self.data_spec, bins), y.long().cpu().numpy()
         cards = column_cards(self.data_spec, bins)
         sigma = self.marginal_noise * math.sqrt(len(cards))
@@ -452,7 +495,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
                 # beyond the threshold; on a small class the noise alone would otherwise give most columns a
                 # spurious association with the label.
                 deviation = noisy_shares(noisy[c]) - pooled
-                tau = self.hparams.marginal_threshold * sigma / max(noisy[c].sum(), sigma)
+                tau = self.marginal_options.threshold * sigma / max(noisy[c].sum(), sigma)
                 share = np.clip(pooled + np.sign(deviation) * np.maximum(np.abs(deviation) - tau, 0.0), 0.0, None)
                 targets[j, c, :card] = torch.from_numpy(share / share.sum())
         with torch.no_grad():
@@ -475,12 +518,12 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         kernel of its distance to the bins' centres (σ half a bin), a binary value's probability of 1 is
         (x + 1)/2, a categorical column's is its softmax; images, the mean over classes and pixels of the
         squared difference between the class's mean generated image and the measured one."""
-        hp = self.hparams
-        bins, k = int(hp.marginal_bins), self.num_classes
+        options = self.marginal_options
+        bins, k = int(options.bins), self.num_classes
         if self.is_image:
             return class_mean_gap(lambda y: self.generator(self.latent(y.shape[0]), y), self.marginal_targets,
-                                  int(hp.marginal_batch_size)).mean()
-        y = torch.arange(k, device=self.device).repeat_interleave(-(-int(hp.marginal_batch_size) // k))
+                                  int(options.batch_size)).mean()
+        y = torch.arange(k, device=self.device).repeat_interleave(-(-int(options.batch_size) // k))
         x = self.generator(self.latent(y.shape[0]), y)
         onehot = F.one_hot(y, k).to(x.dtype)
         per_class = onehot / onehot.sum(0).clamp_min(1.0)  # rows → their class's mean
@@ -506,7 +549,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         opt_g = torch.optim.Adam(self.generator.parameters(), lr=hp.lr, betas=betas)
         opt_s = torch.optim.Adam(self.student.parameters(), lr=hp.lr, betas=betas)
         # One Adam over stacked [T, ...] tensors: elementwise, so every teacher has its own moments.
-        opt_t = torch.optim.Adam(self.teachers.parameters(), lr=hp.lr if hp.teacher_lr is None else hp.teacher_lr, betas=betas)
+        opt_t = torch.optim.Adam(self.teachers.parameters(), lr=self.teacher_options.lr, betas=betas)
         return opt_g, opt_s, opt_t
 
     def setup(self, stage: str) -> None:
@@ -543,14 +586,14 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         counts its own teachers' votes and the counts are summed over the ranks (before any noise).
         """
         counts = torch.zeros(x.shape[0], 2, device=x.device, dtype=torch.float64 if x.device.type != "mps" else torch.float32)
-        chunk = int(self.hparams.vote_chunk_size)
+        chunk = int(self.teacher_options.vote_chunk_size)
         threshold = None
-        if self.hparams.get("teacher_vote", "logit") == "relative":
+        if self.teacher_options.vote == "relative":
             # Each teacher's median logit on fresh fakes OF EACH CLASS: the teachers are conditional, and on a
             # table with a rare class every teacher's logit is far lower for it (its partition holds few or no
             # such rows), so one median over all classes makes the vote a function of the label, which the
             # generator cannot change, instead of the features, which it can.
-            per_class = max(x.shape[0], int(self.hparams.get("relative_reference", 64)))
+            per_class = max(x.shape[0], int(self.teacher_options.relative_reference))
             ref_y = torch.arange(self.num_classes, device=x.device).repeat_interleave(per_class)
             ref = self.teachers.forward_shared(self._fakes(ref_y), ref_y).view(-1, self.num_classes, per_class)
             threshold = ref.median(dim=2).values  # [T, classes]
@@ -564,9 +607,9 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
 
     def noisy_labels(self, counts: torch.Tensor) -> torch.Tensor:
         """``argmax_j(n_j + Lap(1/λ))`` per sample: 1 = real, 0 = fake (Yoon et al. 2019, Algorithm 1);
-        with ``student_labels: share``, the noisy share of real votes (see the class doc)."""
+        with ``student.labels: share``, the noisy share of real votes (see the class doc)."""
         noisy = counts + self.vote_noise(counts.shape)
-        if self.hparams.get("student_labels", "argmax") == "share":
+        if self.student_options.labels == "share":
             return (0.5 + (noisy[:, REAL] - noisy[:, FAKE]) / (2.0 * self.num_teachers)).clamp(0.0, 1.0).float()
         return noisy.argmax(dim=1)
 
@@ -595,10 +638,10 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         return x + (hard - x).detach()
 
     def _student_batch(self, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor):
-        """The student's training batch: the newly labelled samples, or (``replay_capacity > 0``) a
+        """The student's training batch: the newly labelled samples, or (``student.replay_capacity > 0``) a
         uniform draw from every labelled sample kept so far, the new ones included. Replaying paid-for
         labels is post-processing of the noisy votes: it costs no privacy."""
-        cap = self.hparams.replay_capacity
+        cap = self.student_options.replay_capacity
         if cap == 0:
             return x, y, labels
         new = (x.detach(), y, labels)
@@ -606,7 +649,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             self._replay = new
         else:
             self._replay = tuple(torch.cat([old, n])[-cap:] for old, n in zip(self._replay, new))
-        size = self.hparams.student_batch_size or x.shape[0]
+        size = self.student_options.batch_size or x.shape[0]
         idx = torch.randint(len(self._replay[2]), (size,), device=x.device)
         return tuple(t[idx] for t in self._replay)
 
@@ -616,7 +659,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         fake_x = self._fakes(fake_y)
         opt_t.zero_grad()
         loss = self.teachers.accumulate_teacher_grads(
-            real_x, real_y, fake_x, fake_y, chunk_size=self.hparams.teacher_chunk_size)
+            real_x, real_y, fake_x, fake_y, chunk_size=self.teacher_options.chunk_size)
         self.step_uncounted(opt_t)
         return loss / real_y.shape[0]
 
@@ -634,11 +677,11 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         if not self.ensure_warm_started():
             return None  # the budget refused the warm start's release
 
-        for _ in range(hp.teacher_steps):
+        for _ in range(self.teacher_options.steps):
             t_loss = self._teacher_step(real_x, real_y, opt_t)
 
         real_fraction, margins = [], []
-        for _ in range(hp.student_steps):
+        for _ in range(self.student_options.steps):
             y = self.query_labels(m)
             x = self._fakes(y)  # generator outputs only: the student never sees a real row
             counts = self.teacher_votes(x, y)
@@ -659,7 +702,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         if self.measured():
             m_loss = self.marginal_loss()
             self.log("mean_image_mse" if self.is_image else "marginal_kl", m_loss.detach())  # generator vs the noisy release: public
-            g_loss = g_loss + hp.marginal_weight * m_loss
+            g_loss = g_loss + self.marginal_options.weight * m_loss
         g_loss = g_loss + self.warm_start_pull()  # the warm start's release keeps its pull (0 without one)
         opt_g.zero_grad()
         replicated_backward(self, g_loss, params=self.generator.parameters())
@@ -707,7 +750,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         split["lam"] = self.lam
         if self.marginal_noise is not None:
             split["marginal_noise_multiplier"] = self.marginal_noise
-            split["marginal_epsilon_alone"] = self.hparams.marginal_fraction * self.budget_limit()
+            split["marginal_epsilon_alone"] = self.marginal_options.fraction * self.budget_limit()
         if self.warm_release is not None:
             split["warm_start_noise_multiplier"] = self.warm_release.noise_multiplier
             split["warm_start_epsilon_alone"] = self.warm_release.options.fraction * self.budget_limit()

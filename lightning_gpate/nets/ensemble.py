@@ -78,6 +78,15 @@ def _bce_sum_of_means(logits: torch.Tensor, target: float) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits, tgt, reduction="none").mean(dim=1).sum()
 
 
+def held_teachers(num_teachers: int | None, teacher_ids: Sequence[int] | None) -> Sequence[int]:
+    """The global ids an ensemble holds: ``teacher_ids`` (e.g. a DDP rank's share), else all of ``num_teachers``."""
+    if teacher_ids is not None:
+        return teacher_ids
+    if num_teachers is None:
+        raise ValueError("give num_teachers or teacher_ids")
+    return range(int(num_teachers))
+
+
 class TeacherEnsemble(nn.Module):
     """Base class: ``T`` conditional binary discriminators with stacked parameters.
 
@@ -415,11 +424,7 @@ class MLPTeacherEnsemble(TeacherEnsemble):
         teacher_ids: Sequence[int] | None = None,
         seed: int = 0,
     ) -> None:
-        if teacher_ids is None:
-            if num_teachers is None:
-                raise ValueError("give num_teachers or teacher_ids")
-            teacher_ids = range(int(num_teachers))
-        super().__init__(teacher_ids, num_classes=num_classes, in_shape=(int(in_features),), seed=seed)
+        super().__init__(held_teachers(num_teachers, teacher_ids), num_classes=num_classes, in_shape=(int(in_features),), seed=seed)
         self.hidden = tuple(int(h) for h in hidden)
         self.negative_slope = float(negative_slope)
         widths = [self.in_features + self.num_classes, *self.hidden, 1]
@@ -581,11 +586,7 @@ class ConvTeacherEnsemble(TeacherEnsemble):
         teacher_ids: Sequence[int] | None = None,
         seed: int = 0,
     ) -> None:
-        if teacher_ids is None:
-            if num_teachers is None:
-                raise ValueError("give num_teachers or teacher_ids")
-            teacher_ids = range(int(num_teachers))
-        super().__init__(teacher_ids, num_classes=num_classes, in_shape=in_shape, seed=seed)
+        super().__init__(held_teachers(num_teachers, teacher_ids), num_classes=num_classes, in_shape=in_shape, seed=seed)
         if len(self.in_shape) != 3:
             raise ValueError("in_shape must be (C, H, W)")
         C, H, W = self.in_shape

@@ -56,7 +56,9 @@ def image_model(kind: str, options: dict):
     teachers = {"gpate": 12, "pategan": 6, "gswgan": 5}.get(kind, 0)
     dm = digits_module(teachers)
     dm.setup("fit")
-    return type(table_model)(dm.spec, **{**hparams, **options}), dm
+    # a group given in ``options`` (today's form) overrides the table model's group option by option
+    merged = {k: {**hparams[k], **v} if isinstance(v, dict) and isinstance(hparams.get(k), dict) else v for k, v in options.items()}
+    return type(table_model)(dm.spec, **{**hparams, **merged}), dm
 
 
 def generator_digest(model) -> str:
