@@ -10,10 +10,10 @@ ratio (with the noisy count at least 1, clipped to [0, 1]) is a DP release: publ
 every later use (the generator's loss towards it) is post-processing. On the official MNIST (~6,000
 digits a class) the noise on a mean pixel is z·28/6,000: 0.04 at the z of ε = 0.5 alone.
 
-Used by PATE-GAN (``marginals.fraction`` on images) and G-PATE (``anchor_fraction``); the share of ε each
+Used by PATE-GAN (``marginals.fraction`` on images) and G-PATE (``anchor.fraction``); the share of ε each
 spends is planned by :meth:`~lightning_gpate.models.private.PrivateGenerativeModel.plan_gaussian_noise`.
 
-G-PATE can anchor to more than the mean (``anchor_features``): each class's mean *embedding* under random
+G-PATE can anchor to more than the mean (``anchor.features``): each class's mean *embedding* under random
 Fourier features of a Gaussian kernel, DP-MERF's release (:mod:`~lightning_gpate.privacy.merf`: every record
 contributes a vector of norm exactly 1, so the same noise multiplier z buys it at L2 sensitivity 1). The mean
 pixel is the embedding's first-order term: for ‖x − x'‖ ≪ ℓ, ``φ(x)ᵀφ(x') ≈ 1 − ‖x − x'‖²/(2ℓ²)``, so ℓ²

@@ -168,7 +168,7 @@ class GenerativeModel(pl.LightningModule):
             for name, value in values.items():
                 group, _, option = name.rpartition(".")
                 if group:
-                    hparams[group] = {**hparams[group], option: value}
+                    hparams[group] = {**(hparams.get(group) or {}), option: value}
                 else:
                     hparams[name] = value
 

@@ -835,7 +835,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
 
     # ----------------------------------------------------------------- steps
     def critic_losses(self, real_scores: torch.Tensor, fake_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sample critic losses ``(ℓ_real(D(x_i)), ℓ_fake(D(G(z_j))))`` of the configured ``loss``."""
+        """Per-sample critic losses ``(ℓ_real(D(x_i)), ℓ_fake(D(G(z_j))))`` of the configured ``training.loss``."""
         return critic_losses(self.training_options.loss, real_scores, fake_scores)
 
     def generator_loss(self, fake_scores: torch.Tensor) -> torch.Tensor:
@@ -912,7 +912,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
 
     @property
     def physical_batch_size(self) -> int:
-        """Rows of one physical batch of the functorch step (``physical_batch_size``, or ``B + 3√B`` of
+        """Rows of one physical batch of the functorch step (``critic_step.physical_batch_size``, or ``B + 3√B`` of
         this process's expected share B of the Poisson batch, rounded up to a multiple of 8)."""
         if self.critic_step_options.physical_batch_size is not None:
             return int(self.critic_step_options.physical_batch_size)
@@ -920,7 +920,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         return physical_batch_size_for(self.expected_batch_size / world)
 
     def critic_gradient_step(self):
-        """:func:`critic_gradient_function` for this critic, compiled as ``compile_critic_step`` says
+        """:func:`critic_gradient_function` for this critic, compiled as ``critic_step.compile`` says
         (built on first use; falls back to eager, with a one-line warning, where compilation fails)."""
         if self._critic_step_fn is None:
             hp = self.hparams

@@ -546,9 +546,9 @@ class GPATE(PrivateGenerativeModel):
         return True
 
     def anchor_loss(self) -> torch.Tensor:
-        """``½·Σ_pixels (class mean − anchor)²`` averaged over classes, on ``anchor_batch_size`` fresh images
+        """``½·Σ_pixels (class mean − anchor)²`` averaged over classes, on ``anchor.batch_size`` fresh images
         (the same units as the step's loss towards ``x̂``, which is per fake). The latents come from the shared
-        generator, as the fakes' do: every DDP rank computes the same term on its replica. With ``anchor_features``:
+        generator, as the fakes' do: every DDP rank computes the same term on its replica. With ``anchor.features``:
         ``½·ℓ²·‖mean embedding − anchor‖²`` averaged over classes (the same to first order; several ℓ: the ℓ² of
         :func:`~lightning_gpate.privacy.merf.kernel_curvature_scale`)."""
         d = self.anchor_targets[0].numel()
