@@ -191,9 +191,29 @@ def write_table() -> Path:
     return path
 
 
+def paper_default_places(cls, settings: dict) -> list[tuple[str, object]]:
+    """``(place, value)`` of each entry of a model's ``PAPER_SETTINGS`` where the command line takes it now: a flat name
+    of before the option groups at its group's places (``ema_decay`` → ``generator.ema_decay``), G-PATE's aggregator by
+    its class (``aggregator: dpgradagg`` → ``aggregator`` ``DPGradAgg``) and that aggregator's parameters under it
+    (``num_bins`` → ``aggregator.num_bins``), any other name as it is."""
+    from lightning_gpate.models.aggregators import AGGREGATORS
+
+    aggregator = AGGREGATORS.get(settings.get("aggregator")) if isinstance(settings.get("aggregator"), str) else None
+    out = []
+    for key, value in settings.items():
+        if key == "aggregator" and aggregator is not None:
+            out.append(("aggregator", aggregator.__name__))
+        elif aggregator is not None and key in aggregator.FLAT:
+            out.append((f"aggregator.{aggregator.FLAT[key]}", value))
+        else:
+            out += [(place, value) for place in getattr(cls, "FLAT_OPTIONS", {}).get(key, (key,))]
+    return out
+
+
 def paper_default_overrides(config: Path) -> list[str]:
-    """``--model.<option> <value>`` for every entry of the config's model class's ``PAPER_SETTINGS`` (its former
-    defaults, the paper's settings: G-PATE, PATE-GAN, DP-GAN, GS-WGAN) that the config does not set itself."""
+    """``--model.<place> <value>`` for every entry of the config's model class's ``PAPER_SETTINGS`` (its former
+    defaults, the paper's settings: G-PATE, PATE-GAN, DP-GAN, GS-WGAN) that the config does not set itself, at its
+    place in the option groups (:func:`paper_default_places`)."""
     import importlib
 
     import yaml
@@ -206,11 +226,19 @@ def paper_default_overrides(config: Path) -> list[str]:
         raise SystemExit(f"--paper-defaults: {model['class_path']} has no PAPER_SETTINGS (its defaults are its paper's)")
     given = model.get("init_args") or {}
 
+    def set_by_config(place: str) -> bool:
+        group, _, option = place.partition(".")
+        if not option:
+            return group in given
+        options = given.get(group) or {}
+        return option in options.get("init_args", options)  # a class's group (the aggregator) keeps them in init_args
+
     def text(value) -> str:  # YAML, as the command line parses it (5.0e-05: YAML 1.1 reads 5e-05 as a string)
         value = list(value) if isinstance(value, tuple) else value
         return value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
 
-    return [item for key, value in settings.items() if key not in given for item in (f"--model.{key}", text(value))]
+    return [item for place, value in paper_default_places(cls, settings) if not set_by_config(place)
+            for item in (f"--model.{place}", text(value))]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,26 +33,46 @@ def test_a_benchmark_script_prints_its_usage(script, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("model", ["gpate", "pategan", "dpgan", "gswgan"])
-def test_paper_defaults_override_the_minimal_configs_model_with_its_papers_settings(model, monkeypatch):
+def test_paper_defaults_override_the_minimal_configs_model_with_its_papers_settings(model, monkeypatch, tmp_path):
     """``quickstart_check.py --config configs/<model>_digits_minimal.yaml --paper-defaults`` compares a model's
     defaults with its former ones: every entry of the model's ``PAPER_SETTINGS`` the config leaves to the defaults
-    becomes an override the command line parses (null, lists, booleans as YAML)."""
+    becomes an override at its place in the option groups (a flat name at its group's, G-PATE's aggregator by its
+    class), as YAML (null, lists, booleans), and the command line takes them all (flat names fail there)."""
     import importlib
 
     import yaml
+
+    from lightning_gpate.cli import run_lightning_cli
+    from lightning_gpate.models.aggregators import AGGREGATORS
 
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from quickstart_check import paper_default_overrides
 
     config = BENCHMARKS.parent / "configs" / f"{model}_digits_minimal.yaml"
-    settings = importlib.import_module(f"lightning_gpate.models.{model}").PAPER_SETTINGS
+    module = importlib.import_module(f"lightning_gpate.models.{model}")
+    settings, cls = module.PAPER_SETTINGS, getattr(module, yaml.safe_load(config.read_text())["model"]["class_path"].rsplit(".", 1)[1])
     given = yaml.safe_load(config.read_text())["model"]["init_args"]
     overrides = paper_default_overrides(config)
     pairs = dict(zip(overrides[::2], overrides[1::2]))
-    assert set(pairs) == {f"--model.{k}" for k in settings if k not in given}
+    aggregator = AGGREGATORS.get(settings.get("aggregator"))
+    expected = {}
+    for key, value in settings.items():
+        if key in given:
+            continue
+        if key == "aggregator":
+            expected["--model.aggregator"] = aggregator.__name__
+        elif aggregator is not None and key in aggregator.FLAT:
+            expected[f"--model.aggregator.{aggregator.FLAT[key]}"] = value
+        else:
+            expected.update({f"--model.{place}": value for place in cls.FLAT_OPTIONS.get(key, (key,))})
+    assert set(pairs) == set(expected)
     for key, text in pairs.items():
-        value = settings[key.removeprefix("--model.")]
+        value = expected[key]
         assert yaml.safe_load(text) == (list(value) if isinstance(value, tuple) else value)
+    monkeypatch.chdir(tmp_path)
+    cli = run_lightning_cli(["--config", str(config), *overrides, "--trainer.logger", "false"], run=False)
+    if aggregator is not None:
+        assert type(cli.model.aggregator).__name__ == aggregator.__name__
 
 
 def test_every_shipped_config_says_where_its_settings_came_from_and_the_table_rows_agree(monkeypatch):
