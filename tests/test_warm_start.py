@@ -138,9 +138,28 @@ def test_warm_start_options_are_checked_where_defined():
         WarmStart(features=101)
     with pytest.raises(TypeError):
         WarmStart(0.5)  # keyword-only, as every privacy parameter
+
+
+def test_under_pld_accounting_the_release_is_composed_with_the_critic_steps_as_dp_accounting_composes_them(tmp_path):
+    """``accountant: pld``: the guarantee is the PLD of the warm start's Gaussian (sensitivity 1, its planned σ) composed
+    with the critic steps (dp-accounting's PLDAccountant on the same events, interval 1e-3), smaller than the RDP
+    bound of the same events; and the budget's most critic steps leave room for the release."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
     dm = ImageDataModule("digits", batch_size=32)
-    with pytest.raises(ValueError, match="accountant: rdp"):
-        DPGAN(dm.spec, epsilon=10.0, warm_start=WARM, **{**SMALL, "accountant": "pld"})
+    pl.seed_everything(0)
+    model = DPGAN(dm.spec, epsilon=10.0, warm_start=WARM, **{**SMALL, "accountant": "pld"})
+    _trainer(3, tmp_path).fit(model, dm)
+    sigma, steps = model.warm_release.noise_multiplier, int(model.critic_steps_taken)
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+    reference.compose(dp_accounting.GaussianDpEvent(sigma))
+    worst = min(model.critic_steps_worst_case(), model._pld_max_steps())
+    reference.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(1.0)), -(-worst // 10) * 10)
+    assert steps == 6 and model.guarantee_epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)
+    assert model.guarantee_epsilon() < _dp_accounting_epsilon(model.accountant.orders, sigma, steps)  # RDP: looser
+    without = DPGAN(dm.spec, epsilon=10.0, **{**SMALL, "accountant": "pld"})
+    assert model._pld_max_steps() < without._pld_max_steps()  # the release takes its share of the budget
 
 
 def test_a_warm_started_release_samples_digits_and_holds_no_release_of_the_data(tmp_path):

@@ -430,7 +430,8 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
             options, e.g. ``{fraction: 0.5, steps: 2400, anchor_weight: 0.1}``): a share of ε buys DP-MERF's one
             release before the first critic step, the generator trains on it (post-processing), and its pull may
-            stay in every generator step. ``None`` (default): none. RDP accounting only (``accountant: rdp``).
+            stay in every generator step. ``None`` (default): none. Under ``accountant: pld`` its
+            release's PLD is composed with the critic steps'.
         secure_mode: opacus' noise robust to floating-point attacks (slower).
         accountant: ``"rdp"`` (the moments accountant of the paper, via RDP) or ``"pld"`` (the privacy
             loss distribution of the same steps, dp-accounting: also a guarantee, about 30% smaller ε,
@@ -516,8 +517,6 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
                 raise ValueError(f"{option} must be one of {ARCHITECTURES}, got {value!r}")
             if value not in (None, "mlp") and not self.is_image:
                 raise ValueError(f"{option} {value!r} is for images; use 'mlp' for tables")
-        if warm_start is not None and accountant != "rdp":
-            raise ValueError("warm_start composes its Gaussian release with the critic's steps under RDP: use accountant: rdp")
         self.save_hyperparameters()
         self.store_option_groups(generator=net_options, critic=critic_options, training=training_options, critic_step=step_options)
         self.store_resolved_hparams(requested, architecture=architecture)
@@ -773,8 +772,14 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         if key not in cache:
             cache[key] = dpsgd_pld_epsilon(
                 noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate, steps=int(steps),
-                delta=self.delta, pure_epsilon=float(self.accountant.counts["pure_dp_epsilon"]))
+                delta=self.delta, pure_epsilon=float(self.accountant.counts["pure_dp_epsilon"]),
+                gaussian_releases=self._pld_gaussian_releases())
         return cache[key]
+
+    def _pld_gaussian_releases(self) -> tuple[float, ...]:
+        """The warm start's release (its noise multiplier), composed with the critic steps whether it is made yet or
+        not: it is planned before the first step and paid for once."""
+        return (self.warm_release.noise_multiplier,) if self.warm_release is not None else ()
 
     def _pld_max_steps(self) -> int:
         """Most critic steps the budget allows under PLD accounting (computed once per sampling rate)."""
@@ -785,7 +790,8 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         if key not in cache:
             cache[key] = dpsgd_pld_max_steps(
                 noise_multiplier=self.hparams.noise_multiplier, sampling_rate=self.sampling_rate, epsilon=self.epsilon_budget,
-                delta=self.delta, pure_epsilon=float(self.accountant.counts["pure_dp_epsilon"]))
+                delta=self.delta, pure_epsilon=float(self.accountant.counts["pure_dp_epsilon"]),
+                gaussian_releases=self._pld_gaussian_releases())
         return cache[key]
 
     def _pld_bound(self, steps: int) -> float:

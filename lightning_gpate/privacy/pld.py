@@ -8,7 +8,8 @@ an upper bound) is tight up to the discretisation. For q = 64/60000, σ = 1.1, 1
 
 Pure ε-DP releases recorded before training (DP metadata) are composed as the worst-case PLD of an
 (ε, 0)-DP mechanism (dp-accounting's ``from_privacy_parameters``), their ε summed (basic composition:
-an upper bound for any number of them).
+an upper bound for any number of them). Gaussian releases made once (a warm start's DP-MERF release: the Gaussian
+mechanism of noise multiplier z on a sum of L2 sensitivity 1) are composed as the Gaussian's own PLD.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def _step_pld(noise_multiplier: float, sampling_rate: float, interval: float):
 
     return pld.from_gaussian_mechanism(
         noise_multiplier, sampling_prob=sampling_rate, value_discretization_interval=interval, use_connect_dots=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _gaussian_pld(noise_multiplier: float, interval: float):
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    return pld.from_gaussian_mechanism(noise_multiplier, value_discretization_interval=interval, use_connect_dots=True)
 
 
 def _validate(noise_multiplier, sampling_rate, steps, delta, pure_epsilon):
@@ -50,10 +58,11 @@ def dpsgd_pld_epsilon(
     steps: int,
     delta: float,
     pure_epsilon: float = 0.0,
+    gaussian_releases: tuple[float, ...] = (),
     value_discretization_interval: float = PLD_DISCRETIZATION,
 ) -> float:
     """ε(δ) of ``steps`` Poisson-subsampled Gaussian steps (add/remove neighbours) composed with
-    pure ε-DP releases of total ``pure_epsilon``, by the privacy loss distribution.
+    pure ε-DP releases of total ``pure_epsilon`` and Gaussian releases, by the privacy loss distribution.
 
     Args:
         noise_multiplier: σ relative to the L2 sensitivity.
@@ -61,6 +70,8 @@ def dpsgd_pld_epsilon(
         steps: number of steps T.
         delta: δ.
         pure_epsilon: total ε of pure-DP releases composed with them (0: none).
+        gaussian_releases: the noise multipliers (relative to an L2 sensitivity of 1) of Gaussian releases made once,
+            composed with them (a warm start's release).
         value_discretization_interval: discretisation of the privacy loss (smaller: tighter, slower).
 
     Returns:
@@ -73,6 +84,11 @@ def dpsgd_pld_epsilon(
     total = None
     if steps:
         total = _step_pld(float(noise_multiplier), float(sampling_rate), float(value_discretization_interval)).self_compose(int(steps))
+    for z in gaussian_releases:
+        if not (z > 0 and math.isfinite(z)):
+            raise ValueError(f"a Gaussian release's noise multiplier must be a finite number > 0, got {z}")
+        once = _gaussian_pld(float(z), float(value_discretization_interval))
+        total = once if total is None else total.compose(once)
     if pure_epsilon > 0:
         pure = pld.from_privacy_parameters(DifferentialPrivacyParameters(float(pure_epsilon), 0.0),
                                            value_discretization_interval=value_discretization_interval)
@@ -89,14 +105,16 @@ def dpsgd_pld_max_steps(
     epsilon: float,
     delta: float,
     pure_epsilon: float = 0.0,
+    gaussian_releases: tuple[float, ...] = (),
     value_discretization_interval: float = PLD_DISCRETIZATION,
     limit: int = 10**8,
 ) -> int:
     """The largest number of steps T whose :func:`dpsgd_pld_epsilon` stays ≤ ``epsilon`` (0 if even the
-    pure releases exceed it; ``limit`` if T = ``limit`` still fits). Bisection: ε grows with T."""
+    releases made once exceed it; ``limit`` if T = ``limit`` still fits). Bisection: ε grows with T."""
     def eps(t: int) -> float:
         return dpsgd_pld_epsilon(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, steps=t, delta=delta,
-                                 pure_epsilon=pure_epsilon, value_discretization_interval=value_discretization_interval)
+                                 pure_epsilon=pure_epsilon, gaussian_releases=gaussian_releases,
+                                 value_discretization_interval=value_discretization_interval)
 
     if eps(0) > epsilon or eps(1) > epsilon:
         return 0
