@@ -148,6 +148,11 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+def markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table: ``header``, its rule, and a line per row of cells (text, ``|`` already escaped)."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(cells) + " |" for cells in rows)]
+
+
 def load_average() -> str:
     """The 1-, 5- and 15-minute load averages: beside a timing on a shared machine, how busy it was."""
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())

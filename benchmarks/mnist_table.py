@@ -799,6 +799,8 @@ SETTINGS_FROM_LEGEND = ("`settings from`: where the config's settings came from 
 
 def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
     """``mnist_table.md``: one row per (model, ε), the model's headline config (:attr:`Row.headline`)."""
+    from image_utility import markdown_table
+
     rows = data.get("rows", {})
     lines = [f"# {'SMOKE RUN (not results): ' if smoke else ''}MNIST: one row per model and ε", "",
              "Written by `benchmarks/mnist_table.py` (every record: `mnist_table.json`). Each model's best configuration "
@@ -807,8 +809,8 @@ def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
              "`STALE`: the config changed since the run (rerun it); `partial`: the run stopped on its time budget before "
              "its privacy budget (not the model's converged utility). Every row (the papers' settings, the levers, "
              "noise-free and extras), the notes and the ladders: [mnist_table_archive.md](mnist_table_archive.md).", "",
-             SETTINGS_FROM_LEGEND, "",
-             "| " + " | ".join(HEADLINE_COLUMNS) + " |", "|" + "---|" * len(HEADLINE_COLUMNS)]
+             SETTINGS_FROM_LEGEND, ""]
+    table = []
     for row in (r for r in ROWS if r.headline):
         r = rows.get(row.name)
         done = r is not None and r.get("status") == "done"
@@ -821,11 +823,14 @@ def headline_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
         cells = [r.get("model", "") if done else "", eps, accuracy,
                  f"[`{row.name}`](../../{row.config})", settings_from(row, r), _f(r.get("steps")) if done else "",
                  r.get("machine", "") if r else "", r.get("date", "") if r else "", row_status(row, r)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        table.append(cells)
+    return lines + markdown_table(HEADLINE_COLUMNS, table)
 
 
 def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
+    """``mnist_table_archive.md``: every row, its notes and the real digits' baseline."""
+    from image_utility import markdown_table
+
     rows, meta = data.get("rows", {}), data.get("meta", {})
     lines = [f"# {'SMOKE RUN (not results): ' if smoke else ''}The G-PATE paper's MNIST table on the official MNIST: every row", "",
              "The headline, one row per (model, ε): [mnist_table.md](mnist_table.md). The levers' ladders: "
@@ -844,7 +849,7 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
     if meta.get("machine"):
         lines += [f"Machine of the last call: {meta['machine']}; torch {meta.get('torch', '?')}. Each row's own: the columns "
                   "`hardware` and `date` (rows measured before 2026-11-28: from the notes below).", ""]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    table = []
     for row in ROWS:
         r = rows.get(row.name)
         if r is None or r.get("status") not in ("done",):
@@ -860,7 +865,8 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
                      _f(r.get("cnn_accuracy_final")), _f(r.get("cnn_accuracy_val_selected")), row.paper, row.target,
                      settings_from(row, r), _f(r.get("cnn_accuracy_best_on_test_paper_style")), _f(r.get("inception_score"), 2), _f(r.get("fid"), 1),
                      f"[grid]({r['grid']})" if r.get("grid") else ""]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(cells)
+    lines += markdown_table(COLUMNS, table)
     base = meta.get("real_baseline")
     if base:
         lines += ["", f"Real digits, the same evaluation: CNN on {meta.get('num_samples', '?')} real training digits "
