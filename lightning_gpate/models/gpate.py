@@ -440,7 +440,7 @@ class GPATE(PrivateGenerativeModel):
             self.teacher_warmup_done += 1
             return None
 
-        # 1. the teachers' step(s)  (record_function: the phases benchmarks/gpate_step_profile.py reports)
+        # 1. the teachers' step(s)  (record_function: the phases benchmarks/results/gpate_step_profile_cpu.md reports)
         with record_function("gpate/teacher_step"):
             for _ in range(self.teacher_options.steps):
                 teacher_loss = self._teacher_step(real_x, real_y, gen)

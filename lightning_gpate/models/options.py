@@ -220,7 +220,7 @@ class Teachers(TeacherEnsemble):
             ``"class_ratio"`` (one fake batch, labels from the class ratio, shared by all teachers).
         warmup_steps: steps before the first aggregation, against the untrained generator's fakes (no privacy cost).
         precision: ``"32"`` or ``"bf16"`` (autocast of the forward and backward; votes compared with fp32 by
-            ``benchmarks/teacher_throughput.py``).
+            ``benchmarks/results/teacher_throughput_cpu.md``).
         betas: Adam's betas.
         conv_impl: images: kernels (``"auto"``: by device; ``"cpu"``: im2col + batched matmuls and channels-last grouped
             convolutions; ``"gpu"``: grouped convolutions; ``"bmm"``: im2col + batched matmuls for every convolution;

@@ -800,7 +800,7 @@ class LoopTeacherEnsemble:
     """Reference implementation: a Python list of teacher modules, one Adam optimizer each.
 
     What the official code does (minus its shared Adam moments). Used by the tests (equivalence)
-    and ``benchmarks/teacher_throughput.py`` (baseline); far too slow for thousands of teachers.
+    and the throughput measure of ``benchmarks/results/teacher_throughput_cpu.md`` (baseline); far too slow for thousands of teachers.
     """
 
     def __init__(self, teachers: Sequence[nn.Module], *, lr: float = 1e-3, betas: tuple[float, float] = (0.5, 0.999)) -> None:
