@@ -134,11 +134,7 @@ def test_tree_spans_every_column_finds_the_label_driven_feature_and_reproduces_t
         rows = small[small["y"] == y]
         assert abs(int((rows["marker"] == 1).sum()) - len(rows) * p_marker[y]) <= 1
 
-    path = tmp_path / "tree.ckpt"
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
-    trainer.strategy.connect(model)
-    trainer.save_checkpoint(path)
-    loaded = load_generator(str(path))
+    loaded = _through_a_checkpoint(model, tmp_path / "tree.ckpt")
     pd.testing.assert_frame_equal(synthetic_table(loaded, 500, seed=7), synthetic_table(model, 500, seed=7))
     assert loaded.spent_epsilon() == pytest.approx(model.spent_epsilon())
 
@@ -425,17 +421,21 @@ def test_width_two_is_todays_tree_to_the_bit():
             assert hashlib.sha256(synthetic_table(model, 500, seed=7).to_csv().encode()).hexdigest() == rows
 
 
+def _through_a_checkpoint(model, path):
+    """``model`` saved as a training checkpoint at ``path`` and loaded back as ``sample`` loads it."""
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    return load_generator(str(path))
+
+
 def test_cliques_refuse_a_bad_size_and_load_from_a_checkpoint(tmp_path):
     dm = _datamodule(_table(n=500))
     with pytest.raises(ValueError, match="clique_size"):
         MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size=4)
     model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=0)
     _fit(model, dm)
-    path = tmp_path / "cliques.ckpt"
-    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
-    trainer.strategy.connect(model)
-    trainer.save_checkpoint(path)
-    loaded = load_generator(str(path))
+    loaded = _through_a_checkpoint(model, tmp_path / "cliques.ckpt")
     pd.testing.assert_frame_equal(synthetic_table(loaded, 500, seed=7), synthetic_table(model, 500, seed=7))
 
 
