@@ -210,6 +210,9 @@ ROWS: tuple[Row, ...] = (
     *(Row(f"{model}_warm_eps{eps}_guarantee", paper, "≥ 0.90 (not chance)", budget, kind="extra", **extra)
       for model, budget, extra in (("pategan", 240, {}), ("gswgan", 300, {"pretrain_seconds": 240, "splittable": True}))
       for eps, paper in ((10, "— (FETA-Pro 0.986, DPDM 0.981)"), (1, "— (FETA-Pro 0.971, DPDM 0.953)"))),
+    # ... PATE-GAN's sized for one CPU thread: 250 small teachers, 50 generator steps of votes, DP-MERF's CPU generator
+    *(Row(f"pategan_warm_eps{eps}_cpu_guarantee", paper, "≥ 0.90 (not chance)", 3600, kind="extra", splittable=True)
+      for eps, paper in ((10, "— (FETA-Pro 0.986, DPDM 0.981)"), (1, "— (FETA-Pro 0.971, DPDM 0.953)"))),
     # the CPU config at the G-PATE paper's small budgets (its Table 2: 0.223 at ε = 0.2), the ε = 1 settings carried unchanged
     *DPMERF_CPU_SWEEP,
     *DPMERF_SWEEP,
@@ -387,7 +390,8 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
     data_over = {"root": str(a.data_root), "download": False}
     if getattr(a, "tune", False):  # the tuning split trains; the validation split is held out (tune_rows)
         data_over["val_fraction"] = TUNE_VAL_FRACTION
-    model_over = {**row.overrides, **parse_sets(getattr(a, "set", None))}
+    sets = parse_sets(getattr(a, "set", None))
+    model_over = {**row.overrides, **sets}
     max_steps = int(config["trainer"].get("max_steps", 1000))
     if row.max_steps is not None:
         max_steps = min(max_steps, row.max_steps)
@@ -399,7 +403,11 @@ def row_settings(row: Row, a) -> tuple[dict[str, Any], dict[str, Any], dict[str,
         teachers = config["data"]["init_args"].get("num_teachers", 0)
         if teachers:
             data_over["num_teachers"] = min(teachers, SMOKE_TEACHERS)
-        model_over.update(SMOKE_MODEL)
+        from image_utility import _import
+
+        flat = getattr(_import(config["model"]["class_path"]), "FLAT_OPTIONS", {})
+        # a smoke width the call's --set names (flat or in its group: critic.df_dim) is left to the --set
+        model_over.update({k: v for k, v in SMOKE_MODEL.items() if not {k, *flat.get(k, ())} & set(sets)})
         model_over.update({k: min(v, init[k]) for k, v in SMOKE_CAPS.items() if k in init and init[k] is not None})
         if init.get("warm_start"):
             model_over.update({f"warm_start.{k}": v for k, v in SMOKE_WARM_START.items()})
@@ -438,10 +446,40 @@ def flat_option(config: dict[str, Any], overrides: dict[str, Any], name: str, de
     return init.get(name, default)
 
 
+#: What :func:`load_networks` copies: the networks and the warm start's release (measured, its steps taken)
+NETWORK_PREFIXES = ("generator.", "generator_ema.", "discriminator.", "critic.", "warm_release.")
+
+
+def load_networks(model, checkpoint: Path) -> dict[str, Any]:
+    """Copy a training checkpoint's networks and warm-start release (:data:`NETWORK_PREFIXES`) into ``model``, not
+    its accountant, optimizer states or steps: the model keeps its own settings and budget (a tuning measurement:
+    ``--tune-weights-from``). A critic of another shape (a wider one asked by ``--set``) starts fresh and is named
+    in the record; the generator and the release must match. Returns what was copied, for the record."""
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    own = model.state_dict()
+    networks = {k: v for k, v in state.items() if k.startswith(NETWORK_PREFIXES)}
+    critic = ("discriminator.", "critic.")
+    fresh = sorted({k.split(".")[0] for k, v in networks.items()
+                    if k.startswith(critic) and (k not in own or own[k].shape != v.shape)})
+    networks = {k: v for k, v in networks.items() if k.split(".")[0] not in fresh}
+    missing = [k for k in own if k.startswith(NETWORK_PREFIXES) and not k.startswith(tuple(f + "." for f in fresh))
+               and (k not in networks or networks[k].shape != own[k].shape)]
+    if not networks or missing:
+        raise SystemExit(f"--tune-weights-from {checkpoint}: its networks do not match the row's model "
+                         f"({len(networks)} tensors; missing or reshaped: {missing[:3]})")
+    model.load_state_dict(networks, strict=False)
+    return {"checkpoint": str(checkpoint), "fresh": fresh}
+
+
 def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
-            callbacks: Sequence[pl.Callback] = (), save_to: Path | None = None) -> tuple[dict[str, Any], Any, Any]:
+            callbacks: Sequence[pl.Callback] = (), save_to: Path | None = None,
+            weights_from: Path | None = None) -> tuple[dict[str, Any], Any, Any]:
     """Train one row (GS-WGAN: both stages) under ``seconds``; returns its record, model and DataModule. ``save_to``:
-    also write the training checkpoint there (private: for a later fit to continue from)."""
+    also write the training checkpoint there (private: for a later fit to continue from). ``weights_from``: start
+    from that checkpoint's networks and warm-start release (:func:`load_networks`) but this run's own settings and
+    budget: a measurement (e.g. the fine-tuning's noise-free ceiling from a saved warm start), not a resume."""
     import torch
 
     from image_utility import build, parse_sets, settings_provenance
@@ -464,6 +502,8 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
     pl.seed_everything(seed, verbose=False)
     dm, model = build(config, model_overrides=model_over, data_overrides=data_over)
     budget = RowBudget(seconds, sync)
+    if weights_from is not None:
+        record["weights_from"] = load_networks(model, weights_from)
     trainer = _trainer(a, max_steps=max_steps, callbacks=[budget, *callbacks], benchmark=config["trainer"].get("benchmark"))
     fit_start, fit_cpu = time.perf_counter(), time.process_time()
     trainer.fit(model, dm, ckpt_path=str(resume) if resume else None)
@@ -672,7 +712,7 @@ def tune_rows(rows: list[Row], a) -> int:
 
         curve = ValidationCurve(a.score_at or (), score)
         record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=a.tune_from, callbacks=[curve],
-                                    save_to=a.tune_save)
+                                    save_to=a.tune_save, weights_from=a.tune_weights_from)
         model.to(a.device)
         record.update(score(model, dm))
         if curve.curve:
@@ -969,6 +1009,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-from", type=Path, default=None,
                    help="--tune: continue from a --tune-save checkpoint (its release and privacy spent) with this run's "
                         "--set and --steps (total steps): fine-tuning variants of one warm start")
+    p.add_argument("--tune-weights-from", type=Path, default=None,
+                   help="--tune: start from a --tune-save checkpoint's networks and warm-start release but this run's own "
+                        "settings and budget (not a resume): e.g. the fine-tuning's noise-free ceiling from one warm start "
+                        "(--set noise_multiplier=0.01 epsilon=1e18)")
     p.add_argument("--name", default=None, help="--tune: the run's name in --tune-results")
     p.add_argument("--score-at", type=int, nargs="+", default=None, metavar="STEP",
                    help="--tune: also score the generator at these step counts of the run (the steps lever in one fit; "
@@ -977,6 +1021,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrain-only", action="store_true",
                    help="GS-WGAN: only the discriminators' pretraining of the selected rows (into the cache), no private stage")
     a = p.parse_args(argv)
+    if a.tune_from is not None and a.tune_weights_from is not None:
+        p.error("--tune-from (a resume: its budget) and --tune-weights-from (its networks, this run's budget) exclude each other")
     rows = selected_rows(a.rows)
     if a.list:
         total, pretrainings = 0.0, set()

@@ -293,3 +293,32 @@ def test_a_one_release_row_stopped_by_its_time_before_its_steps_is_partial_thoug
     warm = {**gpate, "epsilon_guarantee": 7.43, "steps": 200, "max_steps": 200, "stopped_by": "max_steps=200"}
     assert mnist_table.row_status(row, warm) == "current"
     assert mnist_table.row_status(row, {**warm, "steps": 120, "stopped_by": "row time budget"}).startswith("partial: stopped by row time budget")
+
+
+def test_a_ceiling_run_starts_from_a_saved_warm_start_s_networks_under_its_own_budget(tmp_path, monkeypatch):
+    """--tune-weights-from (issue 56's noise-free ceiling): a tuning run starts from a saved run's generator, critic and
+    warm-start release, not measuring the release again, under its own settings and budget (here σ ≈ 0, no budget);
+    a wider critic starts fresh and is named; a generator of another shape is refused; a resume excludes it."""
+    import pytest
+    from lightning_gpate.models.warm_start import WarmStartRelease
+    from mnist_table import main
+
+    common = ["--smoke", "--tune", "--data-root", str(tmp_path / "no_data"), "--state", str(tmp_path / "state"), "--rows",
+              "dpgan_warm_eps10_guarantee", "--tune-results", str(tmp_path / "tuning.jsonl")]
+    saved = tmp_path / "warm.ckpt"
+    assert main([*common, "--steps", "1", "--tune-save", str(saved), "--name", "warm"]) == 0
+    measured = []
+    original = WarmStartRelease.measure
+    monkeypatch.setattr(WarmStartRelease, "measure", lambda self, *a, **k: (measured.append(1), original(self, *a, **k))[1])
+    ceiling = ["--tune-weights-from", str(saved), "--steps", "2", "--set", "noise_multiplier=0.01", "epsilon=1e18"]
+    assert main([*common, *ceiling, "--name", "ceiling"]) == 0
+    assert main([*common, *ceiling, "critic.df_dim=16", "--name", "wider"]) == 0
+    warm, ceiling_run, wider = [json.loads(line) for line in (tmp_path / "tuning.jsonl").read_text().splitlines()]
+    assert measured == []  # the saved release is the one the ceiling fine-tunes from
+    assert warm["privacy"] == "guarantee" and ceiling_run["privacy"].startswith("none (noise-free")
+    assert ceiling_run["weights_from"] == {"checkpoint": str(saved), "fresh": []}
+    assert wider["weights_from"]["fresh"] == ["discriminator"]
+    with pytest.raises(SystemExit, match="do not match"):
+        main([*common, *ceiling, "generator.gf_dim=16", "--name", "other"])
+    with pytest.raises(SystemExit):
+        main([*common, *ceiling, "--tune-from", str(saved)])
