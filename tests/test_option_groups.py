@@ -104,10 +104,18 @@ def fit_parser(tmp_path_factory):
                                  run=False).parser
 
 
+#: Configs written after the option groups (issue 56's CPU warm-started rows): nothing flat to compare them with
+ADDED_WITH_GROUPS = tuple(f"configs/mnist/{model}_warm_eps{eps}_cpu_guarantee.yaml" for model in ("gswgan", "pategan") for eps in (1, 10))
+
+
 def test_every_shipped_config_resolves_to_the_settings_it_had_with_the_flat_options(fit_parser):
     flat = json.loads((ROOT / "tests" / "data" / "config_settings_flat.json").read_text())
     configs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
-    assert sorted(flat) == configs  # a config added since: add it to the fixture (make it at the flat commit) or here
+    # a config added since: add it to the fixture (make it at the flat commit) or, written with the groups, here
+    assert sorted(flat) == [c for c in configs if c not in ADDED_WITH_GROUPS]
+    for name in ADDED_WITH_GROUPS:  # no flat settings to compare: it resolves
+        assert resolved_settings(fit_parser, ROOT / name)["init_args"], name
+    configs = sorted(flat)
     checked = 0
     for name in configs:
         now = resolved_settings(fit_parser, ROOT / name)
