@@ -450,7 +450,7 @@ def test_class_mean_anchor_is_paid_once_before_the_aggregations_and_the_budget_s
 
     n = acc.counts["gaussian_sums"]
     assert acc.epsilon() == pytest.approx(expected(n), rel=1e-9) and expected(n) <= budget < expected(n + 1)
-    with pytest.raises(ValueError, match="images under budget_accounting: guarantee"):
+    with pytest.raises(ValueError, match="budget_accounting: guarantee only"):
         _digits_gpate(epsilon=budget, anchor_fraction=fraction, aggregator="dpgradagg", budget_accounting="paper",
                       sigma_threshold=10.0, sigma_gnmax=5.0)
 

@@ -28,7 +28,8 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 from lightning_gpate.privacy.topagg import sign_uniforms, topagg_release, topagg_votes, topk_stochastic_signs
 
 TEACHERS_KEY = "gpate_teachers"
-#: ``anchor.fraction``'s default for images under a guarantee: half of ε buys the random-feature class embeddings
+#: ``anchor.fraction``'s default under a guarantee (images and, since issue 59, tables): half of ε buys the random-feature
+#: class embeddings
 DEFAULT_ANCHOR_FRACTION = 0.5
 #: ``anchor.features``' default where there is an anchor: 10,000 random Fourier features (``gpate_mnist_cpu.md`` rows 42-50)
 DEFAULT_ANCHOR_FEATURES = 10000
@@ -46,13 +47,14 @@ PAPER_SETTINGS = {"aggregator": "dpgradagg", "num_bins": 10, "own_label_votes": 
 class ClassAnchor(OptionGroup):
     """G-PATE's class anchor (:mod:`~lightning_gpate.models.anchor`, as PATE-GAN's class-mean ``marginals``): a share of
     ε buys each class's mean image, or its mean embedding under random features, once before the first step; every
-    generator step then pulls the generated classes towards it (post-processing). Images under ``budget_accounting:
-    guarantee`` only.
+    generator step then pulls the generated classes towards it (post-processing). Images and tables (a row is a flat
+    vector, as the teachers see it) under ``budget_accounting: guarantee`` only.
 
     Args:
-        fraction: the share of ε (the ε of that release alone); the aggregations get the rest. ``None``: 0.5 for
-            images under ``budget_accounting: guarantee`` (the anchor is what makes a guaranteed G-PATE useful on
-            MNIST and the 8×8 digits: ``docs/results.md``), else 0; 0: none, the paper.
+        fraction: the share of ε (the ε of that release alone); the aggregations get the rest. ``None``: 0.5 under
+            ``budget_accounting: guarantee`` (the anchor is what makes a guaranteed G-PATE useful on MNIST and the 8×8
+            digits, ``docs/results.md``, and what lifts it above chance on tables at ε = 1 with the other defaults,
+            ``benchmarks/results/tabular_utility_notes.md``), else 0; 0: none, the paper.
         weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²`` averaged over
             classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
         batch_size: generated images (every class equally often) per generator step for that term (1,000: the peak of
@@ -215,8 +217,8 @@ class GPATE(PrivateGenerativeModel):
             ``transposed`` draws lattices at 28×28, see :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`);
             tables an MLP of (256, 256); ``ema_decay`` 0.99, the weight average that samples (the MNIST ladders'
             choice, ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: none, the paper).
-        anchor: the class anchor (:class:`ClassAnchor`): by default, for images under the guarantee, half of ε buys
-            each class's mean embedding under 10,000 random features once and every generator step pulls towards it.
+        anchor: the class anchor (:class:`ClassAnchor`): by default, under the guarantee (images and tables), half of ε
+            buys each class's mean embedding under 10,000 random features once and every generator step pulls towards it.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
             knows it — for tests only.
@@ -292,9 +294,9 @@ class GPATE(PrivateGenerativeModel):
         anchor_fraction, anchor_features = anchor_options.fraction, anchor_options.features
         anchor_length_scale, anchor_feature_seed = anchor_options.length_scale, anchor_options.feature_seed
         if anchor_fraction is None:  # the default: the anchor wherever it can be measured
-            anchor_fraction = DEFAULT_ANCHOR_FRACTION if budget_accounting == "guarantee" and len(self.data_spec["shape"]) == 3 else 0.0
-        if anchor_fraction > 0 and (budget_accounting != "guarantee" or len(self.data_spec["shape"]) != 3):
-            raise ValueError("anchor.fraction measures each class's mean image: images under budget_accounting: guarantee")
+            anchor_fraction = DEFAULT_ANCHOR_FRACTION if budget_accounting == "guarantee" else 0.0
+        if anchor_fraction > 0 and budget_accounting != "guarantee":
+            raise ValueError("anchor.fraction measures each class's mean image (or row): budget_accounting: guarantee only")
         if anchor_options.unbiased and anchor_options.batch_size < 2 * self.num_classes:
             raise ValueError(f"anchor.unbiased needs at least 2 generated images a class: anchor.batch_size >= "
                              f"{2 * self.num_classes}, got {anchor_options.batch_size}")
