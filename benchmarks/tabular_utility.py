@@ -51,6 +51,9 @@ PGM = ("mst_pgm", "aim_pgm")
 PEERS = (*PGM, *SMARTNOISE)
 REFERENCES = ("real", "uniform")  # not trained: the real split (noise floor) and independent uniform columns
 PROJECT = ("marginaltree", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
+#: The GANs as a new user gets them (issue 59, item 4): ``<system>_default`` (``--systems gpate_default ...``).
+#: ``gpate_noanchor_default``: G-PATE's defaults before issue 59 (no class anchor on tables: ``anchor.fraction`` 0).
+DEFAULT_GANS = ("pategan_default", "gpate_default", "gpate_noanchor_default", "dpgan_default", "gswgan_default")
 DELTA = 1e-5
 
 CERVICAL_SCHEMA = {
@@ -155,6 +158,19 @@ DPMERF_TABLES = {"num_features": 2000, "length_scale": [0.25, 1.0, 4.0], "count_
 MARGINALTREE_OPTIONS: dict = {}
 
 
+#: What a user who brings a table to a GAN gets (``Synthesizer("gpate", epsilon=1.0, delta=1e-5).fit(frame, label=...,
+#: schema=..., num_teachers=100)``): every model option at its default, the Python API's ``max_steps`` (1,000; a private
+#: model stops earlier when its budget is spent), and only what the model refuses to run without: ``data.num_teachers``
+#: (no default; 100, the number of issue 59's held-out credit-default run) for the teacher-based models, and DP-GAN's
+#: ``sampling_rate`` declared public as the data's default ``batch_size`` (64) over the table's training rows.
+USER_DEFAULTS = {"num_teachers": 100, "max_steps": 1000, "batch_size": 64}
+#: Training rows of each table's split (80%), declared public for DP-GAN's ``sampling_rate``: the tables' published sizes
+#: (cervical: the 668 rows without a missing value, as ``system_settings`` already declares for DP-GAN).
+#: Model options over the defaults for a ladder of the defaults' levers (``--default-options``, written to another ``--out``).
+DEFAULT_OPTIONS: dict = {}
+PUBLISHED_TRAIN_ROWS = {"cervical": 534, "cardio": 56000, "breast_cancer": 455, "fair": 5093, "randhie": 16152}
+
+
 def system_settings(system: str, dataset: str, epsilon: float) -> dict:
     """``{"data": DataModule options, "model": model options, "max_steps": int}`` of a project system.
 
@@ -162,6 +178,12 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
     on one split, as the papers do); each line says what it was measured at in the results table.
     """
     cervical = dataset == "cervical"
+    if system in DEFAULT_GANS:  # the defaults as a user gets them (USER_DEFAULTS): no tuned option
+        data = {"num_teachers": USER_DEFAULTS["num_teachers"]} if system != "dpgan_default" else {}
+        model = {"sampling_rate": USER_DEFAULTS["batch_size"] / PUBLISHED_TRAIN_ROWS[dataset]} if system == "dpgan_default" else {}
+        if system == "gpate_noanchor_default":  # the former default on tables
+            model = {"anchor": {"fraction": 0.0}}
+        return {"data": data, "model": {**model, **DEFAULT_OPTIONS}, "max_steps": USER_DEFAULTS["max_steps"]}
     if system.startswith("marginaltree"):  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
         cliques = {"clique_size": 3} if system == "marginaltree3" else {}  # a junction tree of cliques of up to 3 columns
         return {"data": {}, "model": {**MARGINALTREE_OPTIONS, **cliques}, "max_steps": 1}  # one pass measures everything
@@ -263,8 +285,11 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     from lightning_gpate.evaluation.report import synthetic_table
     from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, PATEGAN, MarginalTree
 
+    from lightning_gpate.models import GSWGAN
+
     classes = {"marginaltree": MarginalTree, "marginaltree3": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
-               "dpmerf": DPMERF, "gan": GAN}
+               "dpmerf": DPMERF, "gan": GAN, **{s: {"pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN, "gswgan": GSWGAN}[s.split("_")[0]]
+                                                for s in DEFAULT_GANS}}
     settings = system_settings(system, dataset, epsilon)
     pl.seed_everything(seed, verbose=False)
     dm = datamodule(dataset, seed, **settings["data"])
@@ -283,7 +308,7 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     info = {"wall_s": wall, "steps": steps, "settings": settings}
     if system != "gan":
         info.update(eps_spent=float(model.guarantee_epsilon()), stop_reason=model.stop_reason or "max_steps reached")
-        if system == "dpgan":
+        if system.startswith("dpgan"):
             info["critic_steps"] = int(model.critic_steps_taken)
             info["eps_rdp"] = float(model.accountant.epsilon())
     del torch
@@ -406,7 +431,10 @@ NOTES = OUT.with_name("tabular_utility_notes.md")
 
 NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "uniform": "independent uniform columns",
          "marginaltree": "MarginalTree (this project)", "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
-         "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)", "mst_pgm": "private-pgm MST",
+         "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
+         "pategan_default": "PATE-GAN (defaults)", "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
+         "gswgan_default": "GS-WGAN (defaults)",
+         "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)", "mst_pgm": "private-pgm MST",
          "aim_pgm": "private-pgm AIM", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
          "dpctgan_sn": "smartnoise DP-CTGAN"}
 FIDELITY = ("tvd_1way", "tvd_2way", "tvd_3way", "corr_mae")
@@ -431,7 +459,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
                     "steps_mean": g.steps.astype(float).mean(), "wall_s_mean": g.wall_s.astype(float).mean(),
                     "classifiers": int(g.classifiers.iloc[0]), "stop_reason": str(g.stop_reason.iloc[0])[:90] if isinstance(g.stop_reason.iloc[0], str) else "max_steps reached"})
         rows.append(row)
-    order = {k: i for i, k in enumerate(["real", "uniform", *PROJECT, *PEERS])}
+    order = {k: i for i, k in enumerate(["real", "uniform", *PROJECT, *DEFAULT_GANS, *PEERS])}
     table = pd.DataFrame(rows)
     table["_order"] = table.key.map(lambda k: order.get(k, 99))
     table = table.sort_values(["dataset", "eps_value", "_order"]).drop(columns=["_order"])
@@ -490,6 +518,34 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
     plot(frame, out.with_suffix(".png"), ["auroc"])
     plot(frame, out.with_name(out.name + "_fidelity.png"), ["tvd_1way", "tvd_2way", "corr_mae"])
     return table
+
+
+def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
+    """Issue 59's comparison of the GANs with their defaults (``--defaults-table``): per table at ``epsilon``, each system's
+    mean AUROC (Setting B) and fit seconds over the split seeds the GANs' defaults were measured on, MarginalTree and
+    private-pgm MST on those same seeds (a '*' marks fewer), and the mean over the tables."""
+    ok = {cell_key(r): r for r in results if is_complete(r) and r.get("classifiers") == 12}
+    systems = ["marginaltree", "mst_pgm", *DEFAULT_GANS]
+    seeds = {ds: sorted({k[3] for k in ok if k[0] == ds and k[1] in DEFAULT_GANS and k[2] == epsilon}) for ds in DATASETS}
+    lines = ["| table | seeds | " + " | ".join(NAMES[s] for s in systems) + " |", "|---" * (len(systems) + 2) + "|"]
+    means: dict[str, list[float]] = {s: [] for s in systems}
+    failed = {(r["dataset"], r["system"]) for r in results if r.get("status") == "failed" and float(r["epsilon"]) == epsilon}
+    for ds, wanted in seeds.items():
+        if not wanted:
+            continue
+        cells = []
+        for s in systems:
+            got = [ok[(ds, s, epsilon, seed)] for seed in wanted if (ds, s, epsilon, seed) in ok]
+            if not got:
+                cells.append("no step (fails)" if (ds, s) in failed else "–")
+                continue
+            auroc, wall = float(np.mean([r["auroc"] for r in got])), float(np.mean([r.get("wall_s") or 0.0 for r in got]))
+            means[s].append(auroc)
+            mark = "" if len(got) == len(wanted) else f"* ({len(got)} seed{'s' if len(got) > 1 else ''})"
+            cells.append(f"{auroc:.3f}{mark} · {wall:.0f} s" if wall >= 1 else f"{auroc:.3f}{mark} · {wall:.1f} s")
+        lines.append(f"| {ds} | {','.join(map(str, wanted))} | " + " | ".join(cells) + " |")
+    lines.append("| mean of the tables measured | | " + " | ".join(f"{np.mean(v):.3f} ({len(v)})" if v else "–" for v in means.values()) + " |")
+    return "\n".join(lines)
 
 
 LABELS = {"auroc": "mean AUROC, Setting B ↑", "tvd_1way": "1-way TVD vs real train ↓", "tvd_2way": "2-way TVD vs real train ↓",
@@ -714,6 +770,11 @@ def main(argv=None) -> None:
                         "never the test split (unaccounted tuning; use another --out)")
     parser.add_argument("--marginaltree-options", type=json.loads, default={},
                         help='JSON of MarginalTree options for a ladder, e.g. \'{"label_edges": 1}\' (use another --out)')
+    parser.add_argument("--defaults-table", action="store_true", help="print issue 59's table of the GANs' defaults "
+                        "(mean AUROC and fit s per table at ε = 1, beside MarginalTree and MST on the same seeds)")
+    parser.add_argument("--default-options", type=json.loads, default={},
+                        help='JSON of model options over the defaults of the *_default systems, for a ladder, e.g. '
+                             '\'{"anchor": {"fraction": 0}}\' (use another --out)')
     ladder = parser.add_argument_group("ladders (--ladder): PATE-GAN's and GS-WGAN's investigations on tables")
     ladder.add_argument("--ladder", choices=list(LADDER_OUT), help="run a ladder's rungs (--seeds, --epsilons) and rebuild its page")
     ladder.add_argument("--rung", default="{}", help="JSON: the rung's settings over the ladder's defaults (see the code)")
@@ -745,11 +806,15 @@ def main(argv=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     jsonl = out.with_suffix(".jsonl")
     results = load_results(jsonl)
+    if args.defaults_table:
+        print(defaults_table(results))
+        return
     if args.report_only:
         print(summarise(results, out).to_string())
         return
     classifiers = list(args.classifiers or CLASSIFIERS)
     MARGINALTREE_OPTIONS.update(args.marginaltree_options)
+    DEFAULT_OPTIONS.update(args.default_options)
     done = {cell_key(r) for r in results if is_complete(r) and r.get("classifiers") == len(classifiers) and r.get("tvd_3way") is not None}
     interpreters = {**{p: args.peers_python for p in SMARTNOISE}, **{p: args.pgm_python for p in PGM}}
     missing = sorted(p for p in set(args.systems) & set(PEERS) if not Path(interpreters[p]).exists())
@@ -776,6 +841,8 @@ def main(argv=None) -> None:
                               "command": "python benchmarks/tabular_utility.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
                     if system.startswith("marginaltree") and MARGINALTREE_OPTIONS:
                         record["options"] = dict(MARGINALTREE_OPTIONS)
+                    if system in DEFAULT_GANS and DEFAULT_OPTIONS:
+                        record["options"] = dict(DEFAULT_OPTIONS)
                     try:
                         spec = datamodule(dataset, seed).spec
                         if system in REFERENCES:

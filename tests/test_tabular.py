@@ -171,3 +171,24 @@ def test_the_shipped_cervical_config_releases_the_same_spec_for_neighbouring_age
         frame.to_csv(path, index=False)
         specs.append(_released(path=str(path), **{**data, "metadata_seed": 0}))
     assert specs[0] == specs[1]
+
+
+def test_the_fit_summary_of_a_gan_on_a_table_recommends_the_marginal_model(mixed_frame):
+    """What ``fit`` prints at its end: a private GAN fitted on a table names MarginalTree as the better choice for tables,
+    with the measured gap (issue 59); MarginalTree's own summary does not."""
+    from lightning_gpate import Synthesizer
+
+    schema = {"age": {"min": 18, "max": 90}, "income": {"min": 0, "max": 120000}, "smoker": {"categories": ["no", "yes"]},
+              "region": {"categories": ["east", "north", "south", "west"]}, "visits": {"min": 0, "max": 2},
+              "flag": {"categories": [False, True]}, "outcome": {"categories": [0, 1]}}  # declared public
+    quiet = dict(epsilon=1.0, delta=1e-5, max_steps=2, evaluate=False, log_samples=False, progress_bar=False, experiment="tables")
+    data = dict(label="outcome", schema=schema, class_ratio=[0.7, 0.3])
+    gan = Synthesizer("gpate", **quiet, anchor={"batch_size": 16, "features": 64}).fit(mixed_frame, **data, num_teachers=3)
+    assert gan.model.anchor_options.fraction == 0.5 and bool(gan.model.anchor_measured)  # G-PATE's anchor: a default on tables too
+    advice = [line for line in gan.summary.splitlines() if line.lstrip().startswith("advice")]
+    assert len(advice) == 1 and 'Synthesizer("marginaltree"' in advice[0] and "better choice" in advice[0]
+    assert "mean AUROC" in advice[0] and "MST" in advice[0]  # the measured gap, not a bare claim
+    tree = Synthesizer("marginaltree", **quiet).fit(mixed_frame, **data)
+    keys = [line.split()[0] for line in tree.summary.splitlines()[1:] if line.startswith("  ") and not line.startswith("   ")]
+    assert keys[0] == "model" and "MarginalTree" in tree.summary.splitlines()[1]
+    assert "advice" not in keys and "better choice" not in tree.summary
