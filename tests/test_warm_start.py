@@ -195,13 +195,14 @@ def test_the_command_line_takes_the_warm_start_as_one_option_group(tmp_path, mon
     assert "30% of the budget (ε 3 alone) bought the warm start" in out and "2 of 2 warm-start generator steps" in out
 
 
-@pytest.mark.parametrize("kind", ["pategan", "gswgan"])
-def test_pate_gan_and_gs_wgan_take_the_warm_start_and_pay_its_release_once(kind, tmp_path):
-    """PATE-GAN and GS-WGAN take the same option: the release is charged once before their own steps, and their
+@pytest.mark.parametrize("kind", ["pategan", "gswgan", "gpate"])
+def test_pate_gan_gs_wgan_and_g_pate_take_the_warm_start_and_pay_its_release_once(kind, tmp_path):
+    """PATE-GAN, GS-WGAN and G-PATE take the same option: the release is charged once before their own steps, and their
     guarantee's RDP curve is their own steps' plus exactly the Gaussian mechanism's λ/(2σ²) (Mironov 2017, Cor. 3),
-    computed here from the formula; their own noise (λ, σ) is planned for what the release leaves."""
-    from lightning_gpate.models import GSWGAN, PATEGAN
-    from lightning_gpate.privacy.accountant import GSWGANStepEvent, LaplaceVoteEvent, PrivacyAccountant
+    computed here from the formula; their own noise (λ, σ) is planned for what the release leaves (G-PATE's aggregator
+    noise is its config's: the budget stops it). G-PATE's warm start takes the class anchor's place."""
+    from lightning_gpate.models import GPATE, GSWGAN, PATEGAN
+    from lightning_gpate.privacy.accountant import GaussianSumEvent, GSWGANStepEvent, LaplaceVoteEvent, PrivacyAccountant
 
     dm = ImageDataModule("digits", batch_size=16, num_teachers=5)
     common = dict(gf_dim=8, fc_dim=32, df_dim=8, generator_upsample="nearest", z_dim=5)
@@ -209,14 +210,26 @@ def test_pate_gan_and_gs_wgan_take_the_warm_start_and_pay_its_release_once(kind,
         def build(warm):
             return PATEGAN(dm.spec, epsilon=10.0, delta=1e-5, planned_queries=200, warm_start=warm, **common)
         own_noise = lambda m: m.lam  # noqa: E731
-    else:
+    elif kind == "gswgan":
         def build(warm):
             return GSWGAN(dm.spec, epsilon=10.0, planned_steps=50, critic_steps=1, warm_start=warm, **common)
         own_noise = lambda m: m.hparams.noise_multiplier  # noqa: E731
+    else:
+        def build(warm):
+            return GPATE(dm.spec, epsilon=10.0, aggregator={"class_path": "GaussAgg", "init_args": {"sigma": 200.0}},
+                         generator={"gf_dim": 8, "fc_dim": 32, "z_dim": 5, "upsample": "nearest"}, warm_start=warm,
+                         teachers={"fc": 16, "channels": [4, 8]}, fake_batch_size=8)
+        own_noise = None
     plain, warm = build(None), build({**WARM, "fraction": 0.3})
-    assert own_noise(warm) != own_noise(plain)  # planned for what the release leaves
+    if own_noise is not None:
+        assert own_noise(warm) != own_noise(plain)  # planned for what the release leaves
     if kind == "pategan":
         assert warm.hparams.marginals["fraction"] == 0.0  # the release replaces the class-mean images
+    if kind == "gpate":
+        assert plain.anchor_noise is not None and warm.anchor_noise is None  # the release takes the anchor's place
+        assert warm.hparams.anchor["fraction"] == 0.0
+        with pytest.raises(ValueError, match="release the classes twice"):
+            GPATE(dm.spec, epsilon=10.0, anchor={"fraction": 0.5}, warm_start={**WARM, "fraction": 0.3})
     pl.seed_everything(0, verbose=False)
     _trainer(2, tmp_path).fit(warm, dm)
     release = warm.warm_release
@@ -227,6 +240,10 @@ def test_pate_gan_and_gs_wgan_take_the_warm_start_and_pay_its_release_once(kind,
     counts = warm.accountant.counts
     if kind == "pategan":
         own.record(LaplaceVoteEvent(np.zeros(int(counts["laplace_vote_queries"])), warm.lam))
+    elif kind == "gpate":  # each aggregation one Gaussian sum of votes of norm <= 1 (L2 sensitivity 2), by its formula
+        assert counts["gaussian_sums"] >= 1 and counts["gaussian_sum_events"] == counts["gaussian_sums"]
+        own.record(GaussianSumEvent(num_sums=int(counts["gaussian_sums"]), sensitivity=2.0, sigma=200.0))
+        np.testing.assert_allclose(own.rdp_worst_case, np.asarray(own.orders) * counts["gaussian_sums"] * 4 / (2 * 200.0 ** 2))
     else:
         own.record(GSWGANStepEvent(noise_multiplier=warm.hparams.noise_multiplier, num_discriminators=5,
                                    batch_size=warm.hparams.generator_batch_size, steps=int(counts["gswgan_steps"])))

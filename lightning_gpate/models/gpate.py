@@ -18,6 +18,7 @@ from lightning_gpate.models.aggregators import Aggregator, GaussAgg, aggregator_
 from lightning_gpate.models.options import GeneratorNet, OptionGroup, Teachers, flat_options, positive_int
 from lightning_gpate.models.private import PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
+from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
 from lightning_gpate.privacy import ConfidentGNMaxEvent, GaussianSumEvent, SubsampledGaussianEvent, TopAggEvent
 from lightning_gpate.privacy.dpgradagg import aggregate, project, random_projection, vote_histograms
@@ -128,7 +129,7 @@ def _forget_anchor_frequencies(module: "GPATE", _incompatible_keys) -> None:
     module._anchor_frequencies = None
 
 
-class GPATE(PrivateGenerativeModel):
+class GPATE(WarmStartMixin, PrivateGenerativeModel):
     """G-PATE: Algorithm 1 (training) with Algorithm 2 (DPGradAgg) of Long et al. (2021), DataLens'
     TopAgg (Wang, Wu, Long et al. 2021) or the Gaussian sum of normalised directions as the aggregator.
 
@@ -219,6 +220,12 @@ class GPATE(PrivateGenerativeModel):
             choice, ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: none, the paper).
         anchor: the class anchor (:class:`ClassAnchor`): by default, under the guarantee (images and tables), half of ε
             buys each class's mean embedding under 10,000 random features once and every generator step pulls towards it.
+            With a ``warm_start`` its default is none (the warm start's release takes its place).
+        warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
+            options; issue 56), the one every private GAN takes: its share of ε buys DP-MERF's release once before the
+            first aggregation, the generator takes its steps on it (post-processing), and every generator step may keep
+            its pull (``anchor_weight``). ``None`` (default): none. Not together with an ``anchor`` of its own: one
+            release of the classes.
         noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
             seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
             knows it — for tests only.
@@ -272,6 +279,7 @@ class GPATE(PrivateGenerativeModel):
         target_scale: float = 1.0,
         generator_steps: int = 1,
         anchor: ClassAnchor = ClassAnchor(),
+        warm_start: WarmStart | None = None,
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
     ) -> None:
@@ -293,8 +301,11 @@ class GPATE(PrivateGenerativeModel):
         requested = {f"anchor.{k}": getattr(anchor_options, k) for k in ("fraction", "features", "length_scale", "feature_seed")}
         anchor_fraction, anchor_features = anchor_options.fraction, anchor_options.features
         anchor_length_scale, anchor_feature_seed = anchor_options.length_scale, anchor_options.feature_seed
-        if anchor_fraction is None:  # the default: the anchor wherever it can be measured
-            anchor_fraction = DEFAULT_ANCHOR_FRACTION if budget_accounting == "guarantee" else 0.0
+        if anchor_fraction is None:  # the default: the anchor wherever it can be measured, unless a warm start takes its place
+            anchor_fraction = DEFAULT_ANCHOR_FRACTION if budget_accounting == "guarantee" and warm_start is None else 0.0
+        elif anchor_fraction > 0 and warm_start is not None:
+            raise ValueError("warm_start and anchor.fraction > 0 would release the classes twice: the warm start's release "
+                             "(with warm_start.anchor_weight for its pull) replaces the anchor; set anchor.fraction: 0 or drop warm_start")
         if anchor_fraction > 0 and budget_accounting != "guarantee":
             raise ValueError("anchor.fraction measures each class's mean image (or row): budget_accounting: guarantee only")
         if anchor_options.unbiased and anchor_options.batch_size < 2 * self.num_classes:
@@ -336,6 +347,7 @@ class GPATE(PrivateGenerativeModel):
         self._pending_teacher_state: dict | None = None
         self._shared_gen: torch.Generator | None = None
         self.teacher_warmup_done = 0
+        self.init_warm_start(warm_start)
         self.anchor_noise = self.plan_gaussian_noise(anchor_fraction) if anchor_fraction > 0 else None
         if self.anchor_noise is not None:  # each class's noisy mean image in [-1, 1] or mean embedding: a DP release, public once measured
             shape = (anchor_features,) if anchor_features else tuple(self.data_spec["shape"])
@@ -432,7 +444,11 @@ class GPATE(PrivateGenerativeModel):
         gen = self._shared_gen
 
         # the class-mean anchor, paid for and measured once before anything else (resumed runs have it)
-        if self.events_before_first_step() and not self.measure_anchor():
+        if self.anchor_noise is not None and not bool(self.anchor_measured) and not self.measure_anchor():
+            return None
+        # the warm start: its release paid for and measured once, then its generator steps (a resume has them);
+        # the latents from the shared generator, as the fakes': every DDP rank takes the same steps
+        if not self.ensure_warm_started(generator=gen):
             return None
 
         # 0. warm-up: teacher steps only, before the generator ever changes (no aggregation, no privacy event)
@@ -476,6 +492,7 @@ class GPATE(PrivateGenerativeModel):
                 g_loss = 0.5 * (out - target).flatten(1).pow(2).sum(dim=1).mean()
                 if self.anchor_noise is not None and self.anchor_options.weight > 0:
                     g_loss = g_loss + self.anchor_options.weight * self.anchor_loss()
+                g_loss = g_loss + self.warm_start_pull(gen)  # the release keeps its pull (0 without one); the shared latents, as the anchor
                 opt_g.zero_grad()
                 self.manual_backward(g_loss)
                 opt_g.step() if step == hp.generator_steps - 1 else self.step_uncounted(opt_g)
@@ -494,25 +511,29 @@ class GPATE(PrivateGenerativeModel):
         return SubsampledGaussianEvent(noise_multiplier=self.anchor_noise, sampling_rate=1.0)
 
     def events_before_first_step(self) -> list:
-        """The anchor's measurement while it is still to be paid (see the private base)."""
-        return [self.anchor_event()] if self.anchor_noise is not None and not bool(self.anchor_measured) else []
+        """The anchor's measurement or the warm start's release while it is still to be paid (see the private base)."""
+        anchor = [self.anchor_event()] if self.anchor_noise is not None and not bool(self.anchor_measured) else []
+        return anchor + self.warm_start_events()
 
     def budget_shares(self) -> list[str]:
         """With the anchor: its share bought one release of each class's mean (embedding), the rest the
         aggregations of the teachers' votes the run made (public facts: the shares, the noise, the steps)."""
-        if self.anchor_noise is None:
+        warm = self.warm_start_share()
+        if self.anchor_noise is None and not warm:
             return []
         hp = self.hparams
-        share = self.anchor_options.fraction
-        what = (f"each class's mean embedding under {self.anchor_options.features:,} random features" if self.anchor_options.features
-                else "each class's mean image")
-        made = "released once" if bool(self.anchor_measured) else "not released yet"
         steps = int(self.trainer.global_step) if self._trainer is not None else 0
         mechanism = self.aggregator.describe()
         votes = (f"the rest bought {steps:,} aggregation{'' if steps == 1 else 's'} of {self.num_teachers:,} teachers' "
                  f"votes ({mechanism})")
         if hp.target_scale == 0:
             votes += "; target_scale 0: the generator ignored them"
+        if warm:
+            return [*warm, votes]
+        share = self.anchor_options.fraction
+        what = (f"each class's mean embedding under {self.anchor_options.features:,} random features" if self.anchor_options.features
+                else "each class's mean image")
+        made = "released once" if bool(self.anchor_measured) else "not released yet"
         return [f"{share:.0%} of the budget (ε {share * self.budget_limit():g} alone) bought the anchor: {what}, {made} "
                 f"(noise multiplier {self.anchor_noise:.3g}); every generator step pulls towards it for free", votes]
 
