@@ -791,6 +791,17 @@ def config_fingerprint(path: Path) -> str:
     return hashlib.sha256(json.dumps(meaning, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+#: Each row config's fingerprint at 54b4527, the last commit before issue 60's option groups moved flat names into
+#: groups: the configs' text changed, their settings did not (tests/test_option_groups.py resolves every shipped config to
+#: the settings it had then), so a record of that config's run is current still
+FLAT_FINGERPRINTS = Path(__file__).with_name("flat_config_fingerprints.json")
+
+
+def flat_fingerprint(config: str) -> str | None:
+    """:func:`config_fingerprint` of ``config`` as it was written before the option groups (``None``: not there then)."""
+    return json.loads(FLAT_FINGERPRINTS.read_text()).get(config) if FLAT_FINGERPRINTS.is_file() else None
+
+
 #: Models that spend their whole ε in one release before training: their budget never stops the steps, so a row they
 #: ran is partial when its time stopped it before its config's max_steps, whatever ε it spent.
 ONE_RELEASE_MODELS = ("DPMERF",)
@@ -803,7 +814,7 @@ def row_status(row: Row, r: dict[str, Any] | None) -> str:
         return "not run yet"
     if r.get("status") != "done":
         return f"{r.get('status')}: {r.get('error', r.get('stopped_by', ''))}"[:200]
-    if r.get("config_fingerprint") != config_fingerprint(ROOT / row.config):
+    if r.get("config_fingerprint") not in (config_fingerprint(ROOT / row.config), flat_fingerprint(row.config)):
         return "STALE: its config changed since this run"
     budget_stop = str(r.get("stopped_by", "")).startswith("privacy budget") or r.get("budget_exhausted")
     # the config's own last step (its max_steps, e.g. a fine-tuning stopped where the validation split was flat): the

@@ -275,6 +275,33 @@ def test_a_row_whose_config_changed_since_its_run_is_marked_stale_and_comments_o
     assert any("`gan_nonprivate`" in line and "NVIDIA H200" in line and "2026-11-26" in line and "STALE" in line for line in lines)
 
 
+def test_a_record_of_a_config_as_written_before_the_option_groups_is_current_where_the_groups_kept_its_settings():
+    """Issue 60 moved flat names into groups in every config's text, not its settings (tests/test_option_groups.py): a
+    record whose fingerprint is its config's at the last flat commit (benchmarks/flat_config_fingerprints.json) is
+    current; one of any other text is stale."""
+    import subprocess
+
+    import mnist_table
+
+    row = mnist_table.BY_NAME["dpgan_warm_eps10_guarantee"]
+    flat = subprocess.run(["git", "show", f"54b4527:{row.config}"], cwd=ROOT, capture_output=True, text=True)
+    if flat.returncode != 0:  # a shallow clone: the fingerprints file is what the table reads
+        flat_print = mnist_table.flat_fingerprint(row.config)
+    else:
+        written = ROOT / "benchmarks" / "results" / ".flat_config_probe.yaml"
+        try:
+            written.write_text(flat.stdout)
+            flat_print = mnist_table.config_fingerprint(written)
+        finally:
+            written.unlink(missing_ok=True)
+        assert flat_print == mnist_table.flat_fingerprint(row.config)
+    assert flat_print != mnist_table.config_fingerprint(ROOT / row.config)  # the text moved to groups
+    record = {"status": "done", "privacy": "guarantee", "stopped_by": "max_steps=200", "steps": 200, "max_steps": 200,
+              "epsilon_guarantee": 7.43, "epsilon_budget": 10.0, "config_fingerprint": flat_print}
+    assert mnist_table.row_status(row, record) == "current"
+    assert mnist_table.row_status(row, {**record, "config_fingerprint": "0123456789abcdef"}).startswith("STALE")
+
+
 def test_a_one_release_row_stopped_by_its_time_before_its_steps_is_partial_though_its_whole_epsilon_is_spent():
     """DP-MERF spends all of ε in its first step: a row its time stopped at step 357 of 800 must not read as the
     config's result (the headline table would show it as current)."""
