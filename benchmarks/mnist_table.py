@@ -814,7 +814,8 @@ def row_status(row: Row, r: dict[str, Any] | None) -> str:
         return "not run yet"
     if r.get("status") != "done":
         return f"{r.get('status')}: {r.get('error', r.get('stopped_by', ''))}"[:200]
-    if r.get("config_fingerprint") not in (config_fingerprint(ROOT / row.config), flat_fingerprint(row.config)):
+    written = {config_fingerprint(ROOT / row.config), flat_fingerprint(row.config)} - {None}
+    if r.get("config_fingerprint") not in written:
         return "STALE: its config changed since this run"
     budget_stop = str(r.get("stopped_by", "")).startswith("privacy budget") or r.get("budget_exhausted")
     # the config's own last step (its max_steps, e.g. a fine-tuning stopped where the validation split was flat): the

@@ -300,6 +300,9 @@ def test_a_record_of_a_config_as_written_before_the_option_groups_is_current_whe
               "epsilon_guarantee": 7.43, "epsilon_budget": 10.0, "config_fingerprint": flat_print}
     assert mnist_table.row_status(row, record) == "current"
     assert mnist_table.row_status(row, {**record, "config_fingerprint": "0123456789abcdef"}).startswith("STALE")
+    new_row = mnist_table.BY_NAME["gswgan_warm_eps1_cpu_guarantee"]  # written after the groups: no flat fingerprint
+    assert mnist_table.flat_fingerprint(new_row.config) is None
+    assert mnist_table.row_status(new_row, {k: v for k, v in record.items() if k != "config_fingerprint"}).startswith("STALE")
 
 
 def test_a_one_release_row_stopped_by_its_time_before_its_steps_is_partial_though_its_whole_epsilon_is_spent():
