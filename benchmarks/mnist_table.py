@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import gc
 import inspect
 import json
@@ -799,7 +800,13 @@ FLAT_FINGERPRINTS = Path(__file__).with_name("flat_config_fingerprints.json")
 
 def flat_fingerprint(config: str) -> str | None:
     """:func:`config_fingerprint` of ``config`` as it was written before the option groups (``None``: not there then)."""
-    return json.loads(FLAT_FINGERPRINTS.read_text()).get(config) if FLAT_FINGERPRINTS.is_file() else None
+    return _flat_fingerprints().get(config)
+
+
+@functools.lru_cache(maxsize=1)
+def _flat_fingerprints() -> dict[str, str]:
+    """:data:`FLAT_FINGERPRINTS`, read once (the table's status asks for every row)."""
+    return json.loads(FLAT_FINGERPRINTS.read_text()) if FLAT_FINGERPRINTS.is_file() else {}
 
 
 #: Models that spend their whole ε in one release before training: their budget never stops the steps, so a row they

@@ -166,9 +166,9 @@ MARGINALTREE_OPTIONS: dict = {}
 USER_DEFAULTS = {"num_teachers": 100, "max_steps": 1000, "batch_size": 64}
 #: Training rows of each table's split (80%), declared public for DP-GAN's ``sampling_rate``: the tables' published sizes
 #: (cervical: the 668 rows without a missing value, as ``system_settings`` already declares for DP-GAN).
+PUBLISHED_TRAIN_ROWS = {"cervical": 534, "cardio": 56000, "breast_cancer": 455, "fair": 5093, "randhie": 16152}
 #: Model options over the defaults for a ladder of the defaults' levers (``--default-options``, written to another ``--out``).
 DEFAULT_OPTIONS: dict = {}
-PUBLISHED_TRAIN_ROWS = {"cervical": 534, "cardio": 56000, "breast_cancer": 455, "fair": 5093, "randhie": 16152}
 
 
 def system_settings(system: str, dataset: str, epsilon: float) -> dict:
@@ -283,9 +283,7 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     import torch
 
     from lightning_gpate.evaluation.report import synthetic_table
-    from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, PATEGAN, MarginalTree
-
-    from lightning_gpate.models import GSWGAN
+    from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
 
     classes = {"marginaltree": MarginalTree, "marginaltree3": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
                "dpmerf": DPMERF, "gan": GAN, **{s: {"pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN, "gswgan": GSWGAN}[s.split("_")[0]]
