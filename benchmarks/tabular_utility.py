@@ -50,7 +50,7 @@ SMARTNOISE = ("mst", "aim", "pategan_sn", "dpctgan_sn")
 PGM = ("mst_pgm", "aim_pgm")
 PEERS = (*PGM, *SMARTNOISE)
 REFERENCES = ("real", "uniform")  # not trained: the real split (noise floor) and independent uniform columns
-PROJECT = ("marginaltree", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
+PROJECT = ("marginaltree", "marginaltree2", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
 #: The GANs as a new user gets them (issue 59, item 4): ``<system>_default`` (``--systems gpate_default ...``).
 #: ``gpate_noanchor_default``: G-PATE's defaults before issue 59 (no class anchor on tables: ``anchor.fraction`` 0).
 DEFAULT_GANS = ("pategan_default", "gpate_default", "gpate_noanchor_default", "dpgan_default", "gswgan_default")
@@ -185,7 +185,8 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
             model = {"anchor": {"fraction": 0.0}}
         return {"data": data, "model": {**model, **DEFAULT_OPTIONS}, "max_steps": USER_DEFAULTS["max_steps"]}
     if system.startswith("marginaltree"):  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
-        cliques = {"clique_size": 3} if system == "marginaltree3" else {}  # a junction tree of cliques of up to 3 columns
+        # marginaltree: the default width ("auto"); marginaltree2: the tree; marginaltree3: cliques of up to 3 columns
+        cliques = {"marginaltree2": {"clique_size": 2}, "marginaltree3": {"clique_size": 3}}.get(system, {})
         return {"data": {}, "model": {**MARGINALTREE_OPTIONS, **cliques}, "max_steps": 1}  # one pass measures everything
     if system == "pategan":
         # Teachers judge generated rows as released (discrete_samples) and vote relative to their median on
@@ -285,7 +286,7 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     from lightning_gpate.evaluation.report import synthetic_table
     from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
 
-    classes = {"marginaltree": MarginalTree, "marginaltree3": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
+    classes = {"marginaltree": MarginalTree, "marginaltree2": MarginalTree, "marginaltree3": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
                "dpmerf": DPMERF, "gan": GAN, **{s: {"pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN, "gswgan": GSWGAN}[s.split("_")[0]]
                                                 for s in DEFAULT_GANS}}
     settings = system_settings(system, dataset, epsilon)
@@ -304,6 +305,8 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     synthetic = synthetic_table(model, num_samples, seed=seed)
     steps = int(trainer.global_step) if not system.startswith("marginaltree") else int(model.accountant.counts["subsampled_gaussian_events"])
     info = {"wall_s": wall, "steps": steps, "settings": settings}
+    if system.startswith("marginaltree"):
+        info["clique_size_chosen"] = int(model.clique_size_chosen)
     if system != "gan":
         info.update(eps_spent=float(model.guarantee_epsilon()), stop_reason=model.stop_reason or "max_steps reached")
         if system.startswith("dpgan"):
@@ -401,7 +404,11 @@ def score(train, test, synthetic, label, seed, classifiers, spec, settings=("B",
 def load_results(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in records:  # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
+        if r.get("system") == "marginaltree" and "clique_size_chosen" not in r and "clique_size" not in r.get("options", {}):
+            r["system"] = "marginaltree2"
+    return records
 
 
 def is_complete(r: dict) -> bool:
@@ -430,7 +437,8 @@ SHORT_REASONS: dict[tuple[str, str], str] = {
 NOTES = OUT.with_name("tabular_utility_notes.md")
 
 NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "uniform": "independent uniform columns",
-         "marginaltree": "MarginalTree (this project)", "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
+         "marginaltree": "MarginalTree (this project; defaults)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
+         "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
          "pategan_default": "PATE-GAN (defaults)", "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
          "gswgan_default": "GS-WGAN (defaults)",

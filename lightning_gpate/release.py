@@ -216,6 +216,8 @@ def model_from_release(release: dict[str, Any], *, source: str = "release", map_
             if hparams[name] != off:
                 raise CheckpointError(f"{source} was trained with {name}={hparams[name]!r}, an option this version removed")
             del hparams[name]
+    for name, before in getattr(cls, "DEFAULTS_BEFORE", {}).items():  # saved before an option existed: its value then
+        hparams.setdefault(name, before)
     model = cls(**hparams)
     try:
         model.generator_module.load_state_dict(release["generator"])

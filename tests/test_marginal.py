@@ -239,7 +239,7 @@ def test_estimation_reads_only_the_noisy_measurements(monkeypatch):
     monkeypatch.setattr(marginal, "estimate_tree", spy)
     frame = _table()
     dm = _datamodule(frame)
-    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, noise_seed=2, compress=False)
+    model = MarginalTree(dm.spec, epsilon=2.0, delta=1e-5, noise_seed=2, compress=False, clique_size=2)
     _fit(model, dm)
     assert len(calls) == 1
     (one_way, one_way_var, two_way, sigmas, edges), kwargs = calls[0]
@@ -412,13 +412,53 @@ def test_width_two_is_todays_tree_to_the_bit():
     expected = {0: ("4d49045f928971d646e61dab7cd7acb43062e9e2192c0a697b505faeff6ad638", "739e99dd31127c4a3ed2533197c6c520e00dfdd0badb9125c8bf0a7cc8ed3a9d"),
                 1: ("f9c094ab39d076239dc256664977acbc51c484e9a747f78e3b6ec32897966d96", "915e17d344a2ab8313c53974725dcd983daf425416bb92b00c797f850bfd6156")}
     for seed, (tables, rows) in expected.items():
-        for options in ({}, {"clique_size": 2}):
+        for options in ({"clique_size": 2},):
             dm = _datamodule(_table())
             model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, **options)
             _fit(model, dm)
             g = model.generator
             assert hashlib.sha256(g.cpt.numpy().tobytes() + g.parents.numpy().tobytes()).hexdigest() == tables
             assert hashlib.sha256(synthetic_table(model, 500, seed=7).to_csv().encode()).hexdigest() == rows
+
+
+def test_auto_width_is_the_tree_below_two_rows_a_cell_and_cliques_above_at_the_same_epsilon():
+    # The default ("auto") picks the width from the noisy row count N̂ (post-processing of the paid one-way
+    # measurements): the tree below 2·num_bins³ rows (2,000 at 10 bins), cliques of 3 from there, each exactly
+    # the fit of that width with the same noise, and the same ε (both record the same planned events).
+    def rows_and_epsilon(frame, **options):
+        dm = _datamodule(frame)
+        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=4, **options)
+        _fit(model, dm)
+        return model, synthetic_table(model, 400, seed=7), model.spent_epsilon()
+
+    for n, width in ((800, 2), (3000, 3)):
+        frame = _table(n=n)
+        auto, rows, epsilon = rows_and_epsilon(frame)
+        assert int(auto.clique_size_chosen) == width
+        _, expected, expected_epsilon = rows_and_epsilon(frame, clique_size=width)
+        pd.testing.assert_frame_equal(rows, expected)
+        assert epsilon == pytest.approx(expected_epsilon, rel=1e-12) and epsilon <= 1.0
+    # the threshold follows the bins: 2·6³ = 432 rows, so the 800-row table gets cliques at 6 bins
+    assert int(rows_and_epsilon(_table(n=800), num_bins=6)[0].clique_size_chosen) == 3
+    # the threshold is on the noisy count, not the true one: a count whose noise crosses it decides
+    dm = _datamodule(_table(n=800))
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=4)
+    assert model.clique_width(1999.9) == 2 and model.clique_width(2000.0) == 3
+    with pytest.raises(ValueError, match="auto"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size="wide")
+
+
+def test_a_release_saved_before_clique_size_existed_loads_as_the_tree(tmp_path):
+    # Releases made when the tree was the only structure carry no clique_size: they load with the tree's sampler.
+    from lightning_gpate.release import build_release, model_from_release
+
+    dm = _datamodule(_table(n=3000))
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=0, clique_size=2)
+    _fit(model, dm)
+    release = build_release(model)
+    del release["hyper_parameters"]["clique_size"]
+    loaded = model_from_release(release, source="old release")
+    pd.testing.assert_frame_equal(synthetic_table(loaded, 300, seed=1), synthetic_table(model, 300, seed=1))
 
 
 def _through_a_checkpoint(model, path):

@@ -58,6 +58,15 @@ separator's margin in the earlier clique and to its new column's counts; the joi
 clique tables over the separator tables, Lauritzen 1996, Prop. 3.19) and sampling is ancestral in the
 order of the cliques (:class:`CliqueSampler`). ``clique_size: 2`` is the tree, to the bit.
 
+**The default, ``clique_size: "auto"``**, grows cliques of three columns when the noisy row count ``N̂`` (from the
+one-way measurements already paid for: post-processing) reaches ``AUTO_ROWS_PER_CELL`` rows per cell of a
+3-way table of three numeric columns (``2·num_bins³``: 2,000 rows at 10 bins), and the tree below it. Both
+structures record the same planned events, so the choice costs no privacy and the reported ε is the same.
+Chosen on a validation split of the training data of issue 59's five development tables (unaccounted tuning;
+``benchmarks/results/tabular_utility_notes.md``): cliques of three lowered the 2-way TVD on every (table, ε)
+cell of the three tables of 4,000 rows and more (cardio, fair, randhie) and raised it, or the AUROC's spread,
+on the two of fewer than 500 (cervical, breast cancer).
+
 Numeric columns are cut into ``num_bins`` equal-width bins of their declared (public) range in the
 generator's space [-1, 1]; a sampled bin is filled uniformly. Binary and categorical columns keep their
 categories. The generator is a :class:`TreeSampler`: a deterministic function of a uniform latent vector
@@ -84,6 +93,7 @@ BIN_TOLERANCE = 1e-4  # in bins: the float32 data tensor puts an integer on a bi
 LABEL_PARENT, NO_PARENT = -1, -2
 INDEPENDENT_SHARE = 1e-3  # of the independent table mixed into each edge's before IPF (estimate_tree)
 MAX_SEPARATOR_CELLS = 1024  # a pair of columns with more values together is no separator: the sampler's tables stay small
+AUTO_ROWS_PER_CELL = 2  # clique_size "auto": cliques of 3 from N̂ >= 2·num_bins³ (the module doc)
 
 
 # ============================================================================ the generator
@@ -251,12 +261,16 @@ class MarginalTree(PrivateGenerativeModel):
             the rest measures their two-way marginals.
         compress: merge the values of a column whose noisy one-way count is below 3σ (MST).
         clique_size: 2, the spanning tree (two-way marginals); 3, a junction tree whose cliques hold up to
-            three columns (three-way marginals where they pay for their noise; :meth:`_select_cliques`).
+            three columns (three-way marginals where they pay for their noise; :meth:`_select_cliques`);
+            ``"auto"`` (default), 3 when the noisy row count reaches ``2·num_bins³``, else 2 (the module doc).
+            The width a fit used is the buffer ``clique_size_chosen``.
         noise_seed: seed of the mechanisms' randomness (``None``: OS entropy; tests only otherwise).
     """
 
     single_process_only = "it reads the whole training split once, in one step: more processes would not speed it up"
     HAS_PAPER_ANALYSIS = False  # Gaussian and exponential mechanisms: their RDP is the only analysis
+    # A release saved before an option existed was made with these values (the sampler's shape depends on clique_size)
+    DEFAULTS_BEFORE = {"clique_size": 2}
 
     def __init__(
         self,
@@ -273,7 +287,7 @@ class MarginalTree(PrivateGenerativeModel):
         one_way_fraction: float = 0.25,
         selection_fraction: float = 0.05,
         compress: bool = True,
-        clique_size: int = 2,
+        clique_size: int | str = "auto",
         noise_seed: int | None = None,
     ) -> None:
         if data_spec.get("kind") != "tabular":
@@ -292,8 +306,9 @@ class MarginalTree(PrivateGenerativeModel):
             raise ValueError(f"the fractions must be in [0, 1) with a sum < 1 (the rest measures the tree's other edges), "
                              f"label_fraction > 0, one_way_fraction > 0, label_edge_fraction > 0 exactly when label_edges > 0, "
                              f"and selection_fraction > 0 when edges are left to select; got {fractions} with label_edges={label_edges}")
-        if clique_size not in (2, 3):
-            raise ValueError(f"clique_size must be 2 (a tree) or 3 (cliques of up to three columns), got {clique_size}")
+        if clique_size not in (2, 3, "auto"):
+            raise ValueError(f"clique_size must be 2 (a tree), 3 (cliques of up to three columns) or 'auto' (3 from "
+                             f"{AUTO_ROWS_PER_CELL}·num_bins³ rows, counted with noise), got {clique_size!r}")
         if not columns:
             raise ValueError("MarginalTree needs at least one feature column beside the label")
         kinds = [NUMERIC if c["type"] == "numeric" else BINARY if c["type"] == "binary" else CATEGORICAL for c in columns]
@@ -306,13 +321,14 @@ class MarginalTree(PrivateGenerativeModel):
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
         starts = [int(s[0]) for s in data_spec["spans"]]
-        sampler = CliqueSampler if clique_size == 3 else TreeSampler
+        sampler = TreeSampler if clique_size == 2 else CliqueSampler  # "auto": a CliqueSampler holds a tree too
         self.generator = sampler(kinds, cards, starts, self.num_classes,
                                      [_integer_grid(c, int(num_bins)) if k == NUMERIC else None for k, c in zip(kinds, columns)])
         self.num_edges = len(columns)  # a spanning tree of the d features and the label
         self.label_edges = label_edges
         self.plan = self.plan_budget()
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+        self.register_buffer("clique_size_chosen", torch.zeros((), dtype=torch.long))  # 0 until fitted
 
     # ----------------------------------------------------------------- budget planning
     def planned_events(self, rho: float) -> dict[str, Any]:
@@ -388,6 +404,11 @@ class MarginalTree(PrivateGenerativeModel):
             return None
         x, y = batch
         self.fit_marginals(self.encode(x), y.detach().cpu().numpy().astype(np.int64))
+        width = int(self.clique_size_chosen)
+        self.print(f"MarginalTree structure: {'a tree (cliques of 2 columns)' if width == 2 else 'cliques of up to 3 columns'}"
+                   + (" (clique_size auto: from the noisy row count)" if self.hparams.clique_size == "auto" else ""))
+        if self.logger is not None:  # a function of the noisy row count: post-processing
+            self.logger.log_hyperparams({"structure/clique_size_chosen": width})
         self.budget_exhausted = True
         self.stop_reason = f"all planned marginals measured: the budget is spent (epsilon={self.spent_epsilon():.4f})"
         if self._trainer is not None:
@@ -427,7 +448,8 @@ class MarginalTree(PrivateGenerativeModel):
         p_hat = [_simplex(y, 1.0) if n_hat > 0 else np.full(len(y), 1.0 / len(y)) for y in (c / max(n_hat, 1e-12) for c in one_way_c)]
 
         sigmas = [e.noise_multiplier for e in events["measure"]]
-        if self.hparams.clique_size == 3:
+        width = self.clique_width(n_hat)
+        if width == 3:
             # 2-3. a junction tree of cliques of up to 3 columns grown from the label, each measured as selected.
             cliques, tables = self._select_cliques(cdata, ccards, p_hat, n_hat, events, gen, noise)
             # 4. estimation (post-processing): a function of the noisy measurements and public noise scales only.
@@ -470,9 +492,18 @@ class MarginalTree(PrivateGenerativeModel):
                 if len(parents) > 1:
                     g.parents2[c] = parents[1]
             g.parents.copy_(torch.tensor(parent, dtype=torch.long))
-            g.order.copy_(torch.tensor([c for _, c in cliques] if self.hparams.clique_size == 3 else _topological(parent), dtype=torch.long))
+            g.order.copy_(torch.tensor([c for _, c in cliques] if width == 3 else _topological(parent), dtype=torch.long))
             g.label_ratio.copy_(torch.from_numpy(p_label / p_label.sum()).float())
             self.fitted.fill_(True)
+            self.clique_size_chosen.fill_(width)
+
+    def clique_width(self, n_hat: float) -> int:
+        """The cliques' width of a fit: ``clique_size``, or for ``"auto"`` 3 when the noisy row count ``n_hat``
+        reaches ``AUTO_ROWS_PER_CELL·num_bins³`` and 2 below (a function of a released count: post-processing)."""
+        size = self.hparams.clique_size
+        if size != "auto":
+            return int(size)
+        return 3 if n_hat >= AUTO_ROWS_PER_CELL * int(self.hparams.num_bins) ** 3 else 2
 
     def _select_tree(self, cdata: np.ndarray, ccards: list[int], p_hat: list[np.ndarray], n_hat: float,
                      events: dict[str, Any], gen: torch.Generator) -> list[tuple[int, int]]:
