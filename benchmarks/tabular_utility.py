@@ -556,6 +556,54 @@ def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
     return "\n".join(lines)
 
 
+def bar_table(results: list[dict]) -> str:
+    """Issue 59's first bar, checked (``--bar-table``): per table and ε ∈ {1, 10}, MarginalTree's defaults (mean over its
+    split seeds) against private-pgm's MST and AIM. Each ratio and each AUROC comparison is paired: MarginalTree's mean
+    over the seeds that peer was measured on. The bar: 2-way TVD ≤ 0.9× MST's and ≤ AIM's, AUROC ≥ both, fit ≤ 5 s;
+    the last column lists what misses it."""
+    ok = {cell_key(r): r for r in results if is_complete(r) and r.get("classifiers") == 12}
+
+    def cells(ds, system, eps, seeds=None):
+        return [r for (d, s, e, seed), r in sorted(ok.items()) if (d, s, e) == (ds, system, eps) and (seeds is None or seed in seeds)]
+
+    def mean(rs, key):
+        return float(np.mean([r[key] for r in rs])) if rs and all(r.get(key) is not None for r in rs) else float("nan")
+
+    lines = ["| table | ε | seeds (ours / MST / AIM) | 2-way TVD | ÷ MST's | ÷ AIM's | 3-way TVD | AUROC (MST, AIM) | fit s | misses |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for ds in DATASETS:
+        for eps in (1.0, 10.0):
+            ours = cells(ds, "marginaltree", eps)
+            if not ours:
+                continue
+            peers, ratios, aurocs, misses = {}, [], [], []
+            for peer, bar in (("mst_pgm", 0.9), ("aim_pgm", 1.0)):
+                theirs = cells(ds, peer, eps)
+                peers[peer] = theirs
+                if not theirs:
+                    ratios.append("–")
+                    aurocs.append("–")
+                    misses.append(f"{NAMES[peer].split()[-1]} not run")
+                    continue
+                paired = cells(ds, "marginaltree", eps, {r["seed"] for r in theirs})
+                ratio = mean(paired, "tvd_2way") / mean(theirs, "tvd_2way")
+                gap = mean(paired, "auroc") - mean(theirs, "auroc")
+                ratios.append(f"{ratio:.2f}" + ("" if len(paired) == len(theirs) else "*"))
+                aurocs.append(f"{mean(theirs, 'auroc'):.3f}")
+                if ratio > bar:
+                    misses.append(f"2-way TVD {ratio:.2f}× {NAMES[peer].split()[-1]}'s")
+                if gap < 0:
+                    misses.append(f"AUROC {gap:+.3f} vs {NAMES[peer].split()[-1]}")
+            fit = mean(ours, "wall_s")
+            if fit > 5:
+                misses.append(f"fit {fit:.1f} s")
+            seeds = " / ".join(str(len(x)) for x in (ours, peers["mst_pgm"], peers["aim_pgm"]))
+            lines.append(f"| {ds} | {eps:g} | {seeds} | {mean(ours, 'tvd_2way'):.4f} | {ratios[0]} | {ratios[1]} | "
+                         f"{mean(ours, 'tvd_3way'):.4f} | {mean(ours, 'auroc'):.3f} ({aurocs[0]}, {aurocs[1]}) | {fit:.1f} | "
+                         f"{'; '.join(misses) or 'met'} |")
+    return "\n".join(lines)
+
+
 LABELS = {"auroc": "mean AUROC, Setting B ↑", "tvd_1way": "1-way TVD vs real train ↓", "tvd_2way": "2-way TVD vs real train ↓",
           "corr_mae": "Pearson correlation gap ↓"}
 
@@ -780,6 +828,8 @@ def main(argv=None) -> None:
                         help='JSON of MarginalTree options for a ladder, e.g. \'{"label_edges": 1}\' (use another --out)')
     parser.add_argument("--defaults-table", action="store_true", help="print issue 59's table of the GANs' defaults "
                         "(mean AUROC and fit s per table at ε = 1, beside MarginalTree and MST on the same seeds)")
+    parser.add_argument("--bar-table", action="store_true", help="print issue 59's first bar, checked: MarginalTree's defaults "
+                        "against private-pgm's MST and AIM per table and epsilon (paired seeds), and what misses it")
     parser.add_argument("--default-options", type=json.loads, default={},
                         help='JSON of model options over the defaults of the *_default systems, for a ladder, e.g. '
                              '\'{"anchor": {"fraction": 0}}\' (use another --out)')
@@ -816,6 +866,9 @@ def main(argv=None) -> None:
     results = load_results(jsonl)
     if args.defaults_table:
         print(defaults_table(results))
+        return
+    if args.bar_table:
+        print(bar_table(results))
         return
     if args.report_only:
         print(summarise(results, out).to_string())

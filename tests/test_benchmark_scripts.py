@@ -112,3 +112,27 @@ def test_a_tuning_run_of_the_quickstart_check_reads_no_test_digit(monkeypatch):
     assert record["scored_on"] == "val" and 0.0 <= record["logreg_2000"] <= 1.0
     assert record["test_split_metrics"] == [] and record["cnn_accuracy_final"] is None
     assert record["settings_from"] == "test"
+
+
+def test_the_tabular_bar_table_pairs_seeds_and_names_what_misses_the_bar(monkeypatch, tmp_path):
+    # Issue 59's bar, checked by the runner: MarginalTree's 2-way TVD against MST's (<= 0.9x) and AIM's (<= 1x) on the
+    # seeds each peer was measured on, AUROC against both, fit <= 5 s; a cell meeting everything says "met".
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from tabular_utility import bar_table, load_results
+
+    def cell(system, seed, tvd2, auroc, wall=1.0, eps=1.0, **extra):
+        return {"dataset": "fair", "system": system, "epsilon": eps, "seed": seed, "status": "ok", "classifiers": 12,
+                "tvd_1way": 0.01, "tvd_2way": tvd2, "tvd_3way": 0.02, "auroc": auroc, "wall_s": wall, **extra}
+
+    records = [cell("marginaltree", 0, 0.008, 0.72, clique_size_chosen=3), cell("marginaltree", 1, 0.012, 0.70, clique_size_chosen=3),
+               cell("mst_pgm", 0, 0.010, 0.70, wall=120.0), cell("aim_pgm", 0, 0.009, 0.71, wall=300.0),
+               cell("marginaltree", 0, 0.004, 0.70, wall=7.0, eps=10.0, clique_size_chosen=3), cell("mst_pgm", 0, 0.004, 0.71, eps=10.0)]
+    met, missed = bar_table(records).splitlines()[2:]
+    # paired: ours on seed 0 (0.008) against MST's 0.010 and AIM's 0.009, not our two-seed mean (0.010)
+    assert "| fair | 1 | 2 / 1 / 1 | 0.0100 | 0.80 | 0.89 |" in met and met.endswith("| met |")
+    assert "2-way TVD 1.00× MST's" in missed and "AUROC -0.010 vs MST" in missed and "fit 7.0 s" in missed and "AIM not run" in missed
+    # a MarginalTree cell from before the auto width (no clique_size_chosen) is the tree's, not the default's
+    import json
+
+    (tmp_path / "cells.jsonl").write_text(json.dumps(cell("marginaltree", 2, 0.02, 0.5)) + "\n")
+    assert load_results(tmp_path / "cells.jsonl")[0]["system"] == "marginaltree2"
