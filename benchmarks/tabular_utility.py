@@ -528,11 +528,16 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
     return table
 
 
+def scored_cells(results: list[dict]) -> dict[tuple, dict]:
+    """The complete cells scored with the 12 classifiers of the benchmark, by :func:`cell_key` (the last of each)."""
+    return {cell_key(r): r for r in results if is_complete(r) and r.get("classifiers") == 12}
+
+
 def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
     """Issue 59's comparison of the GANs with their defaults (``--defaults-table``): per table at ``epsilon``, each system's
     mean AUROC (Setting B) and fit seconds over the split seeds the GANs' defaults were measured on, MarginalTree and
     private-pgm MST on those same seeds (a '*' marks fewer), and the mean over the tables."""
-    ok = {cell_key(r): r for r in results if is_complete(r) and r.get("classifiers") == 12}
+    ok = scored_cells(results)
     systems = ["marginaltree", "mst_pgm", *DEFAULT_GANS]
     seeds = {ds: sorted({k[3] for k in ok if k[0] == ds and k[1] in DEFAULT_GANS and k[2] == epsilon}) for ds in DATASETS}
     lines = ["| table | seeds | " + " | ".join(NAMES[s] for s in systems) + " |", "|---" * (len(systems) + 2) + "|"]
@@ -561,7 +566,7 @@ def bar_table(results: list[dict]) -> str:
     split seeds) against private-pgm's MST and AIM. Each ratio and each AUROC comparison is paired: MarginalTree's mean
     over the seeds that peer was measured on. The bar: 2-way TVD ≤ 0.9× MST's and ≤ AIM's, AUROC ≥ both, fit ≤ 5 s;
     the last column lists what misses it."""
-    ok = {cell_key(r): r for r in results if is_complete(r) and r.get("classifiers") == 12}
+    ok = scored_cells(results)
 
     def cells(ds, system, eps, seeds=None):
         return [r for (d, s, e, seed), r in sorted(ok.items()) if (d, s, e) == (ds, system, eps) and (seeds is None or seed in seeds)]
@@ -577,13 +582,13 @@ def bar_table(results: list[dict]) -> str:
             if not ours:
                 continue
             peers, ratios, aurocs, misses = {}, [], [], []
-            for peer, bar in (("mst_pgm", 0.9), ("aim_pgm", 1.0)):
+            for peer, short, bar in (("mst_pgm", "MST", 0.9), ("aim_pgm", "AIM", 1.0)):
                 theirs = cells(ds, peer, eps)
                 peers[peer] = theirs
                 if not theirs:
                     ratios.append("–")
                     aurocs.append("–")
-                    misses.append(f"{NAMES[peer].split()[-1]} not run")
+                    misses.append(f"{short} not run")
                     continue
                 paired = cells(ds, "marginaltree", eps, {r["seed"] for r in theirs})
                 ratio = mean(paired, "tvd_2way") / mean(theirs, "tvd_2way")
@@ -591,9 +596,9 @@ def bar_table(results: list[dict]) -> str:
                 ratios.append(f"{ratio:.2f}" + ("" if len(paired) == len(theirs) else "*"))
                 aurocs.append(f"{mean(theirs, 'auroc'):.3f}")
                 if ratio > bar:
-                    misses.append(f"2-way TVD {ratio:.2f}× {NAMES[peer].split()[-1]}'s")
+                    misses.append(f"2-way TVD {ratio:.2f}× {short}'s")
                 if gap < 0:
-                    misses.append(f"AUROC {gap:+.3f} vs {NAMES[peer].split()[-1]}")
+                    misses.append(f"AUROC {gap:+.3f} vs {short}")
             fit = mean(ours, "wall_s")
             if fit > 5:
                 misses.append(f"fit {fit:.1f} s")
