@@ -136,3 +136,27 @@ def test_the_tabular_bar_table_pairs_seeds_and_names_what_misses_the_bar(monkeyp
 
     (tmp_path / "cells.jsonl").write_text(json.dumps(cell("marginaltree", 2, 0.02, 0.5)) + "\n")
     assert load_results(tmp_path / "cells.jsonl")[0]["system"] == "marginaltree2"
+
+
+def test_the_tabular_defaults_table_counts_single_runs_below_chance_on_the_gans_seeds(monkeypatch):
+    # Issue 59: "never below chance" is about single runs, which a table's mean hides; the table counts them per cell
+    # and per system, on the seeds the GANs' defaults were measured on (a peer's other seeds are not counted).
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from tabular_utility import defaults_table
+
+    def cell(system, seed, auroc, eps=1.0):
+        return {"dataset": "randhie", "system": system, "epsilon": eps, "seed": seed, "status": "ok", "classifiers": 12,
+                "tvd_1way": 0.01, "tvd_2way": 0.02, "auroc": auroc, "wall_s": 2.0}
+
+    records = [cell("gpate_default", 0, 0.60), cell("gpate_default", 1, 0.44), cell("aim_pgm", 0, 0.45), cell("aim_pgm", 1, 0.70),
+               cell("aim_pgm", 7, 0.10), cell("marginaltree", 0, 0.58), cell("gpate_default", 0, 0.40, eps=10.0)]
+    header, _, row, mean, below = defaults_table(records).splitlines()
+    columns = [c.strip() for c in header.split("|")[3:-1]]
+    cells = dict(zip(columns, [c.strip() for c in row.split("|")[3:-1]]))
+    assert cells["G-PATE (defaults)"] == "0.520 · 2 s · 1 of 2 below chance"
+    assert cells["private-pgm AIM"] == "0.575 · 2 s · 1 of 2 below chance"  # seed 7 is not a GAN seed
+    assert cells["MarginalTree (this project; defaults)"] == "0.580* (1 seed) · 2 s"
+    counts = dict(zip(columns, [c.strip() for c in below.split("|")[3:-1]]))
+    assert counts["G-PATE (defaults)"] == "1 of 2" and counts["MarginalTree (this project; defaults)"] == "0 of 1"
+    assert counts["PATE-GAN (defaults)"] == "–"
+    assert "0.400 · 2 s · 1 of 1 below chance" in defaults_table(records, 10.0)

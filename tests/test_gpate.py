@@ -123,6 +123,40 @@ def test_resume_keeps_epsilon_teachers_and_partition(tmp_path, public_table):
     assert public_table.partition.fingerprint() == partition
 
 
+def test_generator_steps_default_to_ten_on_tables_and_one_on_images_and_are_stored_resolved(public_table):
+    """Issue 59: a table's budget buys few aggregations (17 at ε = 1), so by default the generator takes ten steps towards
+    each aggregation's target and the anchor there, and the anchor has 1,000 random features; images keep the paper's
+    one step and 10,000 features. The values are stored resolved, so a rebuilt model (a release, a resume) takes the
+    same, and a given value (the paper's settings) is kept."""
+    from lightning_gpate.models.gpate import DEFAULT_TABLE_GENERATOR_STEPS
+
+    small = {k: v for k, v in SMALL.items() if k != "generator_steps"}
+    table = GPATE(public_table.spec, epsilon=50.0, **small)
+    assert table.hparams.generator_steps == DEFAULT_TABLE_GENERATOR_STEPS == 10
+    digits = ImageDataModule("digits", num_teachers=5, teacher_batch_size=4, val_fraction=0.0)
+    assert GPATE(digits.spec, epsilon=50.0, **small).hparams.generator_steps == 1
+    anchored = {**small, "anchor_fraction": None}  # the default anchor (half of ε under the guarantee)
+    assert GPATE(public_table.spec, epsilon=50.0, **anchored).hparams.anchor["features"] == 1000
+    assert GPATE(digits.spec, epsilon=50.0, **anchored).hparams.anchor["features"] == 10000
+    assert GPATE(public_table.spec, epsilon=50.0, **SMALL).hparams.generator_steps == 1  # the paper's: one step (REFERENCE.md)
+    assert GPATE(public_table.spec, epsilon=50.0, **{**small, "generator_steps": 3}).hparams.generator_steps == 3
+    with pytest.raises(ValueError, match="generator_steps must be >= 1"):
+        GPATE(public_table.spec, epsilon=50.0, **{**small, "generator_steps": 0})
+    # one aggregation, then ten generator updates towards its target: nine uncounted, the last one counted (a step)
+    generator_params = {id(p) for p in table.generator.parameters()}
+    uncounted = []
+
+    def spy(optimizer):
+        uncounted.append(any(id(p) in generator_params for group in optimizer.param_groups for p in group["params"]))
+        return GPATE.step_uncounted(optimizer)
+
+    table.step_uncounted = spy
+    _trainer(1).fit(table, public_table)
+    assert table.global_step == 1 and uncounted.count(True) == DEFAULT_TABLE_GENERATOR_STEPS - 1
+    rebuilt = GPATE(public_table.spec, **{k: v for k, v in table.hparams.items() if k != "data_spec"})
+    assert rebuilt.hparams.generator_steps == DEFAULT_TABLE_GENERATOR_STEPS
+
+
 def test_needs_teachers_and_refuses_free_metadata(mixed_frame):
     with pytest.raises(ValueError, match="set data.num_teachers"):
         GPATE(ImageDataModule("digits").spec)
