@@ -547,7 +547,7 @@ def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
     seeds = {ds: sorted({k[3] for k in ok if k[0] == ds and k[1] in DEFAULT_GANS and k[2] == epsilon}) for ds in DATASETS}
     lines = ["| table | seeds | " + " | ".join(NAMES[s] for s in systems) + " |", "|---" * (len(systems) + 2) + "|"]
     means: dict[str, list[float]] = {s: [] for s in systems}
-    below: dict[str, list[int]] = {s: [0, 0] for s in systems}  # runs below chance, runs
+    runs: dict[str, list[float]] = {s: [] for s in systems}  # every run's AUROC
     failed = {(r["dataset"], r["system"]) for r in results if r.get("status") == "failed" and float(r["epsilon"]) == epsilon}
     for ds, wanted in seeds.items():
         if not wanted:
@@ -560,14 +560,14 @@ def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
                 continue
             auroc, wall = float(np.mean([r["auroc"] for r in got])), float(np.mean([r.get("wall_s") or 0.0 for r in got]))
             means[s].append(auroc)
+            runs[s].extend(r["auroc"] for r in got)
             under = sum(r["auroc"] < 0.5 for r in got)
-            below[s] = [below[s][0] + under, below[s][1] + len(got)]
             mark = "" if len(got) == len(wanted) else f"* ({len(got)} seed{'s' if len(got) > 1 else ''})"
             chance = f" · {under} of {len(got)} below chance" if under else ""
             cells.append((f"{auroc:.3f}{mark} · {wall:.0f} s" if wall >= 1 else f"{auroc:.3f}{mark} · {wall:.1f} s") + chance)
         lines.append(f"| {ds} | {','.join(map(str, wanted))} | " + " | ".join(cells) + " |")
     lines.append("| mean of the tables measured | | " + " | ".join(f"{np.mean(v):.3f} ({len(v)})" if v else "–" for v in means.values()) + " |")
-    lines.append("| runs below chance | | " + " | ".join(f"{b} of {n}" if n else "–" for b, n in below.values()) + " |")
+    lines.append("| runs below chance | | " + " | ".join(f"{sum(a < 0.5 for a in v)} of {len(v)}" if v else "–" for v in runs.values()) + " |")
     return "\n".join(lines)
 
 

@@ -306,10 +306,9 @@ class GPATE(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError("G-PATE needs teachers: set data.num_teachers (e.g. 2000) in the data config")
         agg = aggregator_from(aggregator)
         teacher_options = Teachers.of(teachers, Teachers(), name="teachers")
-        table = data_spec["kind"] == "tabular"
         requested_generator_steps = generator_steps
         if generator_steps is None:
-            generator_steps = DEFAULT_TABLE_GENERATOR_STEPS if table else 1
+            generator_steps = 1 if self.is_image else DEFAULT_TABLE_GENERATOR_STEPS
         for name, value in (("fake_batch_size", fake_batch_size), ("generator_steps", generator_steps)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -329,7 +328,7 @@ class GPATE(WarmStartMixin, PrivateGenerativeModel):
                              f"{2 * self.num_classes}, got {anchor_options.batch_size}")
         dim = int(np.prod(self.data_spec["shape"]))
         if anchor_features is None:  # the default: random features wherever there is an anchor
-            anchor_features = (DEFAULT_TABLE_ANCHOR_FEATURES if table else DEFAULT_ANCHOR_FEATURES) if anchor_fraction > 0 else 0
+            anchor_features = (DEFAULT_ANCHOR_FEATURES if self.is_image else DEFAULT_TABLE_ANCHOR_FEATURES) if anchor_fraction > 0 else 0
         if anchor_features:
             if not anchor_fraction > 0:
                 raise ValueError(f"anchor.features={anchor_features} chooses what the anchor measures: it needs anchor.fraction > 0")
