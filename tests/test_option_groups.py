@@ -139,6 +139,11 @@ def test_every_shipped_config_resolves_to_the_settings_it_had_with_the_flat_opti
                 # a default the constructor now resolves by the data's kind (G-PATE's generator_steps: 10 on tables since
                 # issue 59, 1 on images, test_gpate): a config that left it out is an image config, which keeps the value
                 assert (cls_name, key, value) == ("GPATE", "generator_steps", 1) and "ImageDataModule" in (ROOT / name).read_text(), name
+            elif key == "warm_start" and value is not None:  # options added since (source, sample_rows): at their defaults
+                from lightning_gpate.models.warm_start import WarmStart
+
+                defaults, given = WarmStart().as_hparams(), now["init_args"][key]
+                assert given == {**{k: defaults[k] for k in given.keys() - value.keys()}, **value}, f"{name}: {key}"
             else:
                 assert now["init_args"][key] == value, f"{name}: {key}"
         added = set(now["init_args"]) - set(expected)  # options a model gained since the fixture: at their defaults

@@ -543,6 +543,9 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         if net_options.averaged:  # the sampled generator (generator_module): an average of the generator's iterates
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
         self.init_warm_start(warm_start)  # its share of ε planned alone; the critic's steps get the rest
+        if accountant == "pld" and self.warm_release is not None and self.warm_release.options.source != "features":
+            raise ValueError("accountant: pld composes the critic's steps with one Gaussian release (warm_start.source "
+                             "'features'); a warm start from the marginal model (selections too) needs accountant: rdp")
         # Per-sample gradients of a summed loss; opacus refuses BatchNorm here (it mixes samples).
         # (functorch: the same holder without hooks, so that checkpoints move between the implementations)
         if step_options.impl == "opacus":

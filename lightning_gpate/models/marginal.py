@@ -360,6 +360,11 @@ class MarginalTree(PrivateGenerativeModel):
     def _event_list(self, events: dict[str, Any]) -> list:
         return [events["label"], events["one_way"]] + list(events["select"]) + list(events["measure"])
 
+    def planned_event_list(self) -> list:
+        """Every event a fit records (a public function of the schema and the budget; a warm start from this model
+        charges them in its own accountant, :mod:`~lightning_gpate.models.warm_start`)."""
+        return self._event_list(self.planned_events(self.plan["rho"]))
+
     def _fits(self, rho: float) -> bool:
         from lightning_gpate.privacy import PrivacyAccountant
 

@@ -752,7 +752,8 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             split["marginal_noise_multiplier"] = self.marginal_noise
             split["marginal_epsilon_alone"] = self.marginal_options.fraction * self.budget_limit()
         if self.warm_release is not None:
-            split["warm_start_noise_multiplier"] = self.warm_release.noise_multiplier
+            if self.warm_release.options.source == "features":  # one Gaussian (the marginal model's plan has many events)
+                split["warm_start_noise_multiplier"] = self.warm_release.noise_multiplier
             split["warm_start_epsilon_alone"] = self.warm_release.options.fraction * self.budget_limit()
         return split
 
