@@ -55,9 +55,12 @@ PROJECT = ("marginaltree", "marginaltree2", "marginaltree3", "pategan", "gpate",
 #: ``gpate_noanchor_default``: G-PATE's defaults before issue 59 (no class anchor on tables: ``anchor.fraction`` 0, one
 #: generator step an aggregation); ``gpate_default1``: its defaults with the anchor and one generator step an aggregation
 #: (before ``generator_steps`` took 10 on tables).
-DEFAULT_GANS = ("pategan_default", "gpate_default", "gpate_default1", "gpate_noanchor_default", "dpgan_default", "gswgan_default")
-#: The options that turn G-PATE's defaults of today into a former default's.
-FORMER_DEFAULTS = {"gpate_default1": {"generator_steps": 1}, "gpate_noanchor_default": {"anchor": {"fraction": 0.0}, "generator_steps": 1}}
+#: ``pategan_warm_default``: PATE-GAN's defaults with a warm start from the marginal model (``TABLE_WARM_START`` of
+#: :mod:`lightning_gpate.models.pategan`).
+DEFAULT_GANS = ("pategan_default", "pategan_warm_default", "gpate_default", "gpate_default1", "gpate_noanchor_default", "dpgan_default",
+                "gswgan_default")
+#: The options that turn G-PATE's defaults of today into a former default's (PATE-GAN's warm-started variant: :func:`system_settings`).
+DEFAULT_VARIANTS = {"gpate_default1": {"generator_steps": 1}, "gpate_noanchor_default": {"anchor": {"fraction": 0.0}, "generator_steps": 1}}
 DELTA = 1e-5
 
 CERVICAL_SCHEMA = {
@@ -185,8 +188,13 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
     if system in DEFAULT_GANS:  # the defaults as a user gets them (USER_DEFAULTS): no tuned option
         data = {"num_teachers": USER_DEFAULTS["num_teachers"]} if system != "dpgan_default" else {}
         model = {"sampling_rate": USER_DEFAULTS["batch_size"] / PUBLISHED_TRAIN_ROWS[dataset]} if system == "dpgan_default" else {}
-        model = FORMER_DEFAULTS.get(system, model)
-        return {"data": data, "model": {**model, **DEFAULT_OPTIONS}, "max_steps": USER_DEFAULTS["max_steps"]}
+        model = DEFAULT_VARIANTS.get(system, model)
+        if system == "pategan_warm_default":
+            from lightning_gpate.models.pategan import TABLE_WARM_START
+
+            model = TABLE_WARM_START
+        over = {k: {**model[k], **v} if isinstance(v, dict) and isinstance(model.get(k), dict) else v for k, v in DEFAULT_OPTIONS.items()}
+        return {"data": data, "model": {**model, **over}, "max_steps": USER_DEFAULTS["max_steps"]}  # a group's options one by one
     if system.startswith("marginaltree"):  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
         # marginaltree: the default width ("auto"); marginaltree2: the tree; marginaltree3: cliques of up to 3 columns
         cliques = {"marginaltree2": {"clique_size": 2}, "marginaltree3": {"clique_size": 3}}.get(system, {})
@@ -443,7 +451,8 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "marginaltree": "MarginalTree (this project; defaults)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
-         "pategan_default": "PATE-GAN (defaults)", "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
+         "pategan_default": "PATE-GAN (defaults)", "pategan_warm_default": "PATE-GAN (defaults, warm start from the marginal model)",
+         "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
          "gswgan_default": "GS-WGAN (defaults)",
          "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)",
          "gpate_default1": "G-PATE (defaults with one generator step an aggregation)", "mst_pgm": "private-pgm MST",
