@@ -127,7 +127,7 @@ TABLE_AUROC = {"PATEGAN": (0.636, 0.743, 0.684, "five development tables", None)
 
 
 #: What a lever gave on the same tables and seeds as TABLE_AUROC (issue 59; ``benchmarks/tabular_utility.py``'s
-#: ``pategan_warm_default``): PATE-GAN's mean AUROC with ``TABLE_WARM_START`` (:mod:`lightning_gpate.models.pategan`).
+#: ``pategan_warm_default``): PATE-GAN's mean AUROC with its class's ``TABLE_WARM_START``.
 TABLE_WARM_START_AUROC = 0.723
 
 
@@ -143,14 +143,16 @@ def table_advice(pl_module) -> str | None:
             f"lightning_gpate.models.MarginalTree): on {tables} at epsilon 1 this model with its defaults had a mean AUROC of "
             f"{gan:.2f}, MarginalTree {tree:.2f} (about a second a fit) and private-pgm MST {mst:.2f}; MarginalTree gave a lower "
             f"2-way TVD than this model on every table and ε measured and a higher mean AUROC {higher} "
-            f"(benchmarks/results/tabular_utility.md, notes)" + (_warm_start_lever() if name == "PATEGAN" else ""))
+            f"(benchmarks/results/tabular_utility.md, notes)" + _warm_start_lever(getattr(pl_module, "TABLE_WARM_START", None)))
 
 
-def _warm_start_lever() -> str:
-    from lightning_gpate.models.pategan import TABLE_WARM_START
-
+def _warm_start_lever(options: dict[str, Any] | None) -> str:
+    """The advice's clause for a model's measured warm start on tables (its class's ``TABLE_WARM_START``: callbacks
+    import no model), or nothing."""
+    if options is None:
+        return ""
     return (f"; a warm start from the marginal model raised this model's mean AUROC to {TABLE_WARM_START_AUROC:.2f} "
-            f"(warm_start={TABLE_WARM_START['warm_start']!r}, marginals={TABLE_WARM_START['marginals']!r}; docs/tabular.md)")
+            f"(warm_start={options['warm_start']!r}, marginals={options['marginals']!r}; docs/tabular.md)")
 
 
 class FitSummary(pl.Callback):

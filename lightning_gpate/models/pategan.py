@@ -322,6 +322,9 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             from the private data WITHOUT noise: for debugging only, never for a released run.
     """
 
+    #: The warm start from the marginal model measured on tables (module constant; ``fit``'s advice names it).
+    TABLE_WARM_START = TABLE_WARM_START
+
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
     FLAT_OPTIONS = {**flat_options("student", against_hidden="student_hidden"),
                     **{f"teacher_{name}": (f"teachers.{name}",) for name in ("steps", "lr", "hidden", "channels", "fc", "seed", "chunk_size")},
