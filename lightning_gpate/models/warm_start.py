@@ -242,9 +242,7 @@ class MarginalWarmStartRelease(WarmStartRelease):
         super().__init__(options, data_spec, noise_multiplier=math.nan)
         self.data_spec = data_spec
         self.tree_options = {"epsilon": float(epsilon), "delta": float(delta), "conversion": conversion}
-        tree = self.marginal_model()
-        self.planned = tree.planned_event_list()  # a public function of the schema and the budget: no data read
-        self.tree_plan = dict(tree.plan)
+        self.planned = self.marginal_model().planned_event_list()  # a public function of the schema and the budget: no data read
 
     def marginal_model(self, noise_seed: int | None = None):
         from lightning_gpate.models.marginal import MarginalTree
