@@ -28,6 +28,10 @@ sys.path.insert(0, str(BEFORE))
 import make_fixtures as before  # noqa: E402  (the flat options of before, per model)
 
 MODELS = {"gan": GAN, "gpate": GPATE, "pategan": PATEGAN, "dpgan": DPGAN, "gswgan": GSWGAN, "dpmerf": DPMERF}
+#: Per fit, its generator's sha256 as the flat code gave it on each machine it was run on (the first: the machine that
+#: wrote the release artifacts): a 3-step fit's last bits depend on the CPU's kernels (seen: 2e-5 to 2e-2 apart between
+#: two x86 machines, the noise seed's change 2-100x that), so a machine of another arithmetic adds its digests (how: the
+#: docstring of make_fixtures.py) rather than the test comparing at a tolerance that a changed option could pass.
 EXPECTED = json.loads((BEFORE / "expected.json").read_text())
 
 
@@ -57,7 +61,7 @@ def test_a_seeded_fit_gives_the_release_it_gave_before_the_groups(kind, data, mo
     assert "z_dim" not in model.hparams and "generator" in model.hparams
     pl.seed_everything(0, workers=True)
     fit(model, dm, steps=3)
-    assert before.generator_digest(model) == EXPECTED[f"{kind}_{data}"]
+    assert before.generator_digest(model) in EXPECTED[f"{kind}_{data}"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name.removesuffix(".release.pt") for p in BEFORE.glob("*.release.pt")))
@@ -67,7 +71,7 @@ def test_a_release_artifact_written_with_the_flat_options_loads_and_samples(name
     release = load_release(BEFORE / f"{name}.release.pt")
     assert "generator" not in release["hyper_parameters"]  # written before the groups
     model = model_from_release(release)
-    assert before.generator_digest(model) == EXPECTED[name]
+    assert before.generator_digest(model) == EXPECTED[name][0]  # the artifact's own machine
     assert model.hparams["generator"]["z_dim"] == 8  # the flat z_dim, now in its group
     x, y = model.generate(20, seed=0)
     assert x.shape[0] == len(y) == 20 and torch.isfinite(x).all()

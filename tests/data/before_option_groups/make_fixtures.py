@@ -3,7 +3,11 @@ this folder, on the flat options): for each model on a small table and on the 8x
 mechanisms' ``noise_seed`` 1234) with the flat options of that time; its release artifact (``<name>.release.pt``) and
 the sha256 of its released generator's weights (``expected.json``). ``tests/test_option_groups.py`` refits each with
 the option groups and compares, and loads each old artifact. Run from the repository root:
-``python tests/data/before_option_groups/make_fixtures.py`` (it only makes sense at that commit: later code takes the groups)."""
+``python tests/data/before_option_groups/make_fixtures.py`` (it only makes sense at that commit: later code takes the groups).
+On a machine whose floating point gives other last bits (``test_a_seeded_fit_gives_the_release_it_gave_before_the_groups``
+fails for every model): ``git worktree add /tmp/flat 54b4527``, run it there (``PYTHONPATH=/tmp/flat
+OMP_NUM_THREADS=1``), and append each digest of that ``expected.json`` to this folder's list of the same name (keep
+this folder's release artifacts: the first digest of each list is theirs)."""
 
 from __future__ import annotations
 
