@@ -31,6 +31,7 @@ twice) and computes the loss; :class:`WarmStartMixin` is what a model adds to us
 
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
@@ -247,7 +248,9 @@ class MarginalWarmStartRelease(WarmStartRelease):
     def marginal_model(self, noise_seed: int | None = None):
         from lightning_gpate.models.marginal import MarginalTree
 
-        return MarginalTree(self.data_spec, **self.tree_options, noise_seed=noise_seed)
+        # in a fresh context: under the Lightning CLI, save_hyperparameters reads the hyperparameters the CLI gave the
+        # model being built (a context variable), which would become the inner MarginalTree's own
+        return contextvars.Context().run(MarginalTree, self.data_spec, **self.tree_options, noise_seed=noise_seed)
 
     def events(self) -> list:
         """The marginal model's planned events: its one-way Gaussians, its selections and its measurements."""
