@@ -55,12 +55,14 @@ PROJECT = ("marginaltree", "marginaltree2", "marginaltree3", "pategan", "gpate",
 #: ``gpate_noanchor_default``: G-PATE's defaults before issue 59 (no class anchor on tables: ``anchor.fraction`` 0, one
 #: generator step an aggregation); ``gpate_default1``: its defaults with the anchor and one generator step an aggregation
 #: (before ``generator_steps`` took 10 on tables).
-#: ``pategan_warm_default``: PATE-GAN's defaults with a warm start from the marginal model (``TABLE_WARM_START`` of
-#: :mod:`lightning_gpate.models.pategan`).
-DEFAULT_GANS = ("pategan_default", "pategan_warm_default", "gpate_default", "gpate_default1", "gpate_noanchor_default", "dpgan_default",
+#: ``pategan_nowarm_default``: PATE-GAN's defaults before its warm start from the marginal model (``TABLE_WARM_START`` of
+#: :mod:`lightning_gpate.models.pategan`) became its default on tables (issue 59; rows measured as ``pategan_warm_default``
+#: before then are ``pategan_default``'s, their records say ``renamed_from``).
+DEFAULT_GANS = ("pategan_default", "pategan_nowarm_default", "gpate_default", "gpate_default1", "gpate_noanchor_default", "dpgan_default",
                 "gswgan_default")
-#: The options that turn G-PATE's defaults of today into a former default's (PATE-GAN's warm-started variant: :func:`system_settings`).
-DEFAULT_VARIANTS = {"gpate_default1": {"generator_steps": 1}, "gpate_noanchor_default": {"anchor": {"fraction": 0.0}, "generator_steps": 1}}
+#: The options that turn a GAN's defaults of today into a former default's.
+DEFAULT_VARIANTS = {"gpate_default1": {"generator_steps": 1}, "gpate_noanchor_default": {"anchor": {"fraction": 0.0}, "generator_steps": 1},
+                    "pategan_nowarm_default": {"warm_start": None}}
 DELTA = 1e-5
 
 CERVICAL_SCHEMA = {
@@ -189,10 +191,6 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
         data = {"num_teachers": USER_DEFAULTS["num_teachers"]} if system != "dpgan_default" else {}
         model = {"sampling_rate": USER_DEFAULTS["batch_size"] / PUBLISHED_TRAIN_ROWS[dataset]} if system == "dpgan_default" else {}
         model = DEFAULT_VARIANTS.get(system, model)
-        if system == "pategan_warm_default":
-            from lightning_gpate.models.pategan import TABLE_WARM_START
-
-            model = TABLE_WARM_START
         over = {k: {**model[k], **v} if isinstance(v, dict) and isinstance(model.get(k), dict) else v for k, v in DEFAULT_OPTIONS.items()}
         return {"data": data, "model": {**model, **over}, "max_steps": USER_DEFAULTS["max_steps"]}  # a group's options one by one
     if system.startswith("marginaltree"):  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
@@ -412,6 +410,18 @@ def score(train, test, synthetic, label, seed, classifiers, spec, settings=("B",
 
 
 # ============================================================================ results
+def rung_key(system: str, options: dict | None) -> str:
+    """A cell's system as the reports and the resume know it: a ``*_default`` system run with ``--default-options`` (a
+    rung of a ladder over the defaults) is a system of its own, ``<system>+<its options as JSON>``."""
+    return f"{system}+{json.dumps(options, sort_keys=True)}" if options and system in DEFAULT_GANS else system
+
+
+def system_name(key: str) -> str:
+    """The reports' name of a system key (a ladder rung: its defaults' name with its options)."""
+    system, _, options = key.partition("+")
+    return NAMES.get(system, system) + (f" with {options}" if options else "")
+
+
 def load_results(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -419,6 +429,7 @@ def load_results(path: Path) -> list[dict]:
     for r in records:  # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
         if r.get("system") == "marginaltree" and "clique_size_chosen" not in r and "clique_size" not in r.get("options", {}):
             r["system"] = "marginaltree2"
+        r["system"] = rung_key(r["system"], r.get("options"))
     return records
 
 
@@ -451,7 +462,8 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "marginaltree": "MarginalTree (this project; defaults)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
-         "pategan_default": "PATE-GAN (defaults)", "pategan_warm_default": "PATE-GAN (defaults, warm start from the marginal model)",
+         "pategan_default": "PATE-GAN (defaults: warm start from the marginal model)",
+         "pategan_nowarm_default": "PATE-GAN (defaults before issue 59's warm start)",
          "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
          "gswgan_default": "GS-WGAN (defaults)",
          "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)",
@@ -471,7 +483,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
     frame["epsilon"] = frame["epsilon"].astype(float)
     rows = []
     for (ds, sys_, eps), g in frame.groupby(["dataset", "system", "epsilon"], sort=False):
-        row = {"dataset": ds, "key": sys_, "system": NAMES.get(sys_, sys_), "epsilon": "inf" if math.isinf(eps) else f"{eps:g}",
+        row = {"dataset": ds, "key": sys_, "system": system_name(sys_), "epsilon": "inf" if math.isinf(eps) else f"{eps:g}",
                "eps_value": eps, "seeds": len(g)}
         for m in MEASURES:
             values = g[m].astype(float)
@@ -482,7 +494,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
         rows.append(row)
     order = {k: i for i, k in enumerate(["real", "uniform", *PROJECT, *DEFAULT_GANS, *PEERS])}
     table = pd.DataFrame(rows)
-    table["_order"] = table.key.map(lambda k: order.get(k, 99))
+    table["_order"] = table.key.map(lambda k: order.get(k.partition("+")[0], 99) + (0.5 if "+" in k else 0))
     table = table.sort_values(["dataset", "eps_value", "_order"]).drop(columns=["_order"])
     table.drop(columns=["eps_value"]).to_csv(out.with_suffix(".csv"), index=False)
 
@@ -531,7 +543,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
             error = r.get("error", "").splitlines()[-1][:200] if r.get("error") else ""
             groups.setdefault((r["dataset"], r["system"], r["epsilon"], error), []).append(int(r["seed"]))
         lines += ["## Cells that did not run", ""] + [
-            f"- {ds} {NAMES.get(sys_, sys_)} ε={eps} seeds {sorted(seeds)}: {error.rstrip('.')}. {SHORT_REASONS.get((ds, sys_), '')}".rstrip()
+            f"- {ds} {system_name(sys_)} ε={eps} seeds {sorted(seeds)}: {error.rstrip('.')}. {SHORT_REASONS.get((ds, sys_), '')}".rstrip()
             for (ds, sys_, eps, error), seeds in groups.items()]
         lines.append("")
     lines += NOTES.read_text().splitlines() if out.name == OUT.name and NOTES.exists() else []
@@ -650,10 +662,10 @@ def plot(frame: pd.DataFrame, path: Path, measures: list[str]) -> None:
                 finite = stats[np.isfinite(stats.epsilon)]
                 if len(finite):
                     ax.errorbar(finite.epsilon, finite["mean"], yerr=finite["std"].fillna(0), marker="o", capsize=3,
-                                label=NAMES.get(sys_, sys_), linestyle="--" if sys_ in PEERS else "-")
+                                label=system_name(sys_), linestyle="--" if sys_ in PEERS else "-")
                 elif np.isfinite(stats["mean"].iloc[0]):
                     colour = {"real": "grey", "uniform": "red"}.get(sys_, "black")
-                    ax.axhline(stats["mean"].iloc[0], linestyle=":", color=colour, label=NAMES.get(sys_, sys_))
+                    ax.axhline(stats["mean"].iloc[0], linestyle=":", color=colour, label=system_name(sys_))
             ax.set_xscale("log")
             ax.set_xlabel("ε (guarantee, δ = 1e-5)")
             ax.set_ylabel(LABELS.get(measure, measure))
@@ -919,7 +931,7 @@ def main(argv=None) -> None:
                 if system in missing:
                     continue
                 for epsilon in ([math.inf] if system in ("real", "uniform", "gan") else args.epsilons):
-                    key = (dataset, system, float(epsilon), int(seed))
+                    key = (dataset, rung_key(system, DEFAULT_OPTIONS), float(epsilon), int(seed))
                     if key in done:
                         continue
                     print(f"[{time.strftime('%H:%M:%S')}] {dataset} {system} eps={epsilon:g} seed={seed}", flush=True)

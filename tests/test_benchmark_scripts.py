@@ -158,5 +158,26 @@ def test_the_tabular_defaults_table_counts_single_runs_below_chance_on_the_gans_
     assert cells["MarginalTree (this project; defaults)"] == "0.580* (1 seed) · 2 s"
     counts = dict(zip(columns, [c.strip() for c in below.split("|")[3:-1]]))
     assert counts["G-PATE (defaults)"] == "1 of 2" and counts["MarginalTree (this project; defaults)"] == "0 of 1"
-    assert counts["PATE-GAN (defaults)"] == "–"
+    assert counts["PATE-GAN (defaults: warm start from the marginal model)"] == "–"
     assert "0.400 · 2 s · 1 of 1 below chance" in defaults_table(records, 10.0)
+
+
+def test_a_ladder_rung_over_the_defaults_is_a_system_of_its_own_in_the_reports_and_the_resume(monkeypatch, tmp_path):
+    # A cell run with --default-options (a rung over a GAN's defaults) is neither counted as the defaults in the tables
+    # nor taken for a cell of the defaults when a run resumes (issue 59: the rungs of the warm-start ladder were)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import json
+
+    from tabular_utility import defaults_table, load_results, rung_key, system_name
+
+    def cell(options=None, seed=0, auroc=0.7):
+        return {"dataset": "randhie", "system": "pategan_default", "epsilon": 1.0, "seed": seed, "status": "ok", "classifiers": 12,
+                "tvd_1way": 0.01, "tvd_2way": 0.02, "auroc": auroc, "wall_s": 2.0, **({"options": options} if options else {})}
+
+    path = tmp_path / "cells.jsonl"
+    path.write_text("\n".join(json.dumps(c) for c in [cell(), cell({"warm_start": {"anchor_weight": 1.0}}, auroc=0.2)]))
+    records = load_results(path)
+    assert [r["system"] for r in records] == ["pategan_default", 'pategan_default+{"warm_start": {"anchor_weight": 1.0}}']
+    assert rung_key("pategan_default", {}) == "pategan_default" and rung_key("marginaltree", {"width": 3}) == "marginaltree"
+    assert system_name(records[1]["system"]).endswith('(defaults: warm start from the marginal model) with {"warm_start": {"anchor_weight": 1.0}}')
+    assert "0.700 (1)" in defaults_table(records) and "0.200" not in defaults_table(records)

@@ -143,6 +143,9 @@ def test_every_shipped_config_resolves_to_the_settings_it_had_with_the_flat_opti
                 # a default the constructor now resolves by the data's kind (G-PATE's generator_steps: 10 on tables since
                 # issue 59, 1 on images, test_gpate): a config that left it out is an image config, which keeps the value
                 assert (cls_name, key, value) == ("GPATE", "generator_steps", 1) and "ImageDataModule" in (ROOT / name).read_text(), name
+            elif key == "warm_start" and value is None and now["init_args"][key] == "auto":
+                # PATE-GAN's default since issue 59 (test_warm_start): none for images; a table config states null
+                assert cls_name == "PATEGAN" and "ImageDataModule" in (ROOT / name).read_text(), name
             elif key == "warm_start" and value is not None:  # options added since (source, sample_rows): at their defaults
                 from lightning_gpate.models.warm_start import WarmStart
 

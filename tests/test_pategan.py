@@ -538,6 +538,8 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
     assert float(run.data.params["privacy/delta"]) == 1e-5
     assert run.data.tags["privacy_guarantee"] == "false" and "noise_seed" in run.data.tags["not_a_guarantee_because"]
     assert float(run.data.params["privacy_split/metadata_total"]) == pytest.approx(0.05)
+    # the tables' default warm start, built under the CLI (its inner MarginalTree keeps its own hyperparameters)
+    assert float(run.data.params["privacy_split/warm_start_epsilon_alone"]) > 0
     assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "30",
                  "--output", "s.csv", "--seed", "0"]) == 0
     out = pd.read_csv("s.csv")

@@ -373,3 +373,49 @@ def test_the_marginal_warm_start_is_refused_where_it_cannot_be_measured():
     with pytest.raises(ValueError, match="needs accountant: rdp"):
         DPGAN(table.spec, epsilon=10.0, delta=1e-5, sampling_rate=32 / 240, noise_multiplier=1.0, accountant="pld",
               generator_hidden=HIDDEN, discriminator_hidden=(8,), warm_start=MARGINAL_WARM)
+
+
+def test_pate_gans_default_warm_start_is_the_marginal_models_on_tables_and_none_on_images(tmp_path):
+    """``warm_start: auto`` (issue 59): on a table under the guarantee PATE-GAN buys MarginalTree's fit with 80% of ε
+    (``TABLE_WARM_START``) and its class marginals are off; images, the data-dependent accounting and ``warm_start:
+    null`` get none (the marginals back at half of ε); the hyperparameters hold the resolved choice, never "auto"."""
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.models.pategan import TABLE_WARM_START
+    from lightning_gpate.models.warm_start import MarginalWarmStartRelease
+    from small_models import public_table
+
+    table = public_table(num_teachers=6).spec
+    model = PATEGAN(table, epsilon=1.0, delta=1e-5)
+    assert isinstance(model.warm_release, MarginalWarmStartRelease)
+    stored = model.hparams["warm_start"]
+    assert {k: stored[k] for k in TABLE_WARM_START} == {**TABLE_WARM_START, "length_scale": [0.25, 1.0, 4.0]}
+    assert stored["source"] == "marginals" and stored["fraction"] == 0.8 and isinstance(stored["feature_seed"], int)
+    assert model.marginal_options.fraction == 0.0 and model.hparams["marginals"]["fraction"] == 0.0
+    assert "80% of the budget (ε 0.8 alone) bought the warm start: MarginalTree's noisy marginals" in " ".join(model.budget_shares())
+    for off in (PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=None),
+                PATEGAN(table, epsilon=1.0, delta=1e-5, budget_accounting="paper", marginals={"fraction": 0.0}),
+                PATEGAN(ImageDataModule("digits", num_teachers=5).spec, epsilon=1.0, delta=1e-5)):
+        assert off.warm_release is None and off.hparams["warm_start"] is None
+    assert PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=None).marginal_options.fraction == 0.5
+    with pytest.raises(ValueError, match="warm_start must be a mapping of its options, 'auto'"):
+        PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start="on")
+
+
+def test_a_checkpoint_trained_without_a_warm_start_resumes_only_with_warm_start_null(tmp_path):
+    """A table checkpoint of PATE-GAN from before its default warm start (or with ``warm_start: null``) is refused in one
+    line that names the way to resume it, rather than resumed with a release it never paid for; with null it resumes."""
+    from lightning_gpate.release import CheckpointError
+    from small_models import fit
+
+    model, dm = _table_pategan(None)
+    trainer = fit(model, dm, steps=2, default_root_dir=tmp_path)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    spent = model.guarantee_epsilon()
+    resumed, _ = _table_pategan("auto")
+    assert resumed.warm_release is not None
+    with pytest.raises(CheckpointError, match=r"warm_start: auto, this model's default for this data, chose one: resume with warm_start: null"):
+        fit(resumed, dm, steps=3, default_root_dir=tmp_path, ckpt_path=tmp_path / "m.ckpt")
+    resumed, _ = _table_pategan(None)
+    fit(resumed, dm, steps=3, default_root_dir=tmp_path, ckpt_path=tmp_path / "m.ckpt")
+    assert resumed.guarantee_epsilon() > spent and resumed.warm_release is None
+

@@ -79,7 +79,7 @@ from lightning_gpate.models.sharding import (gather_members, owned_members, repl
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
 from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares
-from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
+from lightning_gpate.models.warm_start import AUTO_WARM_START, WarmStart, WarmStartMixin
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -210,21 +210,35 @@ DEFAULT_TEACHERS = VotingTeachers(lr=None, hidden=None)
 PAPER_SETTINGS = {"teacher_steps": 5, "student_steps": 5, "query_batch_size": 64, "planned_queries": 10_000, "lr": 1e-4,
                   "teacher_lr": 1e-4, "betas": (0.9, 0.999), "replay_capacity": 0, "query_labels": "ratio",
                   "teacher_vote": "logit", "student_labels": "argmax", "discrete_samples": False, "marginal_fraction": 0.0,
-                  "marginal_weight": 1.0, "student_batch_size": None, "generator_upsample": "transposed"}
+                  "marginal_weight": 1.0, "student_batch_size": None, "generator_upsample": "transposed", "warm_start": None}
 
-#: PATE-GAN warm-started from the marginal model, for tables (issue 59; ``warm_start.source: marginals``): 80% of ε buys
-#: MarginalTree's fit, the generator takes 2,000 free steps on the embedding of 20,000 rows sampled from it (2,000 random
-#: features of three length scales, as DP-MERF's table rows) and keeps its pull (weight 10) while the votes get the rest;
-#: the class marginals are off (the tree measured them). ``PATEGAN(spec, **TABLE_WARM_START, ...)``. Not the default:
-#: on the validation split of the five development tables (``tabular_validation_warm.md``) it raised the mean AUROC on
-#: breast cancer, fair and randhie and lowered it on cervical and cardio (two split seeds each).
-TABLE_WARM_START = {"marginals": {"fraction": 0.0},
-                    "warm_start": {"source": "marginals", "fraction": 0.8, "features": 2000, "length_scale": [0.25, 1.0, 4.0],
-                                   "steps": 2000, "anchor_weight": 10.0}}
+#: PATE-GAN's warm start on tables (issue 59; ``warm_start: auto`` resolves to it under the guarantee): 80% of ε buys
+#: :class:`~lightning_gpate.models.MarginalTree`'s fit (``source: marginals``), the generator takes 2,000 free steps on
+#: the embedding of 20,000 rows sampled from it (2,000 random features of three length scales, as DP-MERF's table rows)
+#: and keeps its pull (weight 10) while the votes get the rest; the class marginals then default to off (the tree
+#: measured them). The default since it held on every development table of the validation split (split seeds 0-4,
+#: ε = 1, unaccounted tuning; ``benchmarks/results/tabular_validation_warm.md``): mean AUROC cervical 0.601 against
+#: 0.526 without it, cardio 0.734 / 0.732, breast cancer 0.846 / 0.606, fair and randhie in the notes; the pull weight
+#: was picked on breast cancer's validation seeds.
+TABLE_WARM_START = {"source": "marginals", "fraction": 0.8, "features": 2000, "length_scale": [0.25, 1.0, 4.0], "steps": 2000,
+                    "anchor_weight": 10.0}
+
+
+def resolved_warm_start(warm_start: "WarmStart | dict[str, Any] | str | None", kind: str | None,
+                        budget_accounting: str) -> WarmStart | None:
+    """``warm_start`` as the model takes it: ``"auto"`` (the default) is :data:`TABLE_WARM_START` for a table under
+    ``budget_accounting: guarantee`` (the only accounting that covers its release) and none otherwise; ``None`` is
+    none; a mapping or a :class:`~lightning_gpate.models.warm_start.WarmStart` is that warm start."""
+    if isinstance(warm_start, str):
+        if warm_start != AUTO_WARM_START:
+            raise ValueError(f"warm_start must be a mapping of its options, {AUTO_WARM_START!r} (by data kind) or null (none), "
+                             f"got {warm_start!r}")
+        return WarmStart.of(TABLE_WARM_START) if kind == "tabular" and budget_accounting == "guarantee" else None
+    return WarmStart.of(warm_start)
 
 
 def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, requested: dict[str, Any], *,
-                      warm_start: bool = False) -> dict[str, Any]:
+                      warm_start: str | None = None) -> dict[str, Any]:
     """The values of :attr:`PATEGAN.RESOLVED_HPARAMS` (``"teachers.lr"``: the option ``lr`` of the group ``teachers``)
     that ``requested`` leaves ``None``, from the data's kind (``"image"`` or ``"tabular"``) and the accounting mode:
     public numbers only.
@@ -235,13 +249,14 @@ def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, r
     (``configs/pategan_cervical.yaml``, ``tabular_ladder.md`` rows 20-23): Adam 1e-3 for all nets, discrete samples, the
     marginals weighted 30, no replay (rung 13: it did not help), argmax labels. Both: half of ε measures the anchor
     (the per-class mean image or one-way marginals) under ``budget_accounting: guarantee`` (the only mode that covers it),
-    except for images with a ``warm_start``: its release replaces the class-mean images (none by default).
+    except with a ``warm_start`` (``warm_start``: its source, or ``None`` without one) for images, whose release replaces
+    the class-mean images, or from the marginal model (``"marginals"``, the tables' default), which measured the marginals.
     """
     image = kind == "image"
     guarantee = budget_accounting == "guarantee"
     defaults = {"lr": 2e-4 if image else 1e-3, "teachers.lr": 1e-4 if image else 1e-3,
                 "betas": (0.5, 0.999) if image else (0.9, 0.999),
-                "marginals.fraction": 0.5 if guarantee and not (image and warm_start) else 0.0,
+                "marginals.fraction": 0.5 if guarantee and not (warm_start and (image or warm_start == "marginals")) else 0.0,
                 "marginals.weight": 10.0 if image else 30.0, "student.replay_capacity": int(planned_queries) if image else 0,
                 "student.labels": "share" if image and guarantee else "argmax", "discrete_samples": not image}
     return {k: defaults[k] if requested.get(k) is None else requested[k] for k in defaults}
@@ -313,17 +328,16 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             one-hot, so soft generated values are a giveaway that lets every teacher call every
             generated row fake without learning anything about the data.
         warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
-            options): a share of ε buys DP-MERF's one release before the first vote, the generator trains on it
-            (post-processing) and may keep its pull; λ is planned for what the budget leaves. For images it replaces
-            the class-mean images (``marginals.fraction`` then defaults to 0). ``None`` (default): none.
+            options): a share of ε buys a release before the first vote (DP-MERF's, or on tables MarginalTree's fit), the
+            generator trains on it (post-processing) and may keep its pull; λ is planned for what the budget leaves. For
+            images, and from the marginal model, it replaces the class marginals (``marginals.fraction`` then defaults to
+            0). ``"auto"`` (default): :data:`TABLE_WARM_START` for tables under the guarantee, none for images (and under
+            the data-dependent accountings); ``None``: none.
         noise_seed: seed of the vote noise. ``None`` (default) draws it from OS entropy: anyone who
             knows the seed can subtract the noise, so a fixed seed is for tests only.
         log_private_diagnostics: also log teacher losses and mean vote margins. These are computed
             from the private data WITHOUT noise: for debugging only, never for a released run.
     """
-
-    #: The warm start from the marginal model measured on tables (module constant; ``fit``'s advice names it).
-    TABLE_WARM_START = TABLE_WARM_START
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
     FLAT_OPTIONS = {**flat_options("student", against_hidden="student_hidden"),
@@ -353,7 +367,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         smooth_sensitivity: dict[str, Any] | None = None,
         lam: float | None = None,
         planned_queries: int = 16_000,
-        warm_start: WarmStart | None = None,
+        warm_start: WarmStart | dict[str, Any] | str | None = AUTO_WARM_START,
         query_batch_size: int = 16,
         query_labels: str = "uniform",
         lr: float | None = None,
@@ -372,8 +386,9 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         requested = {"lr": lr, "teachers.lr": teacher_options.lr, "betas": betas, "marginals.fraction": marginal_options.fraction,
                      "marginals.weight": marginal_options.weight, "student.replay_capacity": student_options.replay_capacity,
                      "student.labels": student_options.labels, "discrete_samples": discrete_samples}
+        warm_options = resolved_warm_start(warm_start, (data_spec or {}).get("kind"), budget_accounting)  # as given in hparams
         resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries, requested,
-                                     warm_start=warm_start is not None)
+                                     warm_start=None if warm_options is None else warm_options.source)
         lr, betas, discrete_samples = resolved["lr"], resolved["betas"], resolved["discrete_samples"]
         teacher_options = replace(teacher_options, lr=resolved["teachers.lr"])
         student_options = replace(student_options, replay_capacity=resolved["student.replay_capacity"], labels=resolved["student.labels"])
@@ -425,7 +440,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             # P̂(column j = v | class c), measured once (a DP release: public state from then on)
             self.register_buffer("marginal_targets", torch.zeros(len(cards), self.num_classes, max(cards)))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
-        self.init_warm_start(warm_start)  # its share of ε planned alone, before λ takes what is left
+        self.init_warm_start(warm_options)  # its share of ε planned alone, before λ takes what is left
         self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
         if image:
             self.generator = self.build_generator(net_options)

@@ -47,6 +47,8 @@ from lightning_gpate.privacy.merf import (
     embedding_sum, fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum,
 )
 
+#: ``warm_start: auto``: a model's warm start by data kind (PATE-GAN: its ``TABLE_WARM_START`` on tables), stored resolved.
+AUTO_WARM_START = "auto"
 #: What a release was measured with: a resume keeps the checkpoint's (what it measured from ``source``, its σ from
 #: ``fraction``, its shape from ``features``, its frequencies from ``length_scale`` and ``feature_seed``); the other
 #: options only read it.
@@ -293,8 +295,12 @@ class WarmStartMixin:
         # through __getattr__, which a class attribute would shadow
         options = WarmStart.of(warm_start)
         self._warm_start_given = options  # before resolving: what a resume may adopt from its checkpoint
+        self._warm_start_auto = self._hparams.get("warm_start") == AUTO_WARM_START  # the model's default chose it
         if options is None:
             self.warm_release = None
+            for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):  # stored resolved: "auto" means none here
+                if "warm_start" in hparams:
+                    hparams["warm_start"] = None
             return
         if self.budget_accounting != "guarantee":
             raise ValueError("warm_start is a Gaussian release under the guarantee's accounting: use budget_accounting: guarantee")
@@ -320,8 +326,10 @@ class WarmStartMixin:
             if (release is None) != (saved is None):
                 from lightning_gpate.release import CheckpointError
 
+                hint = (" (warm_start: auto, this model's default for this data, chose one: resume with warm_start: null)"
+                        if saved is None and self._warm_start_auto else "")
                 raise CheckpointError(f"the checkpoint was trained {'with' if saved else 'without'} a warm_start and this run "
-                                      f"asks for {'none' if saved else 'one'}: a resumed fit keeps the checkpoint's release")
+                                      f"asks for {'none' if saved else 'one'}{hint}: a resumed fit keeps the checkpoint's release")
             return
         from lightning_gpate.models.base import refuse_changed_on_resume
 
