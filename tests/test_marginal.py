@@ -406,17 +406,20 @@ def test_cliques_release_holds_only_what_the_schema_declares(tmp_path):
 
 
 def test_width_two_is_todays_tree_to_the_bit():
-    # sha256 of the tree's tables and parents, and of 500 sampled rows, at the commit before clique_size existed
+    # sha256 of the tree's tables and parents, and of 500 sampled rows, at the commit before clique_size existed (5ef64e4),
+    # on each machine it was run on: the tables' last bits depend on the CPU's kernels (seed 1's differ between two x86
+    # machines, at that commit as today; its sampled rows do not)
     import hashlib
 
-    expected = {0: ("4d49045f928971d646e61dab7cd7acb43062e9e2192c0a697b505faeff6ad638", "739e99dd31127c4a3ed2533197c6c520e00dfdd0badb9125c8bf0a7cc8ed3a9d"),
-                1: ("f9c094ab39d076239dc256664977acbc51c484e9a747f78e3b6ec32897966d96", "915e17d344a2ab8313c53974725dcd983daf425416bb92b00c797f850bfd6156")}
+    expected = {0: ({"4d49045f928971d646e61dab7cd7acb43062e9e2192c0a697b505faeff6ad638"}, "739e99dd31127c4a3ed2533197c6c520e00dfdd0badb9125c8bf0a7cc8ed3a9d"),
+                1: ({"f9c094ab39d076239dc256664977acbc51c484e9a747f78e3b6ec32897966d96",
+                     "34b4f43d98eb6bab2fcc754ee5d9f03ea041fac00cff8b4b6ca975baa95da2c5"}, "915e17d344a2ab8313c53974725dcd983daf425416bb92b00c797f850bfd6156")}
     for seed, (tables, rows) in expected.items():
         dm = _datamodule(_table())
         model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, clique_size=2)
         _fit(model, dm)
         g = model.generator
-        assert hashlib.sha256(g.cpt.numpy().tobytes() + g.parents.numpy().tobytes()).hexdigest() == tables
+        assert hashlib.sha256(g.cpt.numpy().tobytes() + g.parents.numpy().tobytes()).hexdigest() in tables
         assert hashlib.sha256(synthetic_table(model, 500, seed=7).to_csv().encode()).hexdigest() == rows
 
 
