@@ -375,7 +375,7 @@ def test_the_marginal_warm_start_is_refused_where_it_cannot_be_measured():
               generator_hidden=HIDDEN, discriminator_hidden=(8,), warm_start=MARGINAL_WARM)
 
 
-def test_pate_gans_default_warm_start_is_the_marginal_models_on_tables_and_none_on_images(tmp_path):
+def test_pate_gans_default_warm_start_is_the_marginal_models_on_tables_and_none_on_images():
     """``warm_start: auto`` (issue 59): on a table under the guarantee PATE-GAN buys MarginalTree's fit with 80% of ε
     (``TABLE_WARM_START``) and its class marginals are off; images, the data-dependent accounting and ``warm_start:
     null`` get none (the marginals back at half of ε); the hyperparameters hold the resolved choice, never "auto"."""

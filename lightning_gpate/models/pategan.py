@@ -275,7 +275,8 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
 
     The defaults are the best configuration found under the data-independent guarantee (issue 47): few queries a
     step, relative votes, half of ε on the anchor, for images the MNIST rows' settings and for tables the cervical
-    row's (:func:`resolved_defaults`); the paper's settings are :data:`PAPER_SETTINGS`.
+    row's (:func:`resolved_defaults`), where since issue 59 a warm start from the marginal model takes the anchor's
+    place (:data:`TABLE_WARM_START`); the paper's settings are :data:`PAPER_SETTINGS`.
 
     Tables use MLP networks with the paper's shapes (generator and student of depth 3 with widths
     d, d/2, d, teachers with one hidden layer of width d; d = the data's dimension, at least 8);
