@@ -250,3 +250,39 @@ def test_a_resumed_two_process_fit_continues_epsilon_on_every_rank(tmp_path):
     # within a few steps, not ~10 more
     steps = [int(load_release(run.data.tags["release_artifact"])["global_step"]) for run in (first, second)]
     assert abs(steps[0] - steps[1]) <= 5, steps
+
+
+def test_pategan_warm_started_from_the_marginal_model_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
+    """PATE-GAN's default on tables (issue 59: the warm start from MarginalTree's fit, here sized down): every rank fits
+    the same tree (one secret seed, broadcast), embeds the same sampled rows and takes the same warm-start steps, then
+    the teachers' votes as on one process: the same release and ε as one process, the tree's events charged once."""
+    write_tiny_table(tmp_path / "table.csv")
+    warm = {"source": "marginals", "fraction": 0.8, "features": 200, "steps": 3, "batch_size": 40, "sample_rows": 400,
+            "anchor_weight": 1.0, "length_scale": [0.25, 1.0, 4.0]}
+    config = {
+        "seed_everything": 0,
+        "trainer": {"max_steps": 3, "accelerator": "cpu", "log_every_n_steps": 1, "enable_progress_bar": False,
+                    "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger", "init_args": {"experiment_name": "x"}}},
+        "model": {"class_path": "lightning_gpate.models.PATEGAN", "init_args": {
+            "epsilon": 10.0, "delta": 1e-5, "noise_seed": 0, "planned_queries": 64, "query_batch_size": 8, "warm_start": warm,
+            "generator": {"hidden": [16]}, "student": {"hidden": [8]}, "teachers": {"hidden": [8]}}},
+        "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
+            "path": "table.csv", "label": "y", "schema": TINY_SCHEMA, "class_ratio": [0.5, 0.5], "num_teachers": 4,
+            "teacher_batch_size": 8, "test_fraction": 0.2}},
+        "utility": {"enabled": False},
+        "image_quality": {"enabled": False},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    args = ["fit", "--config", str(tmp_path / "c.yaml")]
+    previous = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        run_one, run_two, _ = _one_and_two_processes(args, tmp_path)
+    finally:
+        os.chdir(previous)
+    for run in (run_one, run_two):
+        assert run.info.status == "FINISHED" and not [t for t in run.data.tags if t.endswith("_error")], run.data.tags
+        assert float(run.data.params["privacy_split/warm_start_epsilon_alone"]) == 8.0
+    assert math.isclose(run_one.data.metrics["epsilon_final"], run_two.data.metrics["epsilon_final"], rel_tol=1e-9)
+    assert_same_tensors(_artifact_tensors(run_one.data.tags["release_artifact"]), _artifact_tensors(run_two.data.tags["release_artifact"]),
+                        atol=1e-4)
