@@ -298,15 +298,12 @@ class WarmStartMixin:
         self._warm_start_auto = self._hparams.get("warm_start") == AUTO_WARM_START  # the model's default chose it
         if options is None:
             self.warm_release = None
-            for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):  # stored resolved: "auto" means none here
-                if "warm_start" in hparams:
-                    hparams["warm_start"] = None
+            self._update_hparams({"warm_start": None})  # stored resolved: "auto" means none here
             return
         if self.budget_accounting != "guarantee":
             raise ValueError("warm_start is a Gaussian release under the guarantee's accounting: use budget_accounting: guarantee")
         options = options.resolved(self.data_spec)
-        for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):  # resolved, as plain values
-            hparams["warm_start"] = options.as_hparams()
+        self._update_hparams({"warm_start": options.as_hparams()})  # resolved, as plain values
         if options.source == "marginals":  # MarginalTree's plan for the share alone
             self.warm_release = MarginalWarmStartRelease(options, self.data_spec, epsilon=options.fraction * self.budget_limit(),
                                                          delta=self.delta, conversion=self.accountant.conversion)
@@ -341,8 +338,7 @@ class WarmStartMixin:
             release.options = options
             release.frequencies = fourier_frequencies(options.features, release.dim, options.length_scale,
                                                       options.feature_seed).to(release.frequencies.device)
-            for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):
-                hparams["warm_start"] = options.as_hparams()
+            self._update_hparams({"warm_start": options.as_hparams()})
 
     def warm_start_events(self) -> list:
         """The release while it is still to be paid (for budget plans and the first step)."""
