@@ -50,7 +50,7 @@ def test_one_record_added_or_removed_moves_the_released_sum_by_exactly_one(count
     # the sum is the sum of the per-record embeddings; its last column counts each class (times b)
     np.testing.assert_allclose(base.numpy(), record_embeddings(x, y, frequencies, k, count_weight=count_weight).double().sum(0).numpy(), atol=1e-5)
     np.testing.assert_allclose(base[:, -1].numpy(), count_weight * np.bincount(y.numpy(), minlength=k), atol=1e-9)
-    means, counts = mean_embeddings(base, count_weight=count_weight)
+    means, counts = mean_embeddings(base, count_weight=count_weight, noise_multiplier=0.0)
     np.testing.assert_allclose(counts.numpy(), np.bincount(y.numpy(), minlength=k), atol=1e-9)
     np.testing.assert_allclose(means[1].numpy(), fourier_features(x[y == 1], frequencies).double().mean(0).numpy(), atol=1e-5)
 
@@ -70,6 +70,41 @@ def test_random_features_approximate_the_gaussian_kernel_and_come_from_the_publi
     np.testing.assert_allclose(mixed.norm(dim=1).numpy(), 1.0, atol=1e-6)
     assert torch.equal(fourier_frequencies(100, 10, 1.5, seed=3), fourier_frequencies(100, 10, 1.5, seed=3))
     assert not torch.equal(fourier_frequencies(100, 10, 1.5, seed=3), fourier_frequencies(100, 10, 1.5, seed=4))
+
+
+def test_a_class_count_the_noise_brought_low_is_floored_at_three_of_its_noise_deviations():
+    """Each class's mean embedding divides its noisy sum by its noisy count taken as at least 3 standard deviations of
+    the count's noise (z/b records; issue 59: a small class's count at the floor of 1 blew its target up). Computed here
+    in numpy from the release: a class well above the floor is the plain quotient to the bit, a small class is divided
+    by the floor, and over many releases the small class's target stays near the ball of possible means while the
+    plain quotient's leaves it by orders of magnitude."""
+    count_weight, z = 0.3, 9.0
+    a, b = np.sqrt(1 - count_weight**2), count_weight
+    floor = 3 * z / b  # 90 records
+    frequencies = fourier_frequencies(500, 8, length_scale=2.0, seed=0)
+    rng = np.random.default_rng(0)
+    x = torch.rand(1030, 8) * 2 - 1
+    y = torch.cat([torch.zeros(1000, dtype=torch.long), torch.ones(30, dtype=torch.long)])  # a big and a small class
+    total = embedding_sum(x, y, frequencies, 2, count_weight=count_weight).numpy()
+    floored_norms, plain_norms = [], []
+    for _ in range(200):
+        noisy = total + z * rng.standard_normal(total.shape)
+        means, counts = (t.numpy() for t in mean_embeddings(torch.from_numpy(noisy), count_weight=count_weight, noise_multiplier=z))
+        np.testing.assert_allclose(counts, noisy[:, -1] / b, rtol=1e-12)  # the counts themselves are not floored
+        expected = noisy[:, :-1] / (a * np.maximum(noisy[:, -1] / b, floor))[:, None]
+        np.testing.assert_allclose(means, expected, rtol=1e-12)
+        if noisy[0, -1] / b > floor:  # above the floor: the former quotient (floored at one record), to the bit
+            former = torch.from_numpy(noisy)
+            former = former[:, :-1] / (float(a) * (former[:, -1] / b).clamp_min(1.0)[:, None])
+            assert np.array_equal(means[0], former[0].numpy())
+        floored_norms.append(np.linalg.norm(means[1]))
+        plain_norms.append(np.linalg.norm(noisy[1, :-1] / (a * max(noisy[1, -1] / b, 1.0))))
+    assert max(floored_norms) < 3 and max(plain_norms) > 30  # the sum's noise (norm ~ z·√500 = 200) over 90, not over ~1
+    # noise-free sums (a marginal warm start's sampled rows) are floored at one record only
+    means = mean_embeddings(torch.from_numpy(total), count_weight=count_weight, noise_multiplier=0.0)[0].numpy()
+    np.testing.assert_allclose(means[1], fourier_features(x[y == 1], frequencies).double().mean(0).numpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        mean_embeddings(torch.from_numpy(total), count_weight=count_weight, noise_multiplier=float("nan"))
 
 
 # ----------------------------------------------------------------------------- the model's release
@@ -347,7 +382,7 @@ def test_the_anchor_and_dpmerf_release_the_same_embedding_for_the_same_seeds_and
                   feature_seed=seed, count_weight=0.3, z_dim=8, gf_dim=8, fc_dim=32, generator_batch_size=40, noise_seed=5)
     small_models.fit(merf, dm2, steps=1)
     assert torch.equal(merf.frequencies, gpate.anchor_frequencies())
-    means = mean_embeddings(merf.released_embedding, count_weight=0.3)[0]
+    means = mean_embeddings(merf.released_embedding, count_weight=0.3, noise_multiplier=merf.noise_multiplier)[0]
     assert torch.allclose(means, gpate.anchor_targets, atol=1e-6, rtol=1e-5)
     assert merf.accountant.counts["subsampled_gaussian_events"] == 1
 

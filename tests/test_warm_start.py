@@ -324,7 +324,8 @@ def test_a_warm_start_from_the_marginal_model_pays_its_planned_fit_once_and_embe
     assert bool(release.measured) and int(release.steps_done) == MARGINAL_WARM["steps"]
     from lightning_gpate.privacy.merf import mean_embeddings
 
-    _, counts = mean_embeddings(release.released.double(), count_weight=release.options.count_weight)
+    _, counts = mean_embeddings(release.released.double(), count_weight=release.options.count_weight,
+                                noise_multiplier=release.embedding_noise)
     assert float(counts.sum()) == pytest.approx(MARGINAL_WARM["sample_rows"], rel=1e-4)  # sampled rows, no noise
     own = PrivacyAccountant(delta=1e-5, orders=model.accountant.orders)
     own.record(LaplaceVoteEvent(np.zeros(int(model.accountant.counts["laplace_vote_queries"])), model.lam))

@@ -64,10 +64,11 @@ def noisy_class_feature_means(x: torch.Tensor, y: torch.Tensor, frequencies: tor
                               noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
     """The noisy mean embedding ``[num_classes, 2M]`` of every class under the random Fourier features of
     ``frequencies`` ``[M, d]`` (:func:`~lightning_gpate.privacy.merf.fourier_features`): DP-MERF's one Gaussian
-    release of ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b]`` (L2 sensitivity 1, noise std z), divided by the noisy counts."""
+    release of ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b]`` (L2 sensitivity 1, noise std z), divided by the noisy counts floored at
+    3 deviations of their noise (:func:`~lightning_gpate.privacy.merf.mean_embeddings`)."""
     released = release_embedding_sum(x.flatten(1), y, frequencies, num_classes, count_weight=FEATURE_COUNT_WEIGHT,
                                      noise_multiplier=noise_multiplier, generator=generator)
-    return mean_embeddings(released, count_weight=FEATURE_COUNT_WEIGHT)[0].float()
+    return mean_embeddings(released, count_weight=FEATURE_COUNT_WEIGHT, noise_multiplier=noise_multiplier)[0].float()
 
 
 def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, batch_size: int,

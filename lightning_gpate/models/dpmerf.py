@@ -238,7 +238,8 @@ class DPMERF(PrivateGenerativeModel):
         with torch.no_grad():
             self.released_embedding.copy_(released.float())
             self.released.fill_(True)
-            counts = mean_embeddings(self.released_embedding, count_weight=hp.count_weight)[1].clamp_min(0)
+            counts = mean_embeddings(self.released_embedding, count_weight=hp.count_weight,
+                                     noise_multiplier=self.noise_multiplier)[1].clamp_min(0)
             shares = counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
             self.generator.label_ratio.copy_(shares)
             if hasattr(self, "generator_ema"):
@@ -292,7 +293,8 @@ class DPMERF(PrivateGenerativeModel):
         the 2M features, hence the factor 2M)."""
         hp = self.hparams
         return embedding_loss(lambda y: self.generator(self.latent(len(y)), y), self.released_embedding, self.frequencies,
-                              self.class_shares(), count_weight=hp.count_weight, batch_size=int(hp.generator_batch_size),
+                              self.class_shares(), count_weight=hp.count_weight, noise_multiplier=self.noise_multiplier,
+                              batch_size=int(hp.generator_batch_size),
                               unbiased=hp.unbiased)
 
     def training_step(self, batch, batch_idx):

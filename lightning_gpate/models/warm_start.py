@@ -168,7 +168,8 @@ def release_event(noise_multiplier: float) -> SubsampledGaussianEvent:
 
 
 def embedding_loss(generate: Callable[[torch.Tensor], torch.Tensor], released: torch.Tensor, frequencies: torch.Tensor,
-                   class_shares: torch.Tensor, *, count_weight: float, batch_size: int, unbiased: bool = False) -> torch.Tensor:
+                   class_shares: torch.Tensor, *, count_weight: float, noise_multiplier: float, batch_size: int,
+                   unbiased: bool = False) -> torch.Tensor:
     """DP-MERF's loss ``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` on ``batch_size`` fakes in equal numbers per class
     (the paper's Eq. 7 with its embedding split by class; ``μ̂_c`` the release's class-c sum over its noisy count).
 
@@ -178,10 +179,12 @@ def embedding_loss(generate: Callable[[torch.Tensor], torch.Tensor], released: t
         frequencies: the features' frequencies ``[M, d]``.
         class_shares: ``p̂`` ``[K]``, the weight of each class.
         count_weight: the release's b.
+        noise_multiplier: the release's noise std z (0: a noise-free sum), for its counts' floor
+            (:func:`~lightning_gpate.privacy.merf.mean_embeddings`).
         batch_size: fakes a call.
         unbiased: subtract each class's sampling bias (:func:`~lightning_gpate.models.anchor.class_mean_gap`).
     """
-    means, _ = mean_embeddings(released, count_weight=count_weight)
+    means, _ = mean_embeddings(released, count_weight=count_weight, noise_multiplier=noise_multiplier)
     gap = class_mean_gap(generate, means, int(batch_size), lambda x: fourier_features(x, frequencies), unbiased=unbiased)
     return means.shape[1] * (class_shares.to(gap) * gap).sum()
 
@@ -205,6 +208,11 @@ class WarmStartRelease(nn.Module):
         self.register_buffer("measured", torch.zeros((), dtype=torch.bool))
         self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
 
+    @property
+    def embedding_noise(self) -> float:
+        """The noise std on every entry of ``released`` (what its counts' floor reads)."""
+        return self.noise_multiplier
+
     def events(self) -> list:
         """What the release costs: one Gaussian mechanism (:func:`release_event`)."""
         return [release_event(self.noise_multiplier)]
@@ -223,14 +231,15 @@ class WarmStartRelease(nn.Module):
 
     def class_shares(self) -> torch.Tensor:
         """The released class shares (uniform where the noisy counts leave none): post-processing."""
-        counts = mean_embeddings(self.released, count_weight=self.options.count_weight)[1].clamp_min(0)
+        counts = mean_embeddings(self.released, count_weight=self.options.count_weight,
+                                 noise_multiplier=self.embedding_noise)[1].clamp_min(0)
         return counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
 
     def loss(self, generate: Callable[[torch.Tensor], torch.Tensor], class_shares: torch.Tensor | None = None) -> torch.Tensor:
         """:func:`embedding_loss` of ``generate`` against the release (``class_shares``: default the released ones)."""
         shares = self.class_shares() if class_shares is None else class_shares
         return embedding_loss(generate, self.released, self.frequencies, shares, count_weight=self.options.count_weight,
-                              batch_size=self.options.batch_size)
+                              noise_multiplier=self.embedding_noise, batch_size=self.options.batch_size)
 
 
 class MarginalWarmStartRelease(WarmStartRelease):
@@ -253,6 +262,11 @@ class MarginalWarmStartRelease(WarmStartRelease):
         # in a fresh context: under the Lightning CLI, save_hyperparameters reads the hyperparameters the CLI gave the
         # model being built (a context variable), which would become the inner MarginalTree's own
         return contextvars.Context().run(MarginalTree, self.data_spec, **self.tree_options, noise_seed=noise_seed)
+
+    @property
+    def embedding_noise(self) -> float:
+        """0: ``released`` is the noise-free embedding of rows sampled from the tree (the noise is in its tables)."""
+        return 0.0
 
     def events(self) -> list:
         """The marginal model's planned events: its one-way Gaussians, its selections and its measurements."""

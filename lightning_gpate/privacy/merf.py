@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 
 __all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "embedding_sum", "noisy_release", "release_embedding_sum",
-           "mean_embeddings", "median_distance_of_uniform"]
+           "mean_embeddings", "median_distance_of_uniform", "COUNT_FLOOR_SIGMAS"]
 
 
 def median_distance_of_uniform(dim: int) -> float:
@@ -136,11 +136,34 @@ def release_embedding_sum(x: torch.Tensor, y: torch.Tensor, frequencies: torch.T
     return noisy_release(total, noise_multiplier=noise_multiplier, generator=generator)
 
 
-def mean_embeddings(released: torch.Tensor, *, count_weight: float, min_count: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Post-processing of a release ``[K, 2M + 1]``: the per-class mean embeddings ``[K, 2M]`` (the
-    noisy sum of each class's φ over its noisy count, at least ``min_count``) and the noisy class
-    counts ``[K]`` (may be ≤ 0 for a tiny class)."""
+#: A class's noisy count in the denominator of its mean embedding is taken as at least this many standard deviations of
+#: its noise (``z/b`` records): below it the count is mostly noise (MST's and MarginalTree's rule for rare values, 3σ).
+#: Issue 59: cervical's 35 positive rows at ε = 0.5 (count noise ≈ 26 records) had G-PATE's anchor divide its noisy sum
+#: by a count of 1 in some runs (anchor loss 4·10⁵ against 120, the run's AUROC below chance); chosen over 1σ on a
+#: validation split of the five development tables (``benchmarks/results/tabular_utility_notes.md``). On MNIST (5,400+
+#: digits a class; 180 records at ε = 0.2) it never binds.
+COUNT_FLOOR_SIGMAS = 3.0
+
+
+def mean_embeddings(released: torch.Tensor, *, count_weight: float, noise_multiplier: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-processing of a release ``[K, 2M + 1]``: the per-class mean embeddings ``[K, 2M]`` and the noisy class
+    counts ``[K]`` (may be ≤ 0 for a tiny class).
+
+    A class's mean embedding is its noisy sum over its noisy count, the count taken as at least
+    :data:`COUNT_FLOOR_SIGMAS` standard deviations of its noise (``z/b``) and at least 1. Dividing by a count that the
+    noise brought near zero would blow the sum up into a target far outside the ball of possible means (every ``φ(x)``
+    has norm 1) that drags the class to the edge of the domain; over the floor, a small class's mean shrinks towards 0
+    instead (a spread class), and a class above it is unchanged to the bit.
+
+    Args:
+        released: the release (or a noise-free embedding sum).
+        count_weight: its ``b``.
+        noise_multiplier: the noise std ``z`` on every entry of ``released`` (public; 0 for a noise-free sum).
+    """
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier}")
     a, b = _weights(count_weight)
     counts = released[:, -1] / b
-    means = released[:, :-1] / (a * counts.clamp_min(min_count)[:, None])
+    floor = max(1.0, COUNT_FLOOR_SIGMAS * float(noise_multiplier) / b)
+    means = released[:, :-1] / (a * counts.clamp_min(floor)[:, None])
     return means, counts
