@@ -55,6 +55,9 @@ PROJECT = ("marginaltree", "marginaltree2", "marginaltree3", "pategan", "gpate",
 #: ``gpate_noanchor_default``: G-PATE's defaults before issue 59 (no class anchor on tables: ``anchor.fraction`` 0, one
 #: generator step an aggregation); ``gpate_default1``: its defaults with the anchor and one generator step an aggregation
 #: (before ``generator_steps`` took 10 on tables).
+#: ``gpate_unfloored_default`` (history, not run again): G-PATE's defaults at ε = 1 before each class's noisy count in its
+#: anchor was floored at 3 deviations of its noise (``lightning_gpate.privacy.merf.COUNT_FLOOR_SIGMAS``); their records say
+#: ``renamed_from``. At ε = 10 the floor (9.5 records) never binds on the development tables: those cells stand.
 #: ``pategan_nowarm_default``: PATE-GAN's defaults before its warm start from the marginal model (``TABLE_WARM_START`` of
 #: :mod:`lightning_gpate.models.pategan`) became its default on tables (issue 59; rows measured as ``pategan_warm_default``
 #: before then are ``pategan_default``'s, their records say ``renamed_from``).
@@ -465,6 +468,7 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "pategan_default": "PATE-GAN (defaults: warm start from the marginal model)",
          "pategan_nowarm_default": "PATE-GAN (defaults before issue 59's warm start)",
          "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
+         "gpate_unfloored_default": "G-PATE (defaults before the anchor's count floor)",
          "gswgan_default": "GS-WGAN (defaults)",
          "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)",
          "gpate_default1": "G-PATE (defaults with one generator step an aggregation)", "mst_pgm": "private-pgm MST",
@@ -565,6 +569,7 @@ def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
     runs below chance (AUROC < 0.5) says how many: the issue asks for none, and a table's mean can hide them."""
     ok = scored_cells(results)
     systems = ["marginaltree", "mst_pgm", "aim_pgm", *DEFAULT_GANS]
+    systems.insert(systems.index("gpate_default") + 1, "gpate_unfloored_default")  # history: the defaults before the floor
     seeds = {ds: sorted({k[3] for k in ok if k[0] == ds and k[1] in DEFAULT_GANS and k[2] == epsilon}) for ds in DATASETS}
     lines = ["| table | seeds | " + " | ".join(NAMES[s] for s in systems) + " |", "|---" * (len(systems) + 2) + "|"]
     means: dict[str, list[float]] = {s: [] for s in systems}
@@ -589,6 +594,33 @@ def defaults_table(results: list[dict], epsilon: float = 1.0) -> str:
         lines.append(f"| {ds} | {','.join(map(str, wanted))} | " + " | ".join(cells) + " |")
     lines.append("| mean of the tables measured | | " + " | ".join(f"{np.mean(v):.3f} ({len(v)})" if v else "–" for v in means.values()) + " |")
     lines.append("| runs below chance | | " + " | ".join(f"{sum(a < 0.5 for a in v)} of {len(v)}" if v else "–" for v in runs.values()) + " |")
+    return "\n".join(lines)
+
+
+def candidates_table(results: list[dict]) -> str:
+    """A robustness ladder's table (``--candidates-table``): records tagged with a ``candidate`` (and a ``round``), each
+    candidate's runs (a cell repeated with fresh secret noise counts once a run) per table: mean AUROC, the lowest run,
+    and the runs below chance; the last column the mean over tables of the lowest runs (issue 59's G-PATE rule,
+    ``tabular_utility_notes.md``). Rows in order of first appearance."""
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for r in results:
+        if r.get("candidate") is None or r.get("auroc") is None:
+            continue
+        groups.setdefault((str(r.get("round", "")), r["candidate"]), {}).setdefault(r["dataset"], []).append(float(r["auroc"]))
+    tables = [ds for ds in DATASETS if any(ds in g for g in groups.values())]
+    lines = ["| round | candidate | " + " | ".join(f"{ds}: mean / lowest" for ds in tables) + " | runs < 0.5 | mean of the lowest |",
+             "|---" * (len(tables) + 4) + "|"]
+    for (rnd, name), by_table in groups.items():
+        cells, lowest = [], []
+        for ds in tables:
+            runs = by_table.get(ds, [])
+            cells.append(f"{np.mean(runs):.3f} / {min(runs):.3f} ({len(runs)})" if runs else "–")
+            if runs:
+                lowest.append(min(runs))
+        every = [a for runs in by_table.values() for a in runs]
+        complete = len(lowest) == len(tables)
+        lines.append(f"| {rnd} | {name} | " + " | ".join(cells) + f" | {sum(a < 0.5 for a in every)} of {len(every)} | "
+                     + (f"{np.mean(lowest):.3f} |" if complete else "– |"))
     return "\n".join(lines)
 
 
@@ -866,6 +898,9 @@ def main(argv=None) -> None:
                         "(mean AUROC, fit s and runs below chance per table and ε, beside MarginalTree, MST and AIM on the same seeds)")
     parser.add_argument("--bar-table", action="store_true", help="print issue 59's first bar, checked: MarginalTree's defaults "
                         "against private-pgm's MST and AIM per table and epsilon (paired seeds), and what misses it")
+    parser.add_argument("--candidates-table", action="store_true", help="print a robustness ladder's table from --out's records "
+                        "tagged with a candidate (mean, lowest run and runs below chance per table; e.g. "
+                        "--out benchmarks/results/tabular_validation_gpate_robust)")
     parser.add_argument("--default-options", type=json.loads, default={},
                         help='JSON of model options over the defaults of the *_default systems, for a ladder, e.g. '
                              '\'{"anchor": {"fraction": 0}}\' (use another --out)')
@@ -906,6 +941,9 @@ def main(argv=None) -> None:
         return
     if args.bar_table:
         print(bar_table(results))
+        return
+    if args.candidates_table:
+        print(candidates_table(results))
         return
     if args.report_only:
         print(summarise(results, out).to_string())

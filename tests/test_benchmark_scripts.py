@@ -162,6 +162,26 @@ def test_the_tabular_defaults_table_counts_single_runs_below_chance_on_the_gans_
     assert "0.400 · 2 s · 1 of 1 below chance" in defaults_table(records, 10.0)
 
 
+def test_the_candidates_table_counts_every_repeated_run_and_the_lowest_per_table(monkeypatch):
+    # Issue 59's G-PATE rule reads per table a candidate's mean, its lowest run and its runs below chance over cells
+    # repeated with fresh noise (the same split seed twice is two runs); a candidate missing a table has no mean of lowest
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from tabular_utility import candidates_table
+
+    def cell(candidate, dataset, auroc, rnd=2):
+        return {"dataset": dataset, "system": "gpate_default", "epsilon": 1.0, "seed": 0, "auroc": auroc, "candidate": candidate,
+                "round": rnd}
+
+    records = [cell("A", "cervical", 0.8), cell("A", "cervical", 0.4), cell("A", "fair", 0.7), cell("K3", "cervical", 0.6),
+               cell("K3", "cervical", 0.9), cell("K3", "fair", 0.65), cell("B", "cervical", 0.7, rnd=1),
+               {"dataset": "fair", "system": "gpate_default", "epsilon": 1.0, "seed": 0, "auroc": 0.1}]  # untagged: not counted
+    header, _, a, k3, b = candidates_table(records).splitlines()
+    assert header.startswith("| round | candidate | cervical: mean / lowest | fair: mean / lowest |")
+    assert a == "| 2 | A | 0.600 / 0.400 (2) | 0.700 / 0.700 (1) | 1 of 3 | 0.550 |"
+    assert k3 == "| 2 | K3 | 0.750 / 0.600 (2) | 0.650 / 0.650 (1) | 0 of 3 | 0.625 |"
+    assert b == "| 1 | B | 0.700 / 0.700 (1) | – | 0 of 1 | – |"
+
+
 def test_a_ladder_rung_over_the_defaults_is_a_system_of_its_own_in_the_reports_and_the_resume(monkeypatch, tmp_path):
     # A cell run with --default-options (a rung over a GAN's defaults) is neither counted as the defaults in the tables
     # nor taken for a cell of the defaults when a run resumes (issue 59: the rungs of the warm-start ladder were)
