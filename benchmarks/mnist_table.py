@@ -245,6 +245,58 @@ def row_overhead(row: Row) -> float:
     return ROW_OVERHEAD_S + ROW_OVERHEAD_PER_1000_TEACHERS_S * teachers / 1000.0
 
 
+def measured_speed(name: str, records: dict[str, Any]) -> tuple[float, str] | None:
+    """A row's measured seconds a step on a GPU (its last GPU record in ``records``, a table's ``rows``) and where it
+    was measured (machine, date), or ``None`` when no GPU ran it."""
+    r = records.get(name) or {}
+    if r.get("s_per_step") and str(r.get("machine", "")).startswith("NVIDIA"):
+        return float(r["s_per_step"]), f"{r['machine']}, {r.get('date', '?')}"
+    return None
+
+
+def runner_spec(text: str) -> tuple[float, list[str]]:
+    """A runner of a device call as ``benchmarks/mnist_table_gpu.sh`` takes it: ``"[xN] row row ..."`` → ``(N, rows)``."""
+    words = text.split()
+    if words and words[0].startswith("x"):
+        return float(words[0][1:]), words[1:]
+    return 1.0, words
+
+
+def plan_lines(rows: list[Row], a, records: dict[str, Any], runners: int = 1) -> list[str]:
+    """Issue 57's plan of a device call, printed before it runs: per row the training time it gets in this call (its
+    budget × ``--time-scale``, within ``--time-budget`` after its pretraining and overhead, the rows of one runner one
+    after another), its config's step cap, and the steps that time reaches at its measured s/step (``records``: the
+    table's last GPU records). Runners side by side share the GPU: a measured s/step alone is a lower bound then."""
+    lines, left, pretrainings = [], float(a.time_budget), set()
+    for row in rows:
+        config, model_over, data_over, _ = row_settings(row, a)
+        cap = row.max_steps or config.get("trainer", {}).get("max_steps")
+        pretrain = 0.0
+        if is_gswgan_row(row, config):  # its discriminators' pretraining first, unless a row before it made the same
+            key = pretrained_path(row, a, config, model_over, data_over, a.state)
+            pretrain = 0.0 if key in pretrainings else row.pretrain_seconds * a.time_scale
+            pretrainings.add(key)
+        overhead = row_overhead(row)
+        seconds = training_seconds(row.max_seconds * a.time_scale, pretrain, overhead, left, splittable=row.splittable)
+        head = f"{row.name}: "
+        if seconds is None:
+            lines.append(head + f"needs ~{row.max_seconds * a.time_scale + pretrain + overhead:.0f} s, {left:.0f} s left: next call")
+            continue
+        left -= seconds + pretrain + overhead
+        speed = measured_speed(row.name, records)
+        cap_text = f"max_steps {cap:,}" if cap else "no step cap (its privacy budget or time stops it)"
+        if speed is None:
+            reach = "no GPU measurement yet: steps unknown"
+        else:
+            steps = int(seconds / speed[0])
+            shared = f", slower shared by {runners} runners" if runners > 1 else ""
+            reach = (f"~{steps:,} steps at {speed[0]:.3g} s/step ({speed[1]}{shared})"
+                     + (f": reaches max_steps" if cap and steps >= cap else ": partial unless its privacy budget stops it first"))
+        lines.append(head + f"train {seconds:.0f} s" + (f" after {pretrain:.0f} s of pretraining" if pretrain else "")
+                     + f" + ~{overhead:.0f} s; {cap_text}; {reach}")
+    return lines
+
+
 def training_seconds(train_s: float, pretrain_s: float, overhead_s: float, left_s: float, *,
                      splittable: bool, smoke: bool = False) -> float | None:
     """The training time a row gets in this call, or ``None`` when it waits for the next call.
@@ -1011,6 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action="store_true", help="progress bars of the fits")
     p.add_argument("--no-baseline", action="store_true", help="skip the real digits' row of the evaluation")
     p.add_argument("--list", action="store_true", help="print the rows, their configs and budgets, and exit")
+    p.add_argument("--plan", nargs="*", default=None, metavar="RUNNER",
+                   help="print a call's plan and exit: per row its training time, step cap and the steps reached at the last "
+                        "measured GPU s/step; without RUNNERs the --rows at --time-scale, else each RUNNER ('[xN] row row ...', "
+                        "as benchmarks/mnist_table_gpu.sh takes them) side by side with its own time scale")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from --state")
     p.add_argument("--merge-from", type=Path, nargs="*", default=None, metavar="STATE",
                    help="states of runners that ran at the same time (each with its own --state) or of later calls: their "
@@ -1045,6 +1101,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.tune_from is not None and a.tune_weights_from is not None:
         p.error("--tune-from (a resume: its budget) and --tune-weights-from (its networks, this run's budget) exclude each other")
     rows = selected_rows(a.rows)
+    if a.plan is not None:
+        measured = RESULTS / f"{TABLE}.json"
+        records = json.loads(measured.read_text()).get("rows", {}) if measured.is_file() else {}
+        runners = [runner_spec(r) for r in a.plan] or [(a.time_scale, [r.name for r in rows])]
+        for i, (scale, names) in enumerate(runners, 1):
+            print(f"runner {i} (time x{scale:g}):" if len(runners) > 1 else f"time x{scale:g}:")
+            print("\n".join("  " + line for line in plan_lines(selected_rows(names), argparse.Namespace(**{**vars(a), "time_scale": scale}),
+                                                                records, len(runners))))
+        return 0
     if a.list:
         total, pretrainings = 0.0, set()
         for r in rows:

@@ -19,14 +19,27 @@
 # A row split over calls (DP-GAN's) leaves its training checkpoint beside the archive, one file per row
 # ($OUT/<row>.ckpt: a call returns files of at most 16 MiB): put them into <unpacked>/merged/ckpt/ and carry
 # that folder as the next call's RESUME state, which continues those rows.
+# Without arguments it runs issue 57's prepared call, benchmarks/device_call.txt (ROWS_FILE): one runner a line.
+# DRY_RUN=1: the same call on this machine's CPU, every runner side by side for a few steps on a tiny MNIST (--smoke, no
+# baseline), so that a device call cannot fail on an import, a path, a config key or a missing wheel (the suite runs it).
+# It prints the plan first (mnist_table.py --plan: per row its time, its step cap and the steps it reaches).
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+if [ $# -eq 0 ]; then
+  mapfile -t runners < <(grep -v -E '^[[:space:]]*(#|$)' "${ROWS_FILE:-benchmarks/device_call.txt}")
+  set -- "${runners[@]}"
+fi
+if [ -n "${DRY_RUN:-}" ]; then
+  DEVICE=cpu; RESUME=""; EXTRA="--smoke --no-baseline ${EXTRA:-}"; END_S=${END_S:-300}
+  PLAN_BUDGET=${PLAN_BUDGET:-475}  # the plan of a real call (END_S 540); the smoke rows ignore their time budgets
+fi
 W=${WORK:-/tmp/mnist_table_call}; mkdir -p "$W"
 RESUME=${RESUME-.gpu/mnist_state}
 LEFT=$(( ${END_S:-540} - 25 - $(el) ))   # 25 s kept for the merge and the archive
 BUDGET=$(( LEFT - 40 ))                  # a runner starts no row that needs more than its budget
 THREADS=$(( $(nproc) / $# )); [ "$THREADS" -ge 1 ] || THREADS=1
-echo "[$(el) s] $# runners, $THREADS threads each, row budget $BUDGET s, hard stop $LEFT s"
+echo "[$(el) s] $# runners, $THREADS threads each, row budget $BUDGET s, hard stop $LEFT s; the plan:"
+"${PYTHON:-python3}" benchmarks/mnist_table.py --plan "$@" --time-budget "${PLAN_BUDGET:-$BUDGET}" || echo "(no plan: mnist_table.py --plan failed)"
 i=0; states=()
 for rows in "$@"; do
   i=$((i + 1)); states+=("$W/state_$i")

@@ -101,25 +101,38 @@ def test_a_failed_evaluation_keeps_the_fit_and_runners_side_by_side_merge(tmp_pa
         assert (merged / "results" / "mnist_table" / f"{name}.png").is_file()
 
 
-def test_gpu_call_script_runs_runners_side_by_side_and_packs_one_table(tmp_path):
-    """benchmarks/mnist_table_gpu.sh (the recipe of a device call), here on CPU in smoke mode."""
+def test_the_prepared_device_call_dry_runs_every_row_side_by_side_on_the_cpu(tmp_path):
+    """Issue 57: ``DRY_RUN=1 bash benchmarks/mnist_table_gpu.sh`` is the prepared device call (benchmarks/device_call.txt,
+    one runner a line, each with its own time scale) on this CPU for a few steps, so that the first device call cannot
+    fail on an import, a path, a config key or a missing wheel: its plan is printed first, every row of every runner
+    trains and is evaluated, and the runners' states are merged into one table and packed."""
     import os
     import subprocess
     import tarfile
 
-    env = {**os.environ, "OUT": str(tmp_path), "WORK": str(tmp_path / "work"), "DEVICE": "cpu", "EXTRA": "--smoke",
-           "RESUME": "", "DATA_ROOT": str(tmp_path / "no_data"), "END_S": "300", "PYTHONPATH": str(ROOT),
-           "PYTHON": sys.executable}
-    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "mnist_table_gpu.sh"), "gan_nonprivate", "x2 dpgan_eps1_guarantee"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    from mnist_table import runner_spec
+
+    lines = [line for line in (ROOT / "benchmarks" / "device_call.txt").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    runners = [runner_spec(line) for line in lines]
+    rows = [name for _, names in runners for name in names]
+    assert rows[:2] == ["gpate_eps10_hybrid_guarantee", "gpate_eps10_gaussagg_guarantee"]  # the issue's priority order
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "WORK": str(tmp_path / "work"), "DATA_ROOT": str(tmp_path / "no_data"),
+           "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(ROOT / "benchmarks" / "mnist_table_gpu.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
+    plan = out.stdout[:out.stdout.index("rc=")]  # printed before any runner ended
+    for i, (scale, names) in enumerate(runners, 1):
+        assert f"runner {i} (time x{scale:g}):" in plan and all(f"  {name}: " in plan for name in names)
+    # a row with a GPU measurement says the steps its time reaches: G-PATE's at 3x its 120 s on the H200 of 2026-11-27
+    assert "gpate_eps10_hybrid_guarantee: train 360 s + ~50 s; max_steps 3,000; ~991 steps at 0.363 s/step" in plan
     with tarfile.open(tmp_path / "mnist_table_call.tgz") as tar:
         names = set(tar.getnames())
         merged = json.loads(tar.extractfile("./merged/results.json").read())
-    assert {k: v["status"] for k, v in merged["rows"].items()} == {"gan_nonprivate": "done", "dpgan_eps1_guarantee": "done"}
-    assert "2 runners side by side on one GPU: s/step includes the sharing" in merged["meta"]["notes"]
-    assert "dpgan_eps1_guarantee, time x2" in out.stdout  # a runner's own time scale
-    assert {"./merged/results/mnist_table.md", "./merged/grids/gan_nonprivate.png"} <= names
+    assert {k: v["status"] for k, v in merged["rows"].items()} == dict.fromkeys(rows, "done")
+    assert f"{len(runners)} runners side by side on one GPU: s/step includes the sharing" in merged["meta"]["notes"]
+    assert f"({' '.join(runners[6][1])}, time x{runners[6][0]:g})" in out.stdout  # a runner's own time scale
+    assert {"./merged/results/mnist_table.md", "./merged/grids/dpgan_eps1_guarantee.png"} <= names
 
 
 def test_a_split_rows_checkpoint_travels_with_the_merged_state(tmp_path):
