@@ -291,7 +291,7 @@ def plan_lines(rows: list[Row], a, records: dict[str, Any], runners: int = 1) ->
             steps = int(seconds / speed[0])
             shared = f", slower shared by {runners} runners" if runners > 1 else ""
             reach = (f"~{steps:,} steps at {speed[0]:.3g} s/step ({speed[1]}{shared})"
-                     + (f": reaches max_steps" if cap and steps >= cap else ": partial unless its privacy budget stops it first"))
+                     + (": reaches max_steps" if cap and steps >= cap else ": partial unless its privacy budget stops it first"))
         lines.append(head + f"train {seconds:.0f} s" + (f" after {pretrain:.0f} s of pretraining" if pretrain else "")
                      + f" + ~{overhead:.0f} s; {cap_text}; {reach}")
     return lines

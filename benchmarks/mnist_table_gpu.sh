@@ -33,13 +33,15 @@ if [ -n "${DRY_RUN:-}" ]; then
   DEVICE=cpu; RESUME=""; EXTRA="--smoke --no-baseline ${EXTRA:-}"; END_S=${END_S:-300}
   PLAN_BUDGET=${PLAN_BUDGET:-475}  # the plan of a real call (END_S 540); the smoke rows ignore their time budgets
 fi
+echo "the plan of $# runners side by side (each row's time in the call, its step cap, the steps it reaches):"
+"${PYTHON:-python3}" benchmarks/mnist_table.py --plan "$@" --time-budget "${PLAN_BUDGET:-$(( ${END_S:-540} - 65 ))}" \
+  || echo "(no plan: mnist_table.py --plan failed)"
 W=${WORK:-/tmp/mnist_table_call}; mkdir -p "$W"
 RESUME=${RESUME-.gpu/mnist_state}
 LEFT=$(( ${END_S:-540} - 25 - $(el) ))   # 25 s kept for the merge and the archive
 BUDGET=$(( LEFT - 40 ))                  # a runner starts no row that needs more than its budget
 THREADS=$(( $(nproc) / $# )); [ "$THREADS" -ge 1 ] || THREADS=1
-echo "[$(el) s] $# runners, $THREADS threads each, row budget $BUDGET s, hard stop $LEFT s; the plan:"
-"${PYTHON:-python3}" benchmarks/mnist_table.py --plan "$@" --time-budget "${PLAN_BUDGET:-$BUDGET}" || echo "(no plan: mnist_table.py --plan failed)"
+echo "[$(el) s] $# runners, $THREADS threads each, row budget $BUDGET s, hard stop $LEFT s"
 i=0; states=()
 for rows in "$@"; do
   i=$((i + 1)); states+=("$W/state_$i")
