@@ -58,6 +58,8 @@ PROJECT = ("marginaltree", "marginaltree2", "marginaltree3", "pategan", "gpate",
 #: ``gpate_unfloored_default`` (history, not run again): G-PATE's defaults at ε = 1 before each class's noisy count in its
 #: anchor was floored at 3 deviations of its noise (``lightning_gpate.privacy.merf.COUNT_FLOOR_SIGMAS``); their records say
 #: ``renamed_from``. At ε = 10 the floor (9.5 records) never binds on the development tables: those cells stand.
+#: ``dpmerf_unfloored`` (history): DP-MERF's cervical cells at ε = 1 before that floor (35 positive rows against a floor of
+#: about 40 records there; its other cells: the floor does not bind).
 #: ``pategan_nowarm_default``: PATE-GAN's defaults before its warm start from the marginal model (``TABLE_WARM_START`` of
 #: :mod:`lightning_gpate.models.pategan`) became its default on tables (issue 59; rows measured as ``pategan_warm_default``
 #: before then are ``pategan_default``'s, their records say ``renamed_from``).
@@ -469,6 +471,7 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "pategan_nowarm_default": "PATE-GAN (defaults before issue 59's warm start)",
          "gpate_default": "G-PATE (defaults)", "dpgan_default": "DP-GAN (defaults)",
          "gpate_unfloored_default": "G-PATE (defaults before the anchor's count floor)",
+         "dpmerf_unfloored": "DP-MERF (before the count floor)",
          "gswgan_default": "GS-WGAN (defaults)",
          "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)",
          "gpate_default1": "G-PATE (defaults with one generator step an aggregation)", "mst_pgm": "private-pgm MST",

@@ -22,7 +22,7 @@ other edges' noisy selections and two- or three-way measurements, every event of
 accountant), and the release the steps and the pull read is the random-feature embedding sum of ``sample_rows`` rows
 sampled from the fitted tree, without noise (post-processing of the tree's measurements). On tables the marginal model
 spends a budget better than any one noisy embedding (issue 59: MarginalTree's mean AUROC over the five development
-tables 0.743 at ε = 1 against DP-MERF's 0.671 on cervical), and the generator learns it in a few thousand free steps.
+tables 0.743 at ε = 1 against DP-MERF's 0.702 on cervical), and the generator learns it in a few thousand free steps.
 
 ``WarmStart`` holds the options (what a config or ``--model.warm_start.*`` gives, validated where defined);
 :class:`WarmStartRelease` holds the release (buffers kept in training checkpoints: a resume never measures
