@@ -254,6 +254,18 @@ def measured_speed(name: str, records: dict[str, Any]) -> tuple[float, str] | No
     return None
 
 
+def planned_steps_and_pretraining(row: Row, a, made: set) -> tuple[int, float]:
+    """A row's step cap in this call and the seconds of GS-WGAN's discriminators' pretraining it plans for (× the time
+    scale; 0 when a row before it in ``made``, the pretrainings planned so far, made the same one; it adds its own)."""
+    config, model_over, data_over, max_steps = row_settings(row, a)
+    if not is_gswgan_row(row, config):
+        return max_steps, 0.0
+    key = pretrained_path(row, a, config, model_over, data_over, a.state)
+    shared = key in made
+    made.add(key)
+    return max_steps, 0.0 if shared else row.pretrain_seconds * a.time_scale
+
+
 def runner_spec(text: str) -> tuple[float, list[str]]:
     """A runner of a device call as ``benchmarks/mnist_table_gpu.sh`` takes it: ``"[xN] row row ..."`` → ``(N, rows)``."""
     words = text.split()
@@ -269,13 +281,7 @@ def plan_lines(rows: list[Row], a, records: dict[str, Any], runners: int = 1) ->
     table's last GPU records). Runners side by side share the GPU: a measured s/step alone is a lower bound then."""
     lines, left, pretrainings = [], float(a.time_budget), set()
     for row in rows:
-        config, model_over, data_over, _ = row_settings(row, a)
-        cap = row.max_steps or config.get("trainer", {}).get("max_steps")
-        pretrain = 0.0
-        if is_gswgan_row(row, config):  # its discriminators' pretraining first, unless a row before it made the same
-            key = pretrained_path(row, a, config, model_over, data_over, a.state)
-            pretrain = 0.0 if key in pretrainings else row.pretrain_seconds * a.time_scale
-            pretrainings.add(key)
+        cap, pretrain = planned_steps_and_pretraining(row, a, pretrainings)
         overhead = row_overhead(row)
         seconds = training_seconds(row.max_seconds * a.time_scale, pretrain, overhead, left, splittable=row.splittable)
         head = f"{row.name}: "
@@ -284,16 +290,15 @@ def plan_lines(rows: list[Row], a, records: dict[str, Any], runners: int = 1) ->
             continue
         left -= seconds + pretrain + overhead
         speed = measured_speed(row.name, records)
-        cap_text = f"max_steps {cap:,}" if cap else "no step cap (its privacy budget or time stops it)"
         if speed is None:
             reach = "no GPU measurement yet: steps unknown"
         else:
             steps = int(seconds / speed[0])
             shared = f", slower shared by {runners} runners" if runners > 1 else ""
             reach = (f"~{steps:,} steps at {speed[0]:.3g} s/step ({speed[1]}{shared})"
-                     + (": reaches max_steps" if cap and steps >= cap else ": partial unless its privacy budget stops it first"))
+                     + (": reaches max_steps" if steps >= cap else ": partial unless its privacy budget stops it first"))
         lines.append(head + f"train {seconds:.0f} s" + (f" after {pretrain:.0f} s of pretraining" if pretrain else "")
-                     + f" + ~{overhead:.0f} s; {cap_text}; {reach}")
+                     + f" + ~{overhead:.0f} s; max_steps {cap:,}; {reach}")
     return lines
 
 
@@ -1113,11 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.list:
         total, pretrainings = 0.0, set()
         for r in rows:
-            config, model_over, data_over, _ = row_settings(r, a)
-            shared = is_gswgan_row(r, config) and pretrained_path(r, a, config, model_over, data_over, a.state) in pretrainings
-            if is_gswgan_row(r, config):
-                pretrainings.add(pretrained_path(r, a, config, model_over, data_over, a.state))
-            seconds = (r.max_seconds + (0.0 if shared else r.pretrain_seconds)) * a.time_scale
+            seconds = r.max_seconds * a.time_scale + planned_steps_and_pretraining(r, a, pretrainings)[1]
             total += seconds + row_overhead(r)
             print(f"{r.name:40s} {r.kind:6s} train ≤ {seconds:4.0f} s + ~{row_overhead(r):.0f} s  paper {r.paper}  target {r.target}")
         print(f"planned device time: ~{total / 60:.1f} min (training budgets + each row's data, teachers and evaluation)")
