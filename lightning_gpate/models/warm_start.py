@@ -72,7 +72,10 @@ def default_length_scale(data_spec: dict[str, Any]) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class WarmStart:
-    """The options of a private warm start (module doc). Privacy parameters are keyword-only and checked here.
+    """A private warm start: a share of ε buys one release before the first private step (DP-MERF's random-feature
+    embedding, or on tables MarginalTree's marginals); the generator trains on it and may keep its pull.
+
+    Privacy parameters are keyword-only and checked here; the module doc has the details.
 
     Args:
         source: what the release measures: ``"features"`` (default), DP-MERF's noisy random-feature embedding of the
