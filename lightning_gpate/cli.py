@@ -188,6 +188,19 @@ class GPATECLI(LightningCLI):
                 if group is not None:
                     group.title = title
 
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        """LightningCLI's Trainer, with the fit's progress in steps (:class:`callbacks.StepProgress`) in place of
+        Lightning's bar of epochs, unless the config turns the bar off or brings its own."""
+        from pytorch_lightning.callbacks import ProgressBar
+
+        from callbacks import StepProgress
+
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in [*given, *callbacks]):
+            callbacks = [*callbacks, StepProgress()]
+        return super()._instantiate_trainer(config, callbacks)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.spec", "model.init_args.data_spec", apply_on="instantiate")
         parser.set_defaults({"trainer.logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger"}})
@@ -277,6 +290,11 @@ class GPATECLI(LightningCLI):
             path, checkpoint = self._resume_from
             self._resume_from = None
             self.model.check_resume(checkpoint, path)
+        from lightning_gpate.tracking import GPATEMLFlowLogger, run_title
+
+        for logger in self.trainer.loggers:  # a run without a configured name is named for its model, data and ε
+            if isinstance(logger, GPATEMLFlowLogger):
+                logger.name_run(run_title(self.model, self.datamodule))
 
     def after_fit(self) -> None:
         """Print the summary (global rank 0, after the progress bar and the evaluations; every fact in
@@ -412,7 +430,9 @@ def evaluate_command(argv: Sequence[str]) -> int:
     parser.add_argument("--run_id", default=None, help="MLflow run to attach the report to (default: the checkpoint's run)")
     parser.add_argument("--tracking_uri", default=None, help="MLflow store (default: MLFLOW_TRACKING_URI, else the checkpoint's store)")
     parser.add_argument("--new_run", default=None, metavar="EXPERIMENT", help="if the checkpoint's run is not in the store, record the report in a new run of this experiment")
-    parser.add_argument("--num_samples", type=int, default=None, help="generated rows/images (default: as many as the real training split)")
+    parser.add_argument("--num_samples", type=int, default=None, help="generated rows/images (default: as many as the real "
+                        "test split for a private model, whose training split's size is private; as the training split for a "
+                        "non-private one; IS/FID: as the split they compare with)")
     parser.add_argument("--seed", type=int, default=0, help="seed of generation and of the evaluation models")
     parser.add_argument("--classifiers", default=None, help="comma-separated tabular classifiers (default: all 12)")
     parser.add_argument("--settings", default="ABC", help="tabular settings, e.g. ABC or B")
@@ -548,6 +568,9 @@ def run_command(name: str, command: Callable[[], int], *, debug: bool = False) -
         user = user_error_of(err)
         if user is None:
             raise
+        from lightning_gpate.progress import close_bars
+
+        close_bars()  # a bar the error stopped would hold the start of the error's line
         if debug:
             traceback.print_exception(err)
         if _is_global_rank_zero():
@@ -569,6 +592,9 @@ def _no_such_command(name: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from lightning_gpate.progress import quiet_known_noise
+
+    quiet_known_noise()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]

@@ -78,3 +78,8 @@ def test_plain_text_shows_what_markup_means_and_the_summary_is_one_sentence():
     assert first_sentence("seed of the noise (e.g. 3. not secret). null: from the OS. More.") == "seed of the noise (e.g. 3. not secret)."
     assert first_sentence("Yoon et al. 2019, Algorithm 1. The rest.") == "Yoon et al. 2019, Algorithm 1."
     assert first_sentence("no full stop") == "no full stop"
+
+
+def test_evaluate_s_help_says_which_split_sets_the_default_sample_size(capsys, terminal_80):
+    out = " ".join(_help(capsys, ["evaluate", "--help"]).split())
+    assert "as many as the real test split for a private model" in out
