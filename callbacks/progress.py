@@ -1,9 +1,9 @@
 """StepProgress: a fit's progress in generator steps, with an estimate of the time left that a user can trust.
 
-Lightning's bar counts epochs, and a private model's epoch is one batch: a fit of 200 steps drew "Epoch 0" …
-"Epoch 199", each its own bar, and redirected to a file wrote 112 KB of carriage returns. Its time left came from
-the mean time of a step, the first step included, where a warm start of a minute runs. This bar counts the fit's
-steps towards the number it will reach, and says it in the form the output can take:
+Lightning's bar counts epochs, and a private model's epoch is one batch: its bar would start again at every step,
+and in a file each redraw is a carriage return. Its time left would come from the mean time of a step, the first
+included, where a warm start may run for minutes. This bar counts the fit's steps towards the number it will reach,
+and says it in the form the output can take:
 
 * on a terminal, one tqdm bar for the whole fit (stages such as the warm start draw their own below it);
 * elsewhere (a file, a pipe), one status line per tenth of the fit and at least one every :data:`STATUS_SECONDS`,

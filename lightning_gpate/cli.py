@@ -27,11 +27,11 @@ from __future__ import annotations
 import argparse
 import copy
 import inspect
-from dataclasses import is_dataclass
 import os
 import re
 import sys
 import traceback
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -133,6 +133,7 @@ class GPATEArgumentParser(LightningArgumentParser):
     def format_help(self) -> str:
         match = _CLASS_HELP.match(self.description or "")
         if match:
+            from jsonargparse._actions import _ActionHelpClassPath
             from jsonargparse._util import import_object
 
             option, path = match.groups()
@@ -143,8 +144,6 @@ class GPATEArgumentParser(LightningArgumentParser):
             group = (self.groups or {}).get(key)
             if group is not None:
                 group.title = f"{cls.__name__}'s options"
-            from jsonargparse._actions import _ActionHelpClassPath
-
             nested = [f"{a.option_strings[0]}{' NAME' if a.nargs == '?' else ''}" for a in self._actions
                       if isinstance(a, _ActionHelpClassPath) and all(
                           t.__module__.partition(".")[0] in _PROJECT_PACKAGES for t in a._help_types)]
