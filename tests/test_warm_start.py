@@ -392,7 +392,8 @@ def test_pate_gans_default_warm_start_is_the_marginal_models_on_tables_and_none_
     assert {k: stored[k] for k in TABLE_WARM_START} == {**TABLE_WARM_START, "length_scale": [0.25, 1.0, 4.0]}
     assert stored["source"] == "marginals" and stored["fraction"] == 0.8 and isinstance(stored["feature_seed"], int)
     assert model.marginal_options.fraction == 0.0 and model.hparams["marginals"]["fraction"] == 0.0
-    assert "80% of the budget (ε 0.8 alone) bought the warm start: MarginalTree's noisy marginals" in " ".join(model.budget_shares())
+    assert ("80% of the budget (ε 0.8 alone) bought the warm start (warm_start: auto, this model's default for the data): "
+            "MarginalTree's noisy marginals") in " ".join(model.budget_shares())
     for off in (PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=None),
                 PATEGAN(table, epsilon=1.0, delta=1e-5, budget_accounting="paper", marginals={"fraction": 0.0}),
                 PATEGAN(ImageDataModule("digits", num_teachers=5).spec, epsilon=1.0, delta=1e-5)):
@@ -419,4 +420,40 @@ def test_a_checkpoint_trained_without_a_warm_start_resumes_only_with_warm_start_
     resumed, _ = _table_pategan(None)
     fit(resumed, dm, steps=3, default_root_dir=tmp_path, ckpt_path=tmp_path / "m.ckpt")
     assert resumed.guarantee_epsilon() > spent and resumed.warm_release is None
+
+
+
+def test_a_warm_start_given_in_part_over_pate_gans_table_default_changes_only_what_it_names():
+    """On a table a mapping over ``warm_start: auto`` (what ``--model.warm_start.steps 100`` gives: a group with the
+    other options left None) keeps the table warm start (MarginalTree's fit, 80% of ε, class marginals off) and changes
+    what it names, and the summary says so; it used to replace it by DP-MERF's release on half of ε. A resume's ``auto``
+    asks for the checkpoint's warm start (its feature seed the one the checkpoint drew)."""
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.models.pategan import TABLE_WARM_START
+    from small_models import public_table
+
+    table = public_table(num_teachers=6).spec
+    auto = PATEGAN(table, epsilon=1.0, delta=1e-5)
+    for given in ({"steps": 100}, WarmStart(steps=100), {"steps": 100, "feature_seed": None}):
+        model = PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=given)
+        stored = model.hparams["warm_start"]
+        assert {k: stored[k] for k in TABLE_WARM_START} == {**TABLE_WARM_START, "steps": 100}, given
+        assert model.marginal_options.fraction == 0.0 and model.lam == pytest.approx(auto.lam, rel=1e-9)
+        assert ("80% of the budget (ε 0.8 alone) bought the warm start (warm_start: auto, this model's default for the "
+                "data, with steps 100): MarginalTree's noisy marginals") in " ".join(model.budget_shares())
+    assert "bought the warm start (warm_start: auto, this model's default for the data): " in " ".join(auto.budget_shares())
+    for given in ({"feature_seed": None}, WarmStart(anchor_weight=10.0)):  # nothing changed: the table warm start itself
+        stored = PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=given).hparams["warm_start"]
+        assert {k: stored[k] for k in TABLE_WARM_START} == TABLE_WARM_START
+    # a group of every option it changes is that warm start; images have no table default: DP-MERF's release
+    assert "warm_start: auto" not in " ".join(PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start={**TABLE_WARM_START, "steps": 5}).budget_shares())
+    digits = ImageDataModule("digits", num_teachers=5).spec
+    assert PATEGAN(digits, epsilon=1.0, delta=1e-5, warm_start={"steps": 100}).hparams["warm_start"]["source"] == "features"
+    # what a resume from the command line compares: auto as the checkpoint resolved it
+    saved = {"warm_start": auto.hparams["warm_start"]}
+    for asked in ("auto", {"feature_seed": None}):
+        answered = PATEGAN.answer_on_resume({"warm_start": asked, "budget_accounting": "guarantee"}, saved, table)
+        assert answered["warm_start"] == auto.hparams["warm_start"], asked
+    steps = PATEGAN.answer_on_resume({"warm_start": {"steps": 7}, "budget_accounting": "guarantee"}, saved, table)["warm_start"]
+    assert steps == {**auto.hparams["warm_start"], "steps": 7}
 
