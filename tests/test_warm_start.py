@@ -457,3 +457,50 @@ def test_a_warm_start_given_in_part_over_pate_gans_table_default_changes_only_wh
     steps = PATEGAN.answer_on_resume({"warm_start": {"steps": 7}, "budget_accounting": "guarantee"}, saved, table)["warm_start"]
     assert steps == {**auto.hparams["warm_start"], "steps": 7}
 
+
+def _dp_metadata_table(rows: int = 600, metadata_epsilon: float = 0.2):
+    """The small public table with the bounds of ``a`` and ``b`` estimated with DP (``metadata_epsilon`` of the budget)."""
+    from datamodules import TabularDataModule
+    from small_models import public_frame
+
+    schema = {"a": {"guess": [0, 1]}, "b": {"guess": [-3, 3]}, "c": {"min": 0, "max": 9, "dtype": "int64"}, "y": {"categories": [0, 1]}}
+    return TabularDataModule(frame=public_frame(rows), label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=6,
+                             teacher_batch_size=8, batch_size=32, metadata_epsilon=metadata_epsilon)
+
+
+def test_under_dp_metadata_the_marginal_warm_starts_tree_alone_costs_the_share_it_states(tmp_path):
+    """With DP metadata (ε 0.2 of 1) the marginal warm start's tree is planned for its share alone (0.8; the model's
+    accountant pays the metadata, once): its events, composed independently (dp-accounting's RDP for the Gaussians, the
+    exponential mechanism's min(ε, αε²/8) by formula, Canonne, Kamath & Steinke 2020 Prop. 12), cost what the summary
+    and the MLflow param state. The tree used to pay the metadata again inside its plan (0.600)."""
+    import dp_accounting
+
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.privacy import ExponentialMechanismEvent
+    from small_models import fit
+
+    dm = _dp_metadata_table()
+    assert sum(c["epsilon"] for c in dm.spec["metadata_cost"]) == pytest.approx(0.2)
+    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=64, query_batch_size=16, teacher_steps=1, student_steps=1,
+                    z_dim=8, generator_hidden=[16], teacher_hidden=[8], student_hidden=[8],
+                    warm_start={**MARGINAL_WARM, "fraction": 0.8})
+    events = model.warm_release.events()
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    gaussians = dp_accounting.rdp.RdpAccountant(orders=list(orders))
+    for event in events:
+        if not isinstance(event, ExponentialMechanismEvent):
+            assert event.sampling_rate == 1.0 and event.steps == 1
+            gaussians.compose(dp_accounting.GaussianDpEvent(event.noise_multiplier))
+    rdp = np.asarray(gaussians._rdp) + sum(np.minimum(e.epsilon, orders * e.epsilon ** 2 / 8) for e in events
+                                           if isinstance(e, ExponentialMechanismEvent))
+    ok = orders > 1.01
+    alone = (rdp[ok] + np.log((orders[ok] - 1) / orders[ok]) - (np.log(1e-5) + np.log(orders[ok])) / (orders[ok] - 1)).min()
+    assert 0.999 * 0.8 < alone <= 0.8 * (1 + 1e-9)
+    assert model.budget_split()["warm_start_epsilon_alone"] == pytest.approx(0.8)
+    assert "80% of the budget (ε 0.8 alone) bought the warm start" in " ".join(model.budget_shares())
+    fit(model, dm, steps=1, default_root_dir=tmp_path)
+    counts = model.accountant.counts
+    assert counts["pure_dp_events"] == 2  # the two columns' bounds, paid once, by the model
+    assert counts["exponential_mechanism_events"] + counts["subsampled_gaussian_events"] == len(events)
+    assert model.warm_release.marginal_model().accountant.counts["pure_dp_events"] == 0  # the tree pays none of it
+

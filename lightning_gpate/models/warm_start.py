@@ -276,14 +276,17 @@ class WarmStartRelease(nn.Module):
 class MarginalWarmStartRelease(WarmStartRelease):
     """``source: marginals`` (tables): the release is :class:`~lightning_gpate.models.MarginalTree`'s fit, with its
     defaults, planned for ``fraction·ε`` alone at the model's δ (:meth:`events`: its planned Gaussian and exponential-
-    mechanism events, charged in the model's accountant before the fit); the buffer ``released`` then holds the
+    mechanism events, charged in the model's accountant before the fit; DP metadata is the model's to pay, once, so
+    the tree plans without it and its events alone cost the share the summary states); the buffer ``released`` then holds the
     random-feature embedding sum of ``sample_rows`` rows sampled from the fitted tree, without noise: a function of the
     tree's noisy measurements and fresh randomness only (post-processing). The tree itself is not kept: what the steps
     and the pull read is its embedding."""
 
     def __init__(self, options: WarmStart, data_spec: dict[str, Any], *, epsilon: float, delta: float, conversion: str) -> None:
         super().__init__(options, data_spec, noise_multiplier=math.nan)
-        self.data_spec = data_spec
+        # the model's accountant has paid the DP metadata (bounds, the class ratio) already: were the tree to record it
+        # too, its plan would fill only what its share leaves after paying it a second time
+        self.data_spec = {**data_spec, "metadata_cost": []}
         self.tree_options = {"epsilon": float(epsilon), "delta": float(delta), "conversion": conversion}
         self.planned = self.marginal_model().planned_event_list()  # a public function of the schema and the budget: no data read
 
