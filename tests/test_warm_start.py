@@ -57,6 +57,8 @@ def test_the_warm_start_is_one_release_composed_with_the_critic_steps_also_after
     # the release alone costs 40% of the budget: its σ is what that ε buys (an independent check of the plan)
     assert _dp_accounting_epsilon(orders, release.noise_multiplier, 0) == pytest.approx(4.0, rel=1e-3)
     assert math.isclose(model.guarantee_epsilon(), _dp_accounting_epsilon(orders, release.noise_multiplier, 6), rel_tol=1e-9)
+    # opacus' cross-check (epsilon_opacus_worst_case) holds the release too: the same composition, outside our accountant
+    assert model.opacus_epsilon() == pytest.approx(_dp_accounting_epsilon(orders, release.noise_multiplier, 6), rel=1e-6)
     assert model.accountant.counts["subsampled_gaussian_events"] == 1 + 3  # the release, then one event a generator step
     released = release.released.clone()
     assert released.abs().sum() > 0
@@ -503,4 +505,30 @@ def test_under_dp_metadata_the_marginal_warm_starts_tree_alone_costs_the_share_i
     assert counts["pure_dp_events"] == 2  # the two columns' bounds, paid once, by the model
     assert counts["exponential_mechanism_events"] + counts["subsampled_gaussian_events"] == len(events)
     assert model.warm_release.marginal_model().accountant.counts["pure_dp_events"] == 0  # the tree pays none of it
+
+
+def test_the_opacus_cross_check_counts_a_marginal_warm_starts_release(tmp_path):
+    """``epsilon_opacus_worst_case`` of a DP-GAN warm-started from the marginal model holds the tree's events: its
+    Gaussians as they are, each ε-exponential mechanism as the Gaussian of its zCDP ε²/8 (noise multiplier 2/ε, Cesar
+    & Rogers 2021), composed with the critic steps by dp-accounting; a bound at or above the guarantee."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from lightning_gpate.privacy import ExponentialMechanismEvent
+    from small_models import HIDDEN, fit, public_table
+
+    dm = public_table(rows=600)
+    q = 32 / 600
+    model = DPGAN(dm.spec, epsilon=10.0, delta=1e-5, sampling_rate=q, noise_multiplier=1.0, d_steps=2, adaptive_d_steps=None,
+                  z_dim=8, generator_hidden=HIDDEN, discriminator_hidden=(8,), warm_start=MARGINAL_WARM)
+    assert model.opacus_epsilon() == 0.0  # nothing released yet
+    fit(model, dm, steps=2, default_root_dir=tmp_path)
+    reference = RdpAccountant([float(a) for a in model.accountant.orders])
+    for event in model.warm_release.events():
+        sigma = 2 / event.epsilon if isinstance(event, ExponentialMechanismEvent) else event.noise_multiplier
+        reference.compose(dp_accounting.GaussianDpEvent(sigma))
+    reference.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), int(model.critic_steps_taken))
+    assert int(model.critic_steps_taken) == 4
+    assert model.opacus_epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)
+    assert model.opacus_epsilon() >= model.guarantee_epsilon()
 
