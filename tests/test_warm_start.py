@@ -532,3 +532,24 @@ def test_the_opacus_cross_check_counts_a_marginal_warm_starts_release(tmp_path):
     assert model.opacus_epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)
     assert model.opacus_epsilon() >= model.guarantee_epsilon()
 
+
+def test_a_pate_gan_release_saved_before_the_warm_start_existed_loads_without_one():
+    """A PATE-GAN table release written before ``warm_start`` existed (the flat-options fixture, the option taken out)
+    had none: it loads without one (no tree planned, no share of the budget said to be bought and "not released yet"),
+    the generator it holds; ``warm_start: auto``, the default since, would have made it a warm-started model."""
+    import sys
+
+    from lightning_gpate.release import load_release, model_from_release
+
+    before = Path(__file__).resolve().parent / "data" / "before_option_groups"
+    release = load_release(before / "pategan_table.release.pt")
+    assert release["hyper_parameters"]["data_spec"]["kind"] == "tabular" and release["hyper_parameters"]["budget_accounting"] == "guarantee"
+    older = {**release, "hyper_parameters": {k: v for k, v in release["hyper_parameters"].items() if k != "warm_start"}}
+    model = model_from_release(older)
+    assert model.warm_release is None and model.hparams["warm_start"] is None and model.budget_shares() == []
+    sys.path.insert(0, str(before))
+    try:
+        import make_fixtures
+    finally:
+        sys.path.remove(str(before))
+    assert make_fixtures.generator_digest(model) == make_fixtures.generator_digest(model_from_release(release))

@@ -341,6 +341,8 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
     #: (:func:`resolved_defaults`) or its shape (the networks' sizes) and stores resolved (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("lr", "teachers.lr", "betas", "marginals.fraction", "marginals.weight", "student.replay_capacity",
                         "student.labels", "discrete_samples", "generator.z_dim", "generator.hidden", "student.hidden")
+    #: A release saved before ``warm_start`` existed had none (``"auto"``, the default since, would plan one for a table).
+    DEFAULTS_BEFORE = {"warm_start": None}
     #: Options removed (issue 47: no shipped config used them, no ladder measured them), with the value that meant
     #: "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"teacher_fake_batch_size": None}
