@@ -42,6 +42,7 @@ from torch import nn
 
 from lightning_gpate.models.anchor import class_mean_gap
 from lightning_gpate.models.options import group_from
+from lightning_gpate.models.sharding import rank_zero_value
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.merf import (
     embedding_sum, fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum,
@@ -394,6 +395,26 @@ class WarmStartMixin:
         else:
             self.warm_release = WarmStartRelease(options, self.data_spec, noise_multiplier=self.plan_gaussian_noise(options.fraction))
 
+    def setup(self, stage: str) -> None:
+        """Under DDP, every rank takes rank 0's ``feature_seed`` (each drew its own from its public random state without
+        ``seed_everything``): the ranks measure one release with one noise (a secret seed shared by all), so their
+        embeddings must be the same ones, whatever DDP does with buffers."""
+        super().setup(stage)
+        release = getattr(self, "warm_release", None)
+        if release is not None:
+            seed = rank_zero_value(self, release.options.feature_seed)
+            if seed != release.options.feature_seed:
+                self.adopt_release_options(replace(release.options, feature_seed=seed))
+
+    def adopt_release_options(self, options: WarmStart) -> None:
+        """Take ``options`` (the release's, resolved) in place of the release's: its frequencies redrawn, the
+        hyperparameters updated."""
+        release = self.warm_release
+        release.options = options
+        release.frequencies = fourier_frequencies(options.features, release.dim, options.length_scale,
+                                                  options.feature_seed).to(release.frequencies.device)
+        self._update_hparams({"warm_start": options.as_hparams()})
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A resume continues the release in the checkpoint: the length scale and feature seed this model resolved
         itself are replaced by the checkpoint's (the frequencies redrawn); a release option given otherwise
@@ -419,10 +440,7 @@ class WarmStartMixin:
         refuse_changed_on_resume("the checkpoint", {k: saved.get(k) for k in RELEASE_OPTIONS}, asked)
         options = replace(release.options, **{k: saved[k] for k in RELEASE_OPTIONS})
         if options != release.options:
-            release.options = options
-            release.frequencies = fourier_frequencies(options.features, release.dim, options.length_scale,
-                                                      options.feature_seed).to(release.frequencies.device)
-            self._update_hparams({"warm_start": options.as_hparams()})
+            self.adopt_release_options(options)
 
     def warm_start_events(self) -> list:
         """The release while it is still to be paid (for budget plans and the first step)."""
