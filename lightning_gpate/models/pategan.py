@@ -406,7 +406,8 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         d = int(np.prod(data_spec["shape"]))
         width = max(d, 8)
         half = max(width // 2, 4)
-        requested.update({"generator.z_dim": net_options.z_dim, "generator.hidden": net_options.hidden, "student.hidden": student_options.hidden})
+        requested.update({"generator.z_dim": net_options.z_dim, "generator.hidden": net_options.hidden,
+                          "student.hidden": student_options.hidden})
         if net_options.z_dim is None:
             net_options = replace(net_options, z_dim=100 if image else width)
         if not image and net_options.hidden is None:

@@ -61,7 +61,7 @@ def shared_seed(module, seed: int | None) -> int | None:
     under DDP is drawn from the OS on rank 0 and broadcast (never logged, never checkpointed)."""
     if seed is not None or not is_distributed():
         return seed
-    return int(module.trainer.strategy.broadcast(secret_seed(), src=0))
+    return int(rank_zero_value(module, secret_seed()))
 
 
 def rank_zero_value(module, value: Any) -> Any:

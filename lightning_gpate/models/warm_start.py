@@ -165,9 +165,9 @@ class WarmStart:
         return replace(self, **{k: v for k, v in {**DEFAULT_OPTIONS, **base}.items() if getattr(self, k) is None})
 
     def given_over(self, base: Mapping[str, Any]) -> dict[str, Any] | None:
-        """What this warm start, given over a model's default ``base``, changes of it (``None``: it takes none of
-        ``base``'s options, nothing of the default is kept): the options it names with another value than ``base``'s
-        (or the class's own default), for the fit summary."""
+        """For the fit summary: what this warm start, given over a model's default ``base``, changes of it (the options
+        it names with another value than ``base``'s, or than the class's default); ``None`` when it names every option
+        of ``base`` (a warm start of its own, not that default)."""
         if not base or all(getattr(self, k) is not None for k in base):
             return None
         reference = {**{f.name: f.default for f in fields(self)}, **DEFAULT_OPTIONS, **base}
