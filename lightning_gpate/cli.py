@@ -50,7 +50,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa:
 from datamodules.base import GenerativeDataModule  # noqa: E402
 from lightning_gpate.errors import ConfigError, OptionError, UserError  # noqa: E402
 from lightning_gpate.helptext import PlainHelpFormatter, first_paragraph  # noqa: E402
-from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, hparam, refuse_changed_on_resume  # noqa: E402
+from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume  # noqa: E402
 from lightning_gpate.models.options import OptionGroup  # noqa: E402
 
 PROG = "lightning-gpate"
@@ -254,14 +254,10 @@ class GPATECLI(LightningCLI):
             return {k: _plain_option(type(defaults[k]).of(v, defaults[k], name=k) if isinstance(defaults.get(k), OptionGroup)
                                      and v is not None else v) for k, v in cls.migrate_options(given).items()}
 
-        # None asks the model to resolve a value (a public seed, a length scale): the checkpoint's resolved one answers it
-        theirs, asked = model_args(pinned.model), model_args(requested.model)
-        for name in getattr(cls, "RESOLVED_HPARAMS", ()):
-            group, _, option = name.rpartition(".")
-            if not group and asked.get(name, 0) is None:
-                del asked[name]
-            elif group and isinstance(asked.get(group), dict) and asked[group].get(option, 0) is None:  # the checkpoint's answers it
-                asked[group] = {**asked[group], option: hparam(theirs, name)}
+        # None asks the model to resolve a value (a public seed, a length scale, a default by data kind): the
+        # checkpoint's resolved one answers it
+        theirs = model_args(pinned.model)
+        asked = cls.answer_on_resume(model_args(requested.model), theirs, checkpoint["hyper_parameters"].get("data_spec") or {})
         refuse_changed_on_resume(path, theirs, asked)
         refuse_changed_on_resume(path, checkpoint.get("datamodule_hyper_parameters") or {}, vars(requested.data.init_args),
                                  PRIVACY_PARAMETERS)

@@ -312,7 +312,21 @@ def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 
     init = dict(**PAPER_SETTINGS, epsilon=epsilon, delta=1e-5, fake_batch_size=8, projection_dim=4, sigma_threshold=16.0, sigma_gnmax=8.0,
                 threshold_fraction=0.3, hidden=[16], teacher_hidden=[8], z_dim=8)
     init.update(model)
-    init = config_init_args(GPATE, init)
+    return _tiny_config(path, "GPATE", config_init_args(GPATE, init), table=table, experiment=experiment, max_steps=max_steps,
+                        checkpoints=checkpoints, every_n_train_steps=every_n_train_steps)
+
+
+def tiny_pategan_config(path: Path, *, table: str = "table.csv", experiment: str = "tiny", max_steps: int = 100000,
+                        checkpoints: str | None = None, every_n_train_steps: int = 10, **model) -> Path:
+    """A PATE-GAN config on the tiny table with its defaults (on a table: the warm start from the marginal model) but for
+    few queries, 4 teachers and ``model`` (options of today's groups); ``checkpoints`` as :func:`tiny_gpate_config`."""
+    init = {"epsilon": 10.0, "delta": 1e-5, "planned_queries": 64, "query_batch_size": 8, **model}
+    return _tiny_config(path, "PATEGAN", init, table=table, experiment=experiment, max_steps=max_steps, checkpoints=checkpoints,
+                        every_n_train_steps=every_n_train_steps, num_teachers=4)
+
+
+def _tiny_config(path: Path, model_class: str, init: dict, *, table: str, experiment: str, max_steps: int, checkpoints: str | None,
+                 every_n_train_steps: int, num_teachers: int = 6) -> Path:
     trainer = {"max_steps": max_steps, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1,
                "enable_progress_bar": False, "enable_checkpointing": checkpoints is not None,
                "logger": {"class_path": "lightning_gpate.tracking.GPATEMLFlowLogger", "init_args": {"experiment_name": experiment}}}
@@ -322,9 +336,9 @@ def tiny_gpate_config(path: Path, *, table: str = "table.csv", epsilon: float = 
     config = {
         "seed_everything": 0,
         "trainer": trainer,
-        "model": {"class_path": "lightning_gpate.models.GPATE", "init_args": init},
+        "model": {"class_path": f"lightning_gpate.models.{model_class}", "init_args": init},
         "data": {"class_path": "datamodules.TabularDataModule", "init_args": {
-            "path": table, "label": "y", "schema": TINY_SCHEMA, "class_ratio": [0.5, 0.5], "num_teachers": 6,
+            "path": table, "label": "y", "schema": TINY_SCHEMA, "class_ratio": [0.5, 0.5], "num_teachers": num_teachers,
             "teacher_batch_size": 8, "test_fraction": 0.2}},
         "utility": {"enabled": False},
         "image_quality": {"enabled": False},

@@ -63,6 +63,8 @@ def mechanism_noise_of_ranks(rank: int, world: int, port: int, out: str, steps: 
       own noise generator, the noise it would add (its best replay of the owner's): ``"drawn"``, a list of
       ``(k, noise)``; the owner also keeps the noise it added (``"added"``).
     * ``gpate``, ``pategan``: after one step, the next draws of the vote noise's generator.
+    * ``warm_start``: a PATE-GAN with a warm start built from each rank's own public random state (as in fresh
+      interpreters without ``seed_everything``), after one step: its ``feature_seed``, frequencies and release.
     """
     import warnings
 
@@ -99,4 +101,11 @@ def mechanism_noise_of_ranks(rank: int, world: int, port: int, out: str, steps: 
     pategan, dm = small_models.build("pategan")
     fit(pategan, dm, 1)
     result.update(gpate=_next_draws(gpate._shared_gen), pategan=_next_draws(pategan.noise_generator()))
+    torch.seed()  # this rank's own public random state (forked ranks share the parent's)
+    warm, dm = small_models.build("pategan", warm_start={"source": "features", "fraction": 0.3, "features": 200, "steps": 2,
+                                                         "batch_size": 20})
+    fit(warm, dm, 1)
+    release = warm.warm_release
+    result["warm_start"] = {"feature_seed": warm.hparams["warm_start"]["feature_seed"], "length_scale": release.options.length_scale,
+                            "frequencies": release.frequencies, "released": release.released}
     torch.save(result, f"{out}/{rank}.pt")

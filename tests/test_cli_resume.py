@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 
-from clitools import assert_one_line_error, run_cli, run_cli_many, start_cli, store_snapshot, tiny_gpate_config, write_tiny_table
+from clitools import (ROOT, assert_one_line_error, run_cli, run_cli_many, start_cli, store_snapshot, tiny_gpate_config,
+                      tiny_pategan_config, write_tiny_table)
 from lightning_gpate.models.base import load_generator
+from lightning_gpate.release import load_release
 
 # Large noise and a budget of about 35 steps of the tiny G-PATE: training stops on the budget, and
 # the kill comes at about step 20 (once step=20.ckpt exists, step=10.ckpt is complete).
@@ -27,19 +31,24 @@ def _history(client, run, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
 
 
+def _kill_once_written(fit, checkpoint: Path, log: Path) -> None:
+    """SIGKILL ``fit`` as soon as ``checkpoint`` exists (the one before it is then complete)."""
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists():
+        assert fit.poll() is None, f"the fit ended before it was killed:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {checkpoint.name} after 300 s"
+        time.sleep(0.02)
+    fit.kill()
+    assert fit.wait() == -9
+
+
 def test_kill_then_resume_continues_epsilon_stops_at_the_budget_and_refuses_a_spent_one(tmp_path):
     write_tiny_table(tmp_path / "table.csv")
     tiny_gpate_config(tmp_path / "tiny.yaml", epsilon=EPSILON, experiment="resume", checkpoints="ckpts", every_n_train_steps=10, **NOISE)
 
     # 1. a fit killed with SIGKILL in the middle of training
     fit = start_cli("fit", "--config", "tiny.yaml", cwd=tmp_path, log=tmp_path / "killed.log")
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "ckpts" / "step=20.ckpt").exists():
-        assert fit.poll() is None, f"the fit ended before it was killed:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "no checkpoint at step 20 after 300 s"
-        time.sleep(0.02)
-    fit.kill()
-    assert fit.wait() == -9
+    _kill_once_written(fit, tmp_path / "ckpts" / "step=20.ckpt", tmp_path / "killed.log")
     checkpoint = tmp_path / "ckpts" / "step=10.ckpt"
     eps_at_checkpoint = load_generator(str(checkpoint)).guarantee_epsilon()
     client, (killed,) = _runs(tmp_path, "resume")
@@ -100,12 +109,16 @@ CHANGED = {
 
 
 def test_a_resume_that_asks_for_other_privacy_parameters_refuses_in_one_line_before_anything_runs(tmp_path, capsys):
+    """Each change of CHANGED is refused in one line before any run starts; the same config resumes, a warm start's
+    length scale and feature seed (left to the model, resolved in the checkpoint) answered by the checkpoint's, its
+    release continued (measured once, its steps not taken again)."""
     import small_models
     from lightning_gpate.cli import main
     from lightning_gpate.models.base import CheckpointError
 
     write_tiny_table(tmp_path / "table.csv")
-    tiny_gpate_config(tmp_path / "tiny.yaml", experiment="pinned", max_steps=2, checkpoints="ckpts", every_n_train_steps=2)
+    tiny_gpate_config(tmp_path / "tiny.yaml", experiment="pinned", max_steps=2, checkpoints="ckpts", every_n_train_steps=2,
+                      warm_start={"fraction": 0.3, "features": 200, "steps": 3, "batch_size": 40})
     assert main(["fit", "--config", "tiny.yaml"]) == 0
     checkpoint = str(tmp_path / "ckpts" / "step=2.ckpt")
     before = store_snapshot(tmp_path / "mlruns")
@@ -116,6 +129,11 @@ def test_a_resume_that_asks_for_other_privacy_parameters_refuses_in_one_line_bef
         assert lines[-1].startswith("lightning-gpate fit: error: ") and [ln for ln in lines if "error:" in ln] == lines[-1:], (name, lines)
         assert all(f in lines[-1] for f in fragments), (name, lines[-1])
     assert store_snapshot(tmp_path / "mlruns") == before  # no run created, none changed
+    assert main(["fit", "--config", "tiny.yaml", "--trainer.max_steps", "3", "--ckpt_path", checkpoint]) == 0
+    out = capsys.readouterr().out
+    assert "in this run, resumed at step 2)" in out and "released once" in out and "3 of 3 warm-start generator steps" in out
+    resumed = load_generator(out.split("private   training checkpoint ")[1].split(" ")[0])
+    assert resumed.accountant.counts["subsampled_gaussian_events"] == 1  # the release, once
 
     # the same promise holds for a resume from Python, whose model the caller builds
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -126,3 +144,76 @@ def test_a_resume_that_asks_for_other_privacy_parameters_refuses_in_one_line_bef
     richer, dm2 = small_models.build("gpate", epsilon=500.0)
     with pytest.raises(CheckpointError, match=r"pins epsilon=50\.0, but this run asks for epsilon=500\.0"):
         small_models.fit(richer, dm2, steps=2, ckpt_path=str(tmp_path / "g.ckpt"))
+
+
+#: A warm-started DP-GAN on the digits, small (its default all-convolutional nets, whose generator has no BatchNorm): the
+#: release and its 3 warm-start steps in the first training step, a fixed n_D of one critic step after. The generator
+#: stays where the warm start left it (generator_lr 0): the DP steps after a checkpoint draw their noise from streams a
+#: resume starts afresh (never checkpointed, by design), so what a resume must give back exactly is the warm start's
+#: state and the accountant's.
+WARM_DPGAN = ["fit", "--config", str(ROOT / "configs" / "dpgan_digits_minimal.yaml"), "--seed_everything", "3",
+              "--model.noise_seed", "0", "--trainer.enable_progress_bar", "false", "--utility.enabled", "false",
+              "--image_quality.enabled", "false", "--model.generator.gf_dim", "8", "--model.critic.df_dim", "8",
+              "--model.adaptive_d_steps", "null", "--model.d_steps", "1", "--model.training.generator_lr", "0",
+              "--model.warm_start.fraction", "0.3", "--model.warm_start.features", "200", "--model.warm_start.steps", "3",
+              "--model.warm_start.batch_size", "20", "--model.warm_start.anchor_weight", "0.5"]
+CHECKPOINTS = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.dirpath", "ckpts", "--trainer.callbacks.filename",
+               "{step}", "--trainer.callbacks.every_n_train_steps", "2", "--trainer.callbacks.save_top_k", "-1"]
+
+
+def test_a_warm_started_run_killed_after_its_checkpoint_resumes_to_the_epsilon_and_generator_of_an_unbroken_run(tmp_path):
+    """The warm start's options the model resolves itself (its length scale, its feature seed) no longer stop a resume
+    from the command line: killed after step 2, resumed to step 4, the run ends with the ε and the generator of a run
+    never interrupted (the release paid and measured once, its warm-start steps not taken again)."""
+    killed = start_cli(*WARM_DPGAN, *CHECKPOINTS, "--trainer.max_steps", "1000", "--trainer.logger.init_args.experiment_name",
+                       "killed", cwd=tmp_path, log=tmp_path / "killed.log")
+    unbroken = start_cli(*WARM_DPGAN, "--trainer.max_steps", "4", "--trainer.logger.init_args.experiment_name", "unbroken",
+                         cwd=tmp_path, log=tmp_path / "unbroken.log")
+    _kill_once_written(killed, tmp_path / "ckpts" / "step=4.ckpt", tmp_path / "killed.log")
+    assert unbroken.wait(timeout=300) == 0, (tmp_path / "unbroken.log").read_text()[-3000:]
+    resumed = run_cli(*WARM_DPGAN, "--trainer.max_steps", "4", "--trainer.logger.init_args.experiment_name", "resumed",
+                      "--ckpt_path", "ckpts/step=2.ckpt", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "in this run, resumed at step 2)" in resumed.stdout
+    assert "30% of the budget (ε 3 alone) bought the warm start" in resumed.stdout and "3 of 3 warm-start generator steps" in resumed.stdout
+    (one,), (two,) = (_runs(tmp_path, name)[1] for name in ("unbroken", "resumed"))
+    assert math.isclose(one.data.metrics["epsilon_final"], two.data.metrics["epsilon_final"], rel_tol=1e-9)
+    final = load_generator(two.data.tags["training_checkpoint"])
+    assert final.accountant.counts["subsampled_gaussian_events"] == 1 + 4  # the release once, then one event a generator step
+    released = [load_release(run.data.tags["release_artifact"])["generator"] for run in (one, two)]
+    assert released[0].keys() == released[1].keys()
+    assert all(torch.equal(released[0][k], released[1][k]) for k in released[0])
+
+
+#: PATE-GAN's default warm start on a table (warm_start: auto, MarginalTree's fit), shrunk by options given over it
+SMALL_TABLE_WARM_START = ["--model.warm_start.steps", "3", "--model.warm_start.features", "200", "--model.warm_start.sample_rows",
+                          "400", "--model.warm_start.batch_size", "40"]
+
+
+def test_pate_gans_table_default_resumes_from_the_command_line(tmp_path, capsys):
+    """What PATE-GAN resolves itself on a table (its network sizes by the data's shape; ``warm_start: auto`` stored as
+    the table warm start it chose, here with options given over it) answers a resume that leaves it to the model: the
+    resume continues the release (MarginalTree's planned events charged once, its steps not taken again) and ε; a
+    release option asked otherwise is still refused in one line."""
+    from conftest import query_run
+    from lightning_gpate.cli import main
+
+    write_tiny_table(tmp_path / "table.csv")
+    tiny_pategan_config(tmp_path / "c.yaml", experiment="table", max_steps=2, checkpoints="ckpts", every_n_train_steps=2)
+    fit = ["fit", "--config", "c.yaml", *SMALL_TABLE_WARM_START]
+    assert main(fit) == 0
+    spent = load_generator("ckpts/step=2.ckpt").guarantee_epsilon()
+    capsys.readouterr()
+    assert main([*fit, "--trainer.max_steps", "3", "--ckpt_path", "ckpts/step=2.ckpt"]) == 0
+    out = capsys.readouterr().out
+    assert "in this run, resumed at step 2)" in out and "released once" in out and "3 of 3 warm-start generator steps" in out
+    run, _ = query_run("table")
+    final = load_generator(run.data.tags["training_checkpoint"])
+    assert final.guarantee_epsilon() > spent
+    assert final.hparams["warm_start"]["source"] == "marginals" and final.hparams["warm_start"]["fraction"] == 0.8
+    assert float(run.data.params["privacy_split/warm_start_epsilon_alone"]) == 8.0
+    counts = final.accountant.counts
+    assert counts["exponential_mechanism_events"] + counts["subsampled_gaussian_events"] == len(final.warm_release.planned)
+    assert main([*fit, "--model.warm_start.fraction", "0.5", "--trainer.max_steps", "3", "--ckpt_path", "ckpts/step=2.ckpt"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err[-1].startswith("lightning-gpate fit: error: ckpts/step=2.ckpt pins warm_start=") and "'fraction': 0.5" in err[-1]

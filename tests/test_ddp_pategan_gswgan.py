@@ -207,7 +207,9 @@ def test_under_ddp_who_can_replay_the_noise_is_what_the_docs_say(tmp_path):
     """2 gloo processes, no noise_seed. GS-WGAN: the rank that holds the drawn discriminator adds noise
     from its own OS-seeded generator, so the other rank (whose generator was a copy of the owner's, one
     broadcast seed, before issue 33) cannot draw that noise and subtract it from the sanitised gradient it
-    receives. G-PATE and PATE-GAN: every rank draws the same vote noise. docs/multi-gpu.md says which."""
+    receives. G-PATE and PATE-GAN: every rank draws the same vote noise. docs/multi-gpu.md says which. A warm start's
+    release, measured on every rank with one noise, is measured with one feature seed too: rank 0's, which every rank
+    takes in ``setup`` whatever seed its own random state drew (its hyperparameters name the frequencies it uses)."""
     import socket
 
     from ddp_workers import mechanism_noise_of_ranks
@@ -237,3 +239,10 @@ def test_under_ddp_who_can_replay_the_noise_is_what_the_docs_say(tmp_path):
         assert torch.equal(draws[0], draws[1]), model  # one noise for every rank ...
         assert "drawn alike on every rank" in _documented_noise(model)  # ... as documented
     assert "one trusted curator" in (ROOT_DOCS / "privacy.md").read_text()
+    from lightning_gpate.privacy.merf import fourier_frequencies
+
+    warm = [torch.load(tmp_path / f"{r}.pt")["warm_start"] for r in (0, 1)]
+    assert warm[0]["feature_seed"] == warm[1]["feature_seed"]
+    for w in warm:  # the frequencies a rank measured with are those its hyperparameters name
+        assert torch.equal(w["frequencies"], fourier_frequencies(200, w["frequencies"].shape[1], w["length_scale"], w["feature_seed"]))
+    assert torch.equal(warm[0]["released"], warm[1]["released"])

@@ -133,3 +133,23 @@ def test_the_steps_a_private_fit_will_reach_are_those_its_budget_allows(monkeypa
         expected += 1
     assert f"/{expected} steps (10%)" in "\n".join(lines), (expected, lines)
     assert 20 < expected < 10_000  # many steps beyond those taken, few enough to be reached
+
+
+def test_a_bar_an_error_stopped_is_cleared_before_the_error_s_line(monkeypatch):
+    """An image folder's reading stopped by a bad file: the bar's line is cleared, so the one-line error that the
+    command line prints next starts a line of its own."""
+    from tqdm import tqdm
+
+    from lightning_gpate.progress import close_bars
+
+    stream = _Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    try:
+        for i in progress(range(50), desc="reading mnist04", total=50, show_count=False):
+            if i == 3:
+                raise ValueError("a bad image")
+    except ValueError:
+        pass
+    assert "reading mnist04" in stream.getvalue() and "3/50" not in stream.getvalue()  # how many: private
+    close_bars()
+    assert stream.getvalue().endswith("\r") and not list(tqdm._instances)

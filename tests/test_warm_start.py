@@ -57,6 +57,8 @@ def test_the_warm_start_is_one_release_composed_with_the_critic_steps_also_after
     # the release alone costs 40% of the budget: its σ is what that ε buys (an independent check of the plan)
     assert _dp_accounting_epsilon(orders, release.noise_multiplier, 0) == pytest.approx(4.0, rel=1e-3)
     assert math.isclose(model.guarantee_epsilon(), _dp_accounting_epsilon(orders, release.noise_multiplier, 6), rel_tol=1e-9)
+    # opacus' cross-check (epsilon_opacus_worst_case) holds the release too: the same composition, outside our accountant
+    assert model.opacus_epsilon() == pytest.approx(_dp_accounting_epsilon(orders, release.noise_multiplier, 6), rel=1e-6)
     assert model.accountant.counts["subsampled_gaussian_events"] == 1 + 3  # the release, then one event a generator step
     released = release.released.clone()
     assert released.abs().sum() > 0
@@ -392,7 +394,8 @@ def test_pate_gans_default_warm_start_is_the_marginal_models_on_tables_and_none_
     assert {k: stored[k] for k in TABLE_WARM_START} == {**TABLE_WARM_START, "length_scale": [0.25, 1.0, 4.0]}
     assert stored["source"] == "marginals" and stored["fraction"] == 0.8 and isinstance(stored["feature_seed"], int)
     assert model.marginal_options.fraction == 0.0 and model.hparams["marginals"]["fraction"] == 0.0
-    assert "80% of the budget (ε 0.8 alone) bought the warm start: MarginalTree's noisy marginals" in " ".join(model.budget_shares())
+    assert ("80% of the budget (ε 0.8 alone) bought the warm start (warm_start: auto, this model's default for the data): "
+            "MarginalTree's noisy marginals") in " ".join(model.budget_shares())
     for off in (PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=None),
                 PATEGAN(table, epsilon=1.0, delta=1e-5, budget_accounting="paper", marginals={"fraction": 0.0}),
                 PATEGAN(ImageDataModule("digits", num_teachers=5).spec, epsilon=1.0, delta=1e-5)):
@@ -420,3 +423,133 @@ def test_a_checkpoint_trained_without_a_warm_start_resumes_only_with_warm_start_
     fit(resumed, dm, steps=3, default_root_dir=tmp_path, ckpt_path=tmp_path / "m.ckpt")
     assert resumed.guarantee_epsilon() > spent and resumed.warm_release is None
 
+
+
+def test_a_warm_start_given_in_part_over_pate_gans_table_default_changes_only_what_it_names():
+    """On a table a mapping over ``warm_start: auto`` (what ``--model.warm_start.steps 100`` gives: a group with the
+    other options left None) keeps the table warm start (MarginalTree's fit, 80% of ε, class marginals off) and changes
+    what it names, and the summary says so; it used to replace it by DP-MERF's release on half of ε. A resume's ``auto``
+    asks for the checkpoint's warm start (its feature seed the one the checkpoint drew)."""
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.models.pategan import TABLE_WARM_START
+    from small_models import public_table
+
+    table = public_table(num_teachers=6).spec
+    auto = PATEGAN(table, epsilon=1.0, delta=1e-5)
+    for given in ({"steps": 100}, WarmStart(steps=100), {"steps": 100, "feature_seed": None}):
+        model = PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=given)
+        stored = model.hparams["warm_start"]
+        assert {k: stored[k] for k in TABLE_WARM_START} == {**TABLE_WARM_START, "steps": 100}, given
+        assert model.marginal_options.fraction == 0.0 and model.lam == pytest.approx(auto.lam, rel=1e-9)
+        assert ("80% of the budget (ε 0.8 alone) bought the warm start (warm_start: auto, this model's default for the "
+                "data, with steps 100): MarginalTree's noisy marginals") in " ".join(model.budget_shares())
+    assert "bought the warm start (warm_start: auto, this model's default for the data): " in " ".join(auto.budget_shares())
+    for given in ({"feature_seed": None}, WarmStart(anchor_weight=10.0)):  # nothing changed: the table warm start itself
+        stored = PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start=given).hparams["warm_start"]
+        assert {k: stored[k] for k in TABLE_WARM_START} == TABLE_WARM_START
+    # a group of every option it changes is that warm start; images have no table default: DP-MERF's release
+    assert "warm_start: auto" not in " ".join(PATEGAN(table, epsilon=1.0, delta=1e-5, warm_start={**TABLE_WARM_START, "steps": 5}).budget_shares())
+    digits = ImageDataModule("digits", num_teachers=5).spec
+    assert PATEGAN(digits, epsilon=1.0, delta=1e-5, warm_start={"steps": 100}).hparams["warm_start"]["source"] == "features"
+    # what a resume from the command line compares: auto as the checkpoint resolved it
+    saved = {"warm_start": auto.hparams["warm_start"]}
+    for asked in ("auto", {"feature_seed": None}):
+        answered = PATEGAN.answer_on_resume({"warm_start": asked, "budget_accounting": "guarantee"}, saved, table)
+        assert answered["warm_start"] == auto.hparams["warm_start"], asked
+    steps = PATEGAN.answer_on_resume({"warm_start": {"steps": 7}, "budget_accounting": "guarantee"}, saved, table)["warm_start"]
+    assert steps == {**auto.hparams["warm_start"], "steps": 7}
+
+
+def _dp_metadata_table(rows: int = 600, metadata_epsilon: float = 0.2):
+    """The small public table with the bounds of ``a`` and ``b`` estimated with DP (``metadata_epsilon`` of the budget)."""
+    from datamodules import TabularDataModule
+    from small_models import public_frame
+
+    schema = {"a": {"guess": [0, 1]}, "b": {"guess": [-3, 3]}, "c": {"min": 0, "max": 9, "dtype": "int64"}, "y": {"categories": [0, 1]}}
+    return TabularDataModule(frame=public_frame(rows), label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=6,
+                             teacher_batch_size=8, batch_size=32, metadata_epsilon=metadata_epsilon)
+
+
+def test_under_dp_metadata_the_marginal_warm_starts_tree_alone_costs_the_share_it_states(tmp_path):
+    """With DP metadata (ε 0.2 of 1) the marginal warm start's tree is planned for its share alone (0.8; the model's
+    accountant pays the metadata, once): its events, composed independently (dp-accounting's RDP for the Gaussians, the
+    exponential mechanism's min(ε, αε²/8) by formula, Canonne, Kamath & Steinke 2020 Prop. 12), cost what the summary
+    and the MLflow param state. The tree used to pay the metadata again inside its plan (0.600)."""
+    import dp_accounting
+
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.privacy import ExponentialMechanismEvent
+    from small_models import fit
+
+    dm = _dp_metadata_table()
+    assert sum(c["epsilon"] for c in dm.spec["metadata_cost"]) == pytest.approx(0.2)
+    model = PATEGAN(dm.spec, epsilon=1.0, delta=1e-5, planned_queries=64, query_batch_size=16, teacher_steps=1, student_steps=1,
+                    z_dim=8, generator_hidden=[16], teacher_hidden=[8], student_hidden=[8],
+                    warm_start={**MARGINAL_WARM, "fraction": 0.8})
+    events = model.warm_release.events()
+    orders = np.asarray(model.accountant.orders, dtype=float)
+    gaussians = dp_accounting.rdp.RdpAccountant(orders=list(orders))
+    for event in events:
+        if not isinstance(event, ExponentialMechanismEvent):
+            assert event.sampling_rate == 1.0 and event.steps == 1
+            gaussians.compose(dp_accounting.GaussianDpEvent(event.noise_multiplier))
+    rdp = np.asarray(gaussians._rdp) + sum(np.minimum(e.epsilon, orders * e.epsilon ** 2 / 8) for e in events
+                                           if isinstance(e, ExponentialMechanismEvent))
+    ok = orders > 1.01
+    alone = (rdp[ok] + np.log((orders[ok] - 1) / orders[ok]) - (np.log(1e-5) + np.log(orders[ok])) / (orders[ok] - 1)).min()
+    assert 0.999 * 0.8 < alone <= 0.8 * (1 + 1e-9)
+    assert model.budget_split()["warm_start_epsilon_alone"] == pytest.approx(0.8)
+    assert "80% of the budget (ε 0.8 alone) bought the warm start" in " ".join(model.budget_shares())
+    fit(model, dm, steps=1, default_root_dir=tmp_path)
+    counts = model.accountant.counts
+    assert counts["pure_dp_events"] == 2  # the two columns' bounds, paid once, by the model
+    assert counts["exponential_mechanism_events"] + counts["subsampled_gaussian_events"] == len(events)
+    assert model.warm_release.marginal_model().accountant.counts["pure_dp_events"] == 0  # the tree pays none of it
+
+
+def test_the_opacus_cross_check_counts_a_marginal_warm_starts_release(tmp_path):
+    """``epsilon_opacus_worst_case`` of a DP-GAN warm-started from the marginal model holds the tree's events: its
+    Gaussians as they are, each ε-exponential mechanism as the Gaussian of its zCDP ε²/8 (noise multiplier 2/ε, Cesar
+    & Rogers 2021), composed with the critic steps by dp-accounting; a bound at or above the guarantee."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from lightning_gpate.privacy import ExponentialMechanismEvent
+    from small_models import HIDDEN, fit, public_table
+
+    dm = public_table(rows=600)
+    q = 32 / 600
+    model = DPGAN(dm.spec, epsilon=10.0, delta=1e-5, sampling_rate=q, noise_multiplier=1.0, d_steps=2, adaptive_d_steps=None,
+                  z_dim=8, generator_hidden=HIDDEN, discriminator_hidden=(8,), warm_start=MARGINAL_WARM)
+    assert model.opacus_epsilon() == 0.0  # nothing released yet
+    fit(model, dm, steps=2, default_root_dir=tmp_path)
+    reference = RdpAccountant([float(a) for a in model.accountant.orders])
+    for event in model.warm_release.events():
+        sigma = 2 / event.epsilon if isinstance(event, ExponentialMechanismEvent) else event.noise_multiplier
+        reference.compose(dp_accounting.GaussianDpEvent(sigma))
+    reference.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), int(model.critic_steps_taken))
+    assert int(model.critic_steps_taken) == 4
+    assert model.opacus_epsilon() == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)
+    assert model.opacus_epsilon() >= model.guarantee_epsilon()
+
+
+def test_a_pate_gan_release_saved_before_the_warm_start_existed_loads_without_one():
+    """A PATE-GAN table release written before ``warm_start`` existed (the flat-options fixture, the option taken out)
+    had none: it loads without one (no tree planned, no share of the budget said to be bought and "not released yet"),
+    the generator it holds; ``warm_start: auto``, the default since, would have made it a warm-started model."""
+    import sys
+
+    from lightning_gpate.release import load_release, model_from_release
+
+    before = Path(__file__).resolve().parent / "data" / "before_option_groups"
+    release = load_release(before / "pategan_table.release.pt")
+    assert release["hyper_parameters"]["data_spec"]["kind"] == "tabular" and release["hyper_parameters"]["budget_accounting"] == "guarantee"
+    older = {**release, "hyper_parameters": {k: v for k, v in release["hyper_parameters"].items() if k != "warm_start"}}
+    model = model_from_release(older)
+    assert model.warm_release is None and model.hparams["warm_start"] is None and model.budget_shares() == []
+    sys.path.insert(0, str(before))
+    try:
+        import make_fixtures
+    finally:
+        sys.path.remove(str(before))
+    assert make_fixtures.generator_digest(model) == make_fixtures.generator_digest(model_from_release(release))

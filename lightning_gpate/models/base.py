@@ -162,6 +162,21 @@ class GenerativeModel(pl.LightningModule):
         self._update_hparams(adopted)
         return adopted
 
+    @classmethod
+    def answer_on_resume(cls, asked: dict[str, Any], pinned: Mapping[str, Any], data_spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The model arguments a resume asks for (``asked``, plain values), with what the constructor would resolve
+        itself answered as the checkpoint's run resolved it (``pinned``: its arguments; ``data_spec``: its data's), so
+        that the command line compares like with like: a :attr:`RESOLVED_HPARAMS` left ``None`` takes the checkpoint's
+        value. A subclass answers what it resolves beyond them (its ``super()`` first)."""
+        asked = dict(asked)
+        for name in cls.RESOLVED_HPARAMS:
+            group, _, option = name.rpartition(".")
+            if not group and asked.get(name, 0) is None:
+                del asked[name]
+            elif group and isinstance(asked.get(group), dict) and asked[group].get(option, 0) is None:
+                asked[group] = {**asked[group], option: hparam(pinned, name)}
+        return asked
+
     def _update_hparams(self, values: Mapping[str, Any]) -> None:
         """Set hyperparameters by name, a group's option as ``"group.option"`` (in the saved and the initial ones)."""
         for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):

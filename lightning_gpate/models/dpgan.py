@@ -54,7 +54,7 @@ What makes the accounting a guarantee:
   (``d_steps`` compositions) *before* the first of them is applied (budget stop; one charge per
   generator step keeps the accountant off the critic's hot loop), and opacus' own ``RDPAccountant``
   follows every critic step (the DP optimizer's own count); opacus' RDP analysis of the worst case below is
-  logged as ``epsilon_opacus_worst_case``, a cross-check of the guarantee.
+  logged as ``epsilon_opacus_worst_case``, a cross-check of the guarantee (a warm start's release included).
 * **an adaptive n_D is charged its worst case** (``adaptive_d_steps``): how many critic steps a
   generator step takes is chosen from released outputs (the DP critic's scores of public fakes), so
   a run's cost is itself random. Every generator step is also recorded with the most critic steps the
@@ -212,6 +212,24 @@ DEFAULT_CRITIC = DiscriminatorNet(df_dim=64, fc_dim=1024, hidden=(64, 64))
 #: (CNN 0.085 after 6,060 generator steps on an H200: ``benchmarks/results/dpgan_mnist_cpu.md``).
 PAPER_SETTINGS = {"architecture": "mlp", "loss": "wasserstein", "optimizer": "rmsprop", "lr": 5e-5, "d_steps": 5,
                   "weight_clip": 0.1, "adaptive_d_steps": None, "ema_decay": 0.0}
+
+
+def opacus_history(events: Sequence) -> list[tuple[float, float, int]]:
+    """``events`` (a warm start's release) as entries ``(noise multiplier, sampling rate, steps)`` of opacus'
+    ``RDPAccountant.history``: a Gaussian as it is; an ε-exponential mechanism (ε-bounded range, ε²/8-zCDP: Cesar &
+    Rogers 2021) as the Gaussian of the same zCDP, noise multiplier 2/ε, whose RDP αε²/8 bounds the mechanism's."""
+    from lightning_gpate.privacy import ExponentialMechanismEvent
+
+    history = []
+    for event in events:
+        if isinstance(event, SubsampledGaussianEvent):
+            history.append((float(event.noise_multiplier), float(event.sampling_rate), int(event.steps)))
+        elif isinstance(event, ExponentialMechanismEvent):
+            if event.epsilon > 0:  # an ε of 0 costs nothing
+                history.append((2.0 / float(event.epsilon), 1.0, 1))
+        else:
+            raise TypeError(f"opacus has no analysis of a {type(event).__name__}")
+    return history
 
 
 class FlatImageGenerator(nn.Module):
@@ -1092,19 +1110,22 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
 
     def opacus_epsilon(self) -> float:
         """ε by opacus' RDP analysis, on this model's order grid, of the most critic steps the generator steps
-        paid could have taken (:meth:`critic_steps_worst_case`; with a fixed n_D, those taken): a cross-check,
-        outside this project's accountant, of the guarantee's worst-case curve — a bound itself, not capped by the
-        budget, and counting the critic's steps only (no DP metadata). It used to be the ε of the critic steps
-        taken (logged as ``epsilon_opacus``), no bound under an adaptive n_D (the fourth privacy review's S2:
-        1.929 logged where the guarantee was 2.801); opacus' own hook still counts those
-        (``opacus_accountant.history``: that the DP optimizer stepped as charged)."""
+        paid could have taken (:meth:`critic_steps_worst_case`; with a fixed n_D, those taken) and of the warm start's
+        release once made (:func:`opacus_history`): a cross-check, outside this project's accountant, of the
+        guarantee's worst-case curve — a bound itself, not capped by the budget, the DP metadata aside. It used to be
+        the ε of the critic steps taken (logged as ``epsilon_opacus``), no bound under an adaptive n_D (1.929 logged
+        where the guarantee was 2.801); opacus' own hook still counts those (``opacus_accountant.history``: that the DP
+        optimizer stepped as charged)."""
         from opacus.accountants import RDPAccountant
 
         steps = self.critic_steps_worst_case()
-        if steps == 0:
+        release = self.warm_release
+        made = release.events() if release is not None and bool(release.measured) else []
+        if steps == 0 and not made:
             return 0.0
         worst = RDPAccountant()
-        worst.history = [(float(self.hparams.noise_multiplier), float(self.sampling_rate), int(steps))]
+        critic = [(float(self.hparams.noise_multiplier), float(self.sampling_rate), int(steps))] if steps else []
+        worst.history = critic + opacus_history(made)
         return float(worst.get_epsilon(self.delta, alphas=[float(a) for a in self.accountant.orders]))
 
     # ----------------------------------------------------------------- checkpoints

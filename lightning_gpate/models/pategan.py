@@ -217,19 +217,6 @@ TABLE_WARM_START = {"source": "marginals", "fraction": 0.8, "features": 2000, "l
                     "anchor_weight": 10.0}
 
 
-def resolved_warm_start(warm_start: "WarmStart | dict[str, Any] | str | None", kind: str | None,
-                        budget_accounting: str) -> WarmStart | None:
-    """``warm_start`` as the model takes it: ``"auto"`` (the default) is :data:`TABLE_WARM_START` for a table under
-    ``budget_accounting: guarantee`` (the only accounting that covers its release) and none otherwise; ``None`` is
-    none; a mapping or a :class:`~lightning_gpate.models.warm_start.WarmStart` is that warm start."""
-    if isinstance(warm_start, str):
-        if warm_start != AUTO_WARM_START:
-            raise ValueError(f"warm_start must be a mapping of its options, {AUTO_WARM_START!r} (by data kind) or null (none), "
-                             f"got {warm_start!r}")
-        return WarmStart.of(TABLE_WARM_START) if kind == "tabular" and budget_accounting == "guarantee" else None
-    return WarmStart.of(warm_start)
-
-
 def resolved_defaults(kind: str, budget_accounting: str, planned_queries: int, requested: dict[str, Any], *,
                       warm_start: str | None = None) -> dict[str, Any]:
     """The values of :attr:`PATEGAN.RESOLVED_HPARAMS` (``"teachers.lr"``: the option ``lr`` of the group ``teachers``)
@@ -323,7 +310,9 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             (post-processing) and may keep its pull; λ is planned for what the budget leaves. For images, and from the
             marginal model, it replaces the class marginals (marginals.fraction then defaults to 0). "auto" (default):
             TABLE_WARM_START for tables under the guarantee, none for images (and under the data-dependent accountings);
-            null: none. Its options: --model.warm_start.help.
+            null: none. On a table under the guarantee a mapping changes the options it names of TABLE_WARM_START and
+            keeps the rest (--model.warm_start.steps 100: the table warm start with 100 steps; the fit summary says
+            so); elsewhere the rest are DP-MERF's release's. Its options: --model.warm_start.help.
         noise_seed: seed of the vote noise, for tests only (null: secret, from the OS). Anyone who knows the seed can
             subtract the noise.
         log_private_diagnostics: also log teacher losses and vote margins, unnoised (debugging only). These are computed
@@ -339,9 +328,11 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
                     "student_labels": ("student.labels",),
                     **{f"marginal_{name}": (f"marginals.{name}",) for name in ("fraction", "weight", "bins", "batch_size", "threshold")}}
     #: Options whose ``None`` the constructor resolves from the data's kind and the accounting mode
-    #: (:func:`resolved_defaults`) and stores resolved (:meth:`store_resolved_hparams`).
+    #: (:func:`resolved_defaults`) or its shape (the networks' sizes) and stores resolved (:meth:`store_resolved_hparams`).
     RESOLVED_HPARAMS = ("lr", "teachers.lr", "betas", "marginals.fraction", "marginals.weight", "student.replay_capacity",
-                        "student.labels", "discrete_samples")
+                        "student.labels", "discrete_samples", "generator.z_dim", "generator.hidden", "student.hidden")
+    #: A release saved before ``warm_start`` existed had none (``"auto"``, the default since, would plan one for a table).
+    DEFAULTS_BEFORE = {"warm_start": None}
     #: Options removed (issue 47: no shipped config used them, no ladder measured them), with the value that meant
     #: "off": a release saved before keeps loading when it holds that value (:func:`~lightning_gpate.release.model_from_release`).
     REMOVED_OPTIONS = {"teacher_fake_batch_size": None}
@@ -377,7 +368,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         requested = {"lr": lr, "teachers.lr": teacher_options.lr, "betas": betas, "marginals.fraction": marginal_options.fraction,
                      "marginals.weight": marginal_options.weight, "student.replay_capacity": student_options.replay_capacity,
                      "student.labels": student_options.labels, "discrete_samples": discrete_samples}
-        warm_options = resolved_warm_start(warm_start, (data_spec or {}).get("kind"), budget_accounting)  # as given in hparams
+        warm_options = self.warm_start_of(warm_start, data_spec or {}, budget_accounting)
         resolved = resolved_defaults((data_spec or {}).get("kind"), budget_accounting, planned_queries, requested,
                                      warm_start=None if warm_options is None else warm_options.source)
         lr, betas, discrete_samples = resolved["lr"], resolved["betas"], resolved["discrete_samples"]
@@ -405,19 +396,23 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         d = int(np.prod(data_spec["shape"]))
         width = max(d, 8)
         half = max(width // 2, 4)
+        requested.update({"generator.z_dim": net_options.z_dim, "generator.hidden": net_options.hidden,
+                          "student.hidden": student_options.hidden})
         if net_options.z_dim is None:
             net_options = replace(net_options, z_dim=100 if image else width)
         if not image and net_options.hidden is None:
             net_options = replace(net_options, hidden=(width, half))
         if not image and student_options.hidden is None:
             student_options = replace(student_options, hidden=(width, half))
+        sizes = {"generator.z_dim": net_options.z_dim, "generator.hidden": net_options.as_hparams()["hidden"],
+                 "student.hidden": student_options.as_hparams()["hidden"]}
         super().__init__(data_spec, epsilon=epsilon, delta=delta, budget_accounting=budget_accounting,
                          conversion=conversion, z_dim=net_options.z_dim, latent_prior=net_options.latent_prior,
                          log_private_diagnostics=log_private_diagnostics,
                          epsilon_hard_cap=epsilon_hard_cap, smooth_sensitivity=smooth_sensitivity)
         self.save_hyperparameters()
         self.store_option_groups(generator=net_options, student=student_options, teachers=teacher_options, marginals=marginal_options)
-        self.store_resolved_hparams(requested, **resolved)
+        self.store_resolved_hparams(requested, **resolved, **sizes)
         self.automatic_optimization = False
         self.num_teachers = num_teachers
         self.generator_options, self.student_options = net_options, student_options
@@ -431,7 +426,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
             # P̂(column j = v | class c), measured once (a DP release: public state from then on)
             self.register_buffer("marginal_targets", torch.zeros(len(cards), self.num_classes, max(cards)))
             self.register_buffer("marginals_measured", torch.zeros((), dtype=torch.bool))
-        self.init_warm_start(warm_options)  # its share of ε planned alone, before λ takes what is left
+        self.init_warm_start(warm_start)  # its share of ε planned alone, before λ takes what is left
         self.lam = float(lam) if lam is not None else self.plan_lambda(planned_queries)
         if image:
             self.generator = self.build_generator(net_options)
@@ -450,6 +445,26 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         self._noise_generator: torch.Generator | None = None
         self._noise_seed: int | None = noise_seed  # under DDP: one secret seed for every rank (setup)
         self._replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, y, noisy label)
+
+    @classmethod
+    def warm_start_base(cls, data_spec: Any, budget_accounting: str) -> dict[str, Any]:
+        """:data:`TABLE_WARM_START` for a table under ``budget_accounting: guarantee`` (the only accounting that covers
+        its release), else DP-MERF's defaults (:data:`~lightning_gpate.models.warm_start.DEFAULT_OPTIONS`)."""
+        return dict(TABLE_WARM_START) if data_spec.get("kind") == "tabular" and budget_accounting == "guarantee" else {}
+
+    @classmethod
+    def warm_start_of(cls, warm_start: Any, data_spec: Any, budget_accounting: str) -> WarmStart | None:
+        """``warm_start`` as the model takes it: ``"auto"`` (the default) is :meth:`warm_start_base`'s table warm start
+        for a table under the guarantee and none otherwise; ``None`` is none; a mapping or a
+        :class:`~lightning_gpate.models.warm_start.WarmStart` is that warm start, the options it leaves out the table
+        warm start's on a table (``--model.warm_start.steps 100`` changes its steps only)."""
+        base = cls.warm_start_base(data_spec, budget_accounting)
+        if isinstance(warm_start, str):
+            if warm_start != AUTO_WARM_START:
+                raise ValueError(f"warm_start must be a mapping of its options, {AUTO_WARM_START!r} (by data kind) or null (none), "
+                                 f"got {warm_start!r}")
+            return WarmStart.of(base) if base else None
+        return WarmStart.of(warm_start, base)
 
     # ----------------------------------------------------------------- budget planning
     def plan_lambda(self, planned_queries: int) -> float:

@@ -14,6 +14,8 @@ What is here:
 * :func:`owned_members` — the members of this rank;
 * :func:`shared_seed` — a mechanism seed drawn from the OS on rank 0 and broadcast, so every rank draws
   the *same* noise (added once: the ranks apply one update, not W noisy ones);
+* :func:`rank_zero_value` — a public value every rank must hold alike (a feature seed each drew from its own
+  random state), rank 0's;
 * :func:`local_backward` — ``manual_backward`` without DDP's reducer (rank-local networks);
 * :func:`replicated_backward` — the same, then an explicit average of the
   replicated gradients (identical on every rank by construction; the average keeps the replicas equal
@@ -35,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_gpate.privacy.distributed import all_reduce_sum, is_distributed
 from lightning_gpate.privacy.randomness import secret_seed
 
-__all__ = ["rank_and_world", "owned_members", "shared_seed", "local_backward", "replicated_backward",
+__all__ = ["rank_and_world", "owned_members", "shared_seed", "rank_zero_value", "local_backward", "replicated_backward",
            "gather_members", "select_members"]
 
 
@@ -59,7 +61,15 @@ def shared_seed(module, seed: int | None) -> int | None:
     under DDP is drawn from the OS on rank 0 and broadcast (never logged, never checkpointed)."""
     if seed is not None or not is_distributed():
         return seed
-    return int(module.trainer.strategy.broadcast(secret_seed(), src=0))
+    return int(rank_zero_value(module, secret_seed()))
+
+
+def rank_zero_value(module, value: Any) -> Any:
+    """``value`` as rank 0 holds it (broadcast; on one process ``value`` itself): for a public value each rank resolved
+    on its own (a seed drawn from its random state without ``seed_everything``) that every rank must use alike."""
+    if not is_distributed():
+        return value
+    return module.trainer.strategy.broadcast(value, src=0)
 
 
 def local_backward(module, loss: torch.Tensor, *args: Any) -> None:

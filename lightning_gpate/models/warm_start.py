@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import contextvars
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from torch import nn
 
 from lightning_gpate.models.anchor import class_mean_gap
 from lightning_gpate.models.options import group_from
+from lightning_gpate.models.sharding import rank_zero_value
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.merf import (
     embedding_sum, fourier_features, fourier_frequencies, mean_embeddings, median_distance_of_uniform, release_embedding_sum,
@@ -53,6 +54,11 @@ AUTO_WARM_START = "auto"
 #: ``fraction``, its shape from ``features``, its frequencies from ``length_scale`` and ``feature_seed``); the other
 #: options only read it.
 RELEASE_OPTIONS = ("source", "fraction", "features", "length_scale", "feature_seed", "count_weight")
+#: The options a warm start takes where it is given none (``None`` in :class:`WarmStart`): DP-MERF's release of 10,000
+#: features on half of ε, 800 generator steps on it, no pull (``length_scale`` ``None``: by data kind). A model's own
+#: default warm start (PATE-GAN's on tables) takes their place (:meth:`WarmStart.over`): a mapping given over it
+#: changes the options it names and keeps the rest.
+DEFAULT_OPTIONS = {"source": "features", "fraction": 0.5, "features": 10_000, "length_scale": None, "steps": 800, "anchor_weight": 0.0}
 #: What a warm start's release measures (``WarmStart.source``): DP-MERF's random-feature embedding of every record
 #: (any data), or MarginalTree's noisy marginals (tables; the module doc).
 SOURCES = ("features", "marginals")
@@ -77,50 +83,54 @@ class WarmStart:
 
     Privacy parameters are keyword-only and checked here; the module doc has the details.
 
+    An option left ``None`` takes the model's default warm start's value (:data:`DEFAULT_OPTIONS`, or PATE-GAN's table
+    warm start under ``warm_start: auto``; :meth:`over`): a group given in part changes the options it names only.
+
     Args:
         source: what the release measures: ``"features"`` (default), DP-MERF's noisy random-feature embedding of the
             records; ``"marginals"`` (tables), MarginalTree's noisy marginals, then the embedding of ``sample_rows``
             rows sampled from them without noise (the module doc).
         fraction: the share of the model's ε that buys the release (the ε of the release alone is
-            ``fraction·ε``; the model's own steps get what the composition leaves).
-        features: random Fourier features ``2M`` of the release (DP-MERF: 10,000).
+            ``fraction·ε``; the model's own steps get what the composition leaves). Default 0.5.
+        features: random Fourier features ``2M`` of the release (default DP-MERF's 10,000).
         length_scale: ℓ of the Gaussian kernel in the generator's space (``None``: 10 for 28×28 images, scaled with
             √d; tables ``√(2d/3)``), or a list (the mean of their kernels).
         feature_seed: public seed of the features' frequencies (``None``: drawn from the public random state of
             ``seed_everything``, then stored).
         count_weight: b, the share of a record's unit norm its class count takes (DP-MERF: 0.3).
-        steps: generator steps on the release before the first private step (0: no warm start, only the anchor).
+        steps: generator steps on the release before the first private step (default 800; 0: no warm start, only the
+            pull).
         batch_size: fakes a warm-start step and an anchor term, in equal numbers per class.
         lr: Adam's learning rate of the warm-start steps (DP-MERF's 0.01), decayed by ``lr_decay`` every
             ``lr_decay_steps`` steps; betas ``betas``.
-        anchor_weight: weight of the release's loss added to every later generator step (0: none).
+        anchor_weight: weight of the release's loss added to every later generator step (default 0: none).
         sample_rows: ``source: marginals``: rows sampled from the fitted marginal model for the embedding (more: its
             estimate of the model's embedding is closer; the noise of the measurement is in the tables already).
     """
 
-    source: str = "features"
-    fraction: float = 0.5
-    features: int = 10_000
+    source: str | None = None
+    fraction: float | None = None
+    features: int | None = None
     length_scale: float | list[float] | None = None
     feature_seed: int | None = None
     count_weight: float = 0.3
-    steps: int = 800
+    steps: int | None = None
     batch_size: int = 1000
     lr: float = 0.01
     lr_decay: float = 0.9
     lr_decay_steps: int = 120
     betas: tuple[float, float] = (0.9, 0.999)
-    anchor_weight: float = 0.0
+    anchor_weight: float | None = None
     sample_rows: int = 20_000
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
+        if self.source is not None and self.source not in SOURCES:
             raise ValueError(f"warm_start.source must be one of {SOURCES} (what the release measures), got {self.source!r}")
         if int(self.sample_rows) != self.sample_rows or self.sample_rows < 100:
             raise ValueError(f"warm_start.sample_rows must be an integer >= 100, got {self.sample_rows}")
-        if not 0 < self.fraction < 1:
+        if self.fraction is not None and not 0 < self.fraction < 1:
             raise ValueError(f"warm_start.fraction must lie in (0, 1) (the share of epsilon the release buys), got {self.fraction}")
-        if int(self.steps) != self.steps or self.steps < 0:
+        if self.steps is not None and (int(self.steps) != self.steps or self.steps < 0):
             raise ValueError(f"warm_start.steps must be an integer >= 0, got {self.steps}")
         if int(self.batch_size) != self.batch_size or self.batch_size < 2:
             raise ValueError(f"warm_start.batch_size must be an integer >= 2, got {self.batch_size}")
@@ -129,7 +139,7 @@ class WarmStart:
                              f"{self.lr}, {self.lr_decay}, {self.lr_decay_steps}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"warm_start.betas must be two numbers in [0, 1), got {self.betas}")
-        if not (0 <= self.anchor_weight < math.inf):
+        if self.anchor_weight is not None and not (0 <= self.anchor_weight < math.inf):
             raise ValueError(f"warm_start.anchor_weight must be a finite number >= 0, got {self.anchor_weight}")
         if self.steps == 0 and self.anchor_weight == 0:
             raise ValueError("a warm start with steps: 0 and anchor_weight: 0 would spend its share of epsilon on a release "
@@ -139,29 +149,51 @@ class WarmStart:
         if self.length_scale is not None and not isinstance(self.length_scale, (int, float)):
             object.__setattr__(self, "length_scale", [float(s) for s in self.length_scale])
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
-        fourier_frequencies(self.features, 1, self.length_scale if self.length_scale is not None else 1.0, 0)  # validates both
+        # validates both (a features count left None: the default's, valid)
+        fourier_frequencies(2 if self.features is None else self.features, 1, 1.0 if self.length_scale is None else self.length_scale, 0)
 
     @classmethod
-    def of(cls, value: "WarmStart | dict[str, Any] | None") -> "WarmStart | None":
-        """A :class:`WarmStart` from what a model was given (itself, a mapping of its options, or ``None``); an
-        unknown key is refused in one line that lists the known ones."""
-        return None if value is None else group_from(cls, value, name="warm_start")
+    def of(cls, value: "WarmStart | dict[str, Any] | None", base: Mapping[str, Any] | None = None) -> "WarmStart | None":
+        """The :class:`WarmStart` a model was given (itself, a mapping of its options, or ``None``: none), its options
+        left ``None`` taken from ``base`` (a model's default warm start), then :data:`DEFAULT_OPTIONS` (:meth:`over`).
+        An unknown key is refused in one line that lists the known ones."""
+        return None if value is None else group_from(cls, value, name="warm_start").over(base or {})
+
+    def over(self, base: Mapping[str, Any]) -> "WarmStart":
+        """This warm start with each option left ``None`` taken from ``base`` (options of :data:`DEFAULT_OPTIONS`),
+        else from :data:`DEFAULT_OPTIONS` (``length_scale`` and ``feature_seed`` may stay ``None``: :meth:`resolved`)."""
+        unknown = set(base) - set(DEFAULT_OPTIONS)
+        if unknown:
+            raise TypeError(f"a default warm start sets {sorted(DEFAULT_OPTIONS)} only, not {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in {**DEFAULT_OPTIONS, **base}.items() if getattr(self, k) is None})
+
+    def given_over(self, base: Mapping[str, Any]) -> dict[str, Any] | None:
+        """For the fit summary: what this warm start, given over a model's default ``base``, changes of it (the options
+        it names with another value than ``base``'s, or than the class's default); ``None`` when it names every option
+        of ``base`` (a warm start of its own, not that default)."""
+        if not base or all(getattr(self, k) is not None for k in base):
+            return None
+        reference = {**{f.name: f.default for f in fields(self)}, **DEFAULT_OPTIONS, **base}
+        return {k: v for k, v in self.as_hparams().items() if v is not None and v != _plain(reference[k])}
 
     def resolved(self, data_spec: dict[str, Any]) -> "WarmStart":
         """This warm start with ``length_scale`` and ``feature_seed`` resolved (public: the data's shape and the public
         random state), as the model stores it: a checkpoint or a release rebuilds the same features."""
-        if self.source == "marginals" and data_spec.get("kind") != "tabular":
+        options = self.over({})  # a model has filled them from its own default; in Python they may be left to these
+        if options.source == "marginals" and data_spec.get("kind") != "tabular":
             raise ValueError("warm_start.source 'marginals' measures a table's marginals (MarginalTree): for images use "
                              "source 'features' (DP-MERF's release)")
-        length = self.length_scale if self.length_scale is not None else default_length_scale(data_spec)
-        seed = self.feature_seed if self.feature_seed is not None else int(torch.randint(2**31 - 1, (1,)))
-        return WarmStart(**{**asdict(self), "length_scale": length, "feature_seed": seed})
+        length = options.length_scale if options.length_scale is not None else default_length_scale(data_spec)
+        seed = options.feature_seed if options.feature_seed is not None else int(torch.randint(2**31 - 1, (1,)))
+        return replace(options, length_scale=length, feature_seed=seed)
 
     def as_hparams(self) -> dict[str, Any]:
         """Plain values for the hyperparameters (checkpoints, MLflow params)."""
-        out = asdict(self)
-        out["betas"] = list(self.betas)
-        return out
+        return {k: _plain(v) for k, v in asdict(self).items()}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def release_event(noise_multiplier: float) -> SubsampledGaussianEvent:
@@ -248,14 +280,17 @@ class WarmStartRelease(nn.Module):
 class MarginalWarmStartRelease(WarmStartRelease):
     """``source: marginals`` (tables): the release is :class:`~lightning_gpate.models.MarginalTree`'s fit, with its
     defaults, planned for ``fraction·ε`` alone at the model's δ (:meth:`events`: its planned Gaussian and exponential-
-    mechanism events, charged in the model's accountant before the fit); the buffer ``released`` then holds the
+    mechanism events, charged in the model's accountant before the fit; DP metadata is the model's to pay, once, so
+    the tree plans without it and its events alone cost the share the summary states); the buffer ``released`` then holds the
     random-feature embedding sum of ``sample_rows`` rows sampled from the fitted tree, without noise: a function of the
     tree's noisy measurements and fresh randomness only (post-processing). The tree itself is not kept: what the steps
     and the pull read is its embedding."""
 
     def __init__(self, options: WarmStart, data_spec: dict[str, Any], *, epsilon: float, delta: float, conversion: str) -> None:
         super().__init__(options, data_spec, noise_multiplier=math.nan)
-        self.data_spec = data_spec
+        # the model's accountant has paid the DP metadata (bounds, the class ratio) already: were the tree to record it
+        # too, its plan would fill only what its share leaves after paying it a second time
+        self.data_spec = {**data_spec, "metadata_cost": []}
         self.tree_options = {"epsilon": float(epsilon), "delta": float(delta), "conversion": conversion}
         self.planned = self.marginal_model().planned_event_list()  # a public function of the schema and the budget: no data read
 
@@ -307,12 +342,48 @@ class WarmStartMixin:
         """The base's events, then the warm start's release while it is still to be paid (none without one)."""
         return [*super().events_before_first_step(), *self.warm_start_events()]
 
-    def init_warm_start(self, warm_start: "WarmStart | dict[str, Any] | None") -> None:
+    @classmethod
+    def warm_start_base(cls, data_spec: Mapping[str, Any], budget_accounting: str) -> dict[str, Any]:
+        """This model's default warm start for the data, the options a ``warm_start`` mapping is given over (``{}``:
+        :data:`DEFAULT_OPTIONS`; PATE-GAN: its table warm start). Public: the data's kind and the accounting only."""
+        return {}
+
+    @classmethod
+    def warm_start_of(cls, warm_start: Any, data_spec: Mapping[str, Any], budget_accounting: str) -> WarmStart | None:
+        """What ``warm_start`` (as given: ``None``, a mapping or a :class:`WarmStart`) means for this model and data:
+        none, or the warm start with the options it leaves ``None`` taken from :meth:`warm_start_base`."""
+        return WarmStart.of(warm_start, cls.warm_start_base(data_spec, budget_accounting))
+
+    @classmethod
+    def answer_on_resume(cls, asked: dict[str, Any], pinned: Mapping[str, Any], data_spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The base's answers, and the warm start a resume asks for as the constructor builds it (``auto`` or a group
+        given in part over :meth:`warm_start_base`), its ``length_scale`` and ``feature_seed`` left ``None`` answered
+        by the checkpoint's (the model adopts them: :meth:`on_load_checkpoint`)."""
+        asked = super().answer_on_resume(asked, pinned, data_spec)
+        if "warm_start" not in asked:
+            return asked
+        options = cls.warm_start_of(asked["warm_start"], data_spec, asked.get("budget_accounting", "guarantee"))
+        saved = pinned.get("warm_start")
+        if options is not None and isinstance(saved, Mapping):
+            options = replace(options, **{k: saved[k] for k in ("length_scale", "feature_seed")
+                                          if getattr(options, k) is None and saved.get(k) is not None})
+        return {**asked, "warm_start": None if options is None else options.as_hparams()}
+
+    def init_warm_start(self, warm_start: "WarmStart | dict[str, Any] | str | None") -> None:
+        """Build the warm start ``warm_start`` asks for (:meth:`warm_start_of`), resolved, in the hyperparameters."""
         # a submodule (its buffers in the state dict) or None; no class attribute: nn.Module finds submodules
         # through __getattr__, which a class attribute would shadow
-        options = WarmStart.of(warm_start)
+        options = self.warm_start_of(warm_start, self.data_spec, self.budget_accounting)
         self._warm_start_given = options  # before resolving: what a resume may adopt from its checkpoint
         self._warm_start_auto = self._hparams.get("warm_start") == AUTO_WARM_START  # the model's default chose it
+        # for the fit summary: what this warm start changes of the model's default one (None: it is not that default)
+        base = self.warm_start_base(self.data_spec, self.budget_accounting)
+        if options is None or not base:
+            self._warm_start_changed = None
+        elif isinstance(warm_start, str):  # "auto": the default itself
+            self._warm_start_changed = {}
+        else:
+            self._warm_start_changed = group_from(WarmStart, warm_start, name="warm_start").given_over(base)
         if options is None:
             self.warm_release = None
             self._update_hparams({"warm_start": None})  # stored resolved: "auto" means none here
@@ -326,6 +397,26 @@ class WarmStartMixin:
                                                          delta=self.delta, conversion=self.accountant.conversion)
         else:
             self.warm_release = WarmStartRelease(options, self.data_spec, noise_multiplier=self.plan_gaussian_noise(options.fraction))
+
+    def setup(self, stage: str) -> None:
+        """Under DDP, every rank takes rank 0's ``feature_seed`` (each drew its own from its public random state without
+        ``seed_everything``): the ranks measure one release with one noise (a secret seed shared by all), so their
+        embeddings must be the same ones, whatever DDP does with buffers."""
+        super().setup(stage)
+        release = getattr(self, "warm_release", None)
+        if release is not None:
+            seed = rank_zero_value(self, release.options.feature_seed)
+            if seed != release.options.feature_seed:
+                self.adopt_release_options(replace(release.options, feature_seed=seed))
+
+    def adopt_release_options(self, options: WarmStart) -> None:
+        """Take ``options`` (the release's, resolved) in place of the release's: its frequencies redrawn, the
+        hyperparameters updated."""
+        release = self.warm_release
+        release.options = options
+        release.frequencies = fourier_frequencies(options.features, release.dim, options.length_scale,
+                                                  options.feature_seed).to(release.frequencies.device)
+        self._update_hparams({"warm_start": options.as_hparams()})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A resume continues the release in the checkpoint: the length scale and feature seed this model resolved
@@ -352,10 +443,7 @@ class WarmStartMixin:
         refuse_changed_on_resume("the checkpoint", {k: saved.get(k) for k in RELEASE_OPTIONS}, asked)
         options = replace(release.options, **{k: saved[k] for k in RELEASE_OPTIONS})
         if options != release.options:
-            release.options = options
-            release.frequencies = fourier_frequencies(options.features, release.dim, options.length_scale,
-                                                      options.feature_seed).to(release.frequencies.device)
-            self._update_hparams({"warm_start": options.as_hparams()})
+            self.adopt_release_options(options)
 
     def warm_start_events(self) -> list:
         """The release while it is still to be paid (for budget plans and the first step)."""
@@ -378,8 +466,11 @@ class WarmStartMixin:
         else:
             bought = (f"each class's mean embedding under {o.features:,} random features, {made} (noise multiplier "
                       f"{release.noise_multiplier:.3g})")
-        return [f"{o.fraction:.0%} of the budget (ε {o.fraction * self.budget_limit():g} alone) bought the warm start: {bought}; "
-                + "; ".join(what)]
+        changed = getattr(self, "_warm_start_changed", None)
+        origin = "" if changed is None else " (warm_start: auto, this model's default for the data" + (
+            f", with {', '.join(f'{k} {v}' for k, v in changed.items())})" if changed else ")")
+        return [f"{o.fraction:.0%} of the budget (ε {o.fraction * self.budget_limit():g} alone) bought the warm start{origin}: "
+                f"{bought}; " + "; ".join(what)]
 
     def warm_start_generate(self, generator: torch.Generator | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda y: self.generator(self.latent(len(y), generator=generator), y)
