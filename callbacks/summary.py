@@ -14,6 +14,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from lightning_gpate.privacy.disclosure import privacy_lines, release_allowed, stop_reason
+from lightning_gpate.progress import duration
 from lightning_gpate.tracking import mlflow_logger_of, run_page_url
 
 #: Figures worth a line of the summary, in this order: (metric key, label). The evaluation callbacks
@@ -39,25 +40,18 @@ HEADLINE_METRICS = (
     ("quality/inception_score", "Inception Score"),
     ("quality/inception_score_real", "Inception Score of real data"),
     ("quality/fid", "FID"),
+    ("quality/fid_real_train_vs_reference", "FID of real data (the training split)"),
+    ("quality/fid_real_val_vs_reference", "FID of real data (the validation split)"),
+    ("quality/fid_real_reference_halves", "FID of real data (estimated from halves of the held-out split)"),
     ("private/quality/inception_score", "Inception Score (features trained on the training split; private diagnostic)"),
     ("private/quality/fid", "FID (features trained on the training split; private diagnostic)"),
+    ("private/quality/fid_real_train_vs_reference", "FID of real data (the training split; private diagnostic)"),
 )
 
 
 def one_line(text: Any) -> str:
     """``text`` with its whitespace (newlines included) collapsed to single spaces."""
     return " ".join(str(text).split())
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def _data_line(datamodule, spec: dict[str, Any]) -> str:
@@ -139,7 +133,7 @@ def table_advice(pl_module) -> str | None:
             f"lightning_gpate.models.MarginalTree): on {tables} at epsilon 1 this model with its defaults had a mean AUROC of "
             f"{gan:.2f}, MarginalTree {tree:.2f} (about a second a fit) and private-pgm MST {mst:.2f}; MarginalTree gave a lower "
             f"2-way TVD than this model on every table and ε measured and a higher mean AUROC {higher} "
-            f"(benchmarks/results/tabular_utility.md, notes)")
+            f"(docs/results.md)")
 
 
 class FitSummary(pl.Callback):
@@ -183,9 +177,10 @@ class FitSummary(pl.Callback):
         rows: list[tuple[str, str]] = []
         rows.append(("model", type(pl_module).__name__))
         rows.append(("data", _data_line(trainer.datamodule, pl_module.data_spec)))
-        took = f" in {_duration(self.wall_time)}" if self.wall_time is not None else ""
-        after = f" (then {_duration(time.monotonic() - self._train_end)} of evaluation and logging)" if self._train_end else ""
-        steps = f"{trainer.global_step} steps"
+        took = f" in {duration(self.wall_time)}" if self.wall_time is not None else ""
+        after = f" (then {duration(time.monotonic() - self._train_end)} of evaluation and logging)" if self._train_end else ""
+        work = pl_module.work_done() if trainer.global_step == self._first_step and hasattr(pl_module, "work_done") else None
+        steps = work or f"{trainer.global_step} steps"  # a model that fits without steps says what it did
         if self._first_step:
             steps += f" ({trainer.global_step - self._first_step} in this run, resumed at step {self._first_step})"
         rows.append(("training", f"{steps}{took}{after}"))

@@ -47,6 +47,17 @@ def test_readme_keeps_the_install_quickstart_and_test_commands():
     assert install.replace("pip install", "pip install -q") in ci and run_tests in ci
 
 
+#: The README's results: where we stand, read in a minute; the rest is one link away (docs/results.md).
+README_RESULTS_MAX_LINES = 40
+
+
+def test_the_readme_s_results_are_read_in_a_minute_and_link_to_the_rest():
+    text = README.read_text()
+    section = re.search(r"^## Results\n(.*?)(?=^## )", text, re.M | re.S).group(0)
+    assert len(section.splitlines()) <= README_RESULTS_MAX_LINES, len(section.splitlines())
+    assert "](docs/results.md" in section and section.count("\n|---") >= 2  # the rest one link away; the tables kept
+
+
 def test_readme_is_short_and_links_to_every_doc_page():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES

@@ -84,7 +84,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.privacy import ExponentialMechanismEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -238,33 +238,35 @@ class CliqueSampler(TreeSampler):
 
 # ============================================================================ the model
 class MarginalTree(PrivateGenerativeModel):
-    """DP synthesizer of every column's noisy marginals on a spanning tree (see the module doc).
+    """DP synthesizer of tables: every column's noisy marginals on a spanning tree, sampled as a graphical model (MST's
+    recipe, McKenna, Miklau & Sheldon 2021). Tables only; one fit reads the data once and takes about a second.
 
-    Tables only. The DataModule serves the whole training split as one batch (``num_teachers: 0``); the
+    The DataModule serves the whole training split as one batch (``num_teachers: 0``); the
     fit reads it once, records its planned events, and stops: the budget is then spent (a second fit
-    refuses, as for every private model).
+    refuses, as for every private model). The module doc has the algorithm.
 
     Args:
         data_spec: the DataModule's spec (tabular).
-        epsilon: privacy budget ε.
-        delta: δ.
-        budget_accounting: ``"guarantee"`` (the only analysis: Gaussian and exponential mechanisms; ``"paper"`` is refused).
-        conversion: RDP → (ε, δ) conversion.
+        epsilon: the privacy budget ε.
+        delta: δ of the (ε, δ) guarantee.
+        budget_accounting: "guarantee", the only analysis of its Gaussian and exponential mechanisms ("paper" is
+            refused).
+        conversion: RDP to (ε, δ) conversion.
         num_bins: equal-width bins of a numeric column's declared range.
-        label_edges: the tree's first edges, chosen among the label's pairs (the rest of the tree
-            among all pairs); more than the number of features means every feature.
+        label_edges: the tree's first edges, chosen among the label's pairs. The rest of the tree is chosen among all
+            pairs; more than the number of features means every feature.
         label_fraction: share of the planned ρ for the label's one-way marginal (the class ratio).
-        label_edge_fraction: share of the planned ρ for the ``label_edges``, half for their
-            selections and half for their measurements (split equally among them).
+        label_edge_fraction: share of the planned ρ for the label_edges. Half for their selections and half for their
+            measurements, split equally among them.
         one_way_fraction: share of the planned ρ for the features' one-way marginals.
-        selection_fraction: share of the planned ρ for the other edges' selections (split equally);
-            the rest measures their two-way marginals.
+        selection_fraction: share of the planned ρ for the other edges' selections (split equally). The rest measures
+            their two-way marginals.
         compress: merge the values of a column whose noisy one-way count is below 3σ (MST).
-        clique_size: 2, the spanning tree (two-way marginals); 3, a junction tree whose cliques hold up to
-            three columns (three-way marginals where they pay for their noise; :meth:`_select_cliques`);
-            ``"auto"`` (default), 3 when the noisy row count reaches ``2·num_bins³``, else 2 (the module doc).
-            The width a fit used is the buffer ``clique_size_chosen``.
-        noise_seed: seed of the mechanisms' randomness (``None``: OS entropy; tests only otherwise).
+        clique_size: 2 (a spanning tree), 3 (a junction tree) or "auto". 2: two-way marginals; 3: cliques of up to
+            three columns (three-way marginals where they pay for their noise; _select_cliques); "auto" (default): 3
+            when the noisy row count reaches 2·num_bins³, else 2 (the module doc). The width a fit used is the buffer
+            clique_size_chosen.
+        noise_seed: seed of the mechanisms' randomness, for tests only (null: secret, from the OS).
     """
 
     single_process_only = "it reads the whole training split once, in one step: more processes would not speed it up"
@@ -277,7 +279,7 @@ class MarginalTree(PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         num_bins: int = 10,
@@ -396,7 +398,7 @@ class MarginalTree(PrivateGenerativeModel):
 
     # ----------------------------------------------------------------- training
     def configure_optimizers(self):
-        return None
+        return []  # it fits by measuring, not by steps: no optimizer (None would make Lightning warn of a mistake)
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -641,6 +643,16 @@ class MarginalTree(PrivateGenerativeModel):
         return torch.cat(out), labels.cpu()
 
     # ----------------------------------------------------------------- reporting
+    def work_done(self) -> str | None:
+        """What a fit did, for its summary in place of a count of steps (it takes none): public facts only (the
+        schema's columns, the structure's width, a function of the noisy row count). ``None`` before the fit."""
+        if not self.budget_exhausted:
+            return None
+        width = int(self.clique_size_chosen)
+        structure = "a tree of two-way marginals" if width == 2 else "a junction tree of up to three-way marginals"
+        return (f"measured the marginals of {len(self.data_spec['columns']) + 1} columns (the label included) "
+                f"on {structure}, reading the data once,")
+
     def tree_edges(self) -> list[tuple[str, str]]:
         """The tree's edges as (parent, child) column names (the label's name for the root)."""
         names = [c["name"] for c in self.data_spec["columns"]]

@@ -30,6 +30,8 @@ from lightning_gpate.privacy.disclosure import PRIVATE_PREFIX, private_diagnosti
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
+#: Every private model's default δ: the value the papers use for MNIST-sized data, below 1/n up to ~100,000 records.
+DEFAULT_DELTA = 1e-5
 SMOOTH_SENSITIVITY = "smooth_sensitivity"
 #: The hyperparameters that say what a run promises (its budget, δ, accounting): a training checkpoint
 #: pins them, for a resume from Python too (``trainer.fit(model, ckpt_path=...)``, where the model's other
@@ -53,30 +55,29 @@ class PrivateGenerativeModel(GenerativeModel):
 
     Args:
         data_spec: the DataModule's spec.
-        epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
-        delta: δ of the (ε, δ) guarantee, in (0, 1).
-        budget_accounting: ``"guarantee"`` (default: the budget holds a real (ε, δ)-DP guarantee),
-            ``"paper"`` (the paper's own analysis, e.g. data-dependent PATE ε without smooth
-            sensitivity or GS-WGAN's per-sample composition — NOT a guarantee; the run is tagged so)
-            or ``"smooth_sensitivity"`` (PATE models only: the guarantee is the data-independent bound,
-            kept within ``epsilon_hard_cap``; at the end of a run of fixed length the data-dependent ε is
-            released with smooth sensitivity, and the release artifact is written only if that
-            (high-probability upper bound) meets ``epsilon``, see :meth:`finalize_privacy`).
-        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
+        epsilon: the privacy budget ε (> 0); training stops before it would be exceeded.
+        delta: δ of the (ε, δ) guarantee, in (0, 1); default 1e-5. It should be well below 1/n for n training records
+            (1e-5 suits up to about 100,000).
+        budget_accounting: "guarantee" (default), "paper" or "smooth_sensitivity". "guarantee": the budget holds a
+            real (ε, δ)-DP guarantee. "paper": the paper's own analysis (e.g. data-dependent PATE ε without smooth
+            sensitivity, or GS-WGAN's per-sample composition): NOT a guarantee, and the run is tagged so.
+            "smooth_sensitivity" (PATE models only): the guarantee is the data-independent bound, kept within
+            epsilon_hard_cap; at the end of a run of fixed length the data-dependent ε is released with smooth
+            sensitivity, and the release artifact is written only if that high-probability upper bound meets epsilon
+            (finalize_privacy).
+        conversion: RDP to (ε, δ) conversion, "improved" or "classic".
         z_dim: latent size.
-        latent_prior: ``"normal"`` or ``"uniform"``.
-        epsilon_hard_cap: smooth_sensitivity only (required there): the data-independent ε of
-            everything the run releases (training and the GNSS release) never exceeds it; training
-            stops before a step that would.
-        smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma, delta_prime}`` of the release
-            (λ, β, σ_ss, and δ′: the released data-dependent value is an upper bound that fails with
-            probability δ′, default δ/2), any of them ``None``/absent for the data-independent default
-            rule (:func:`~lightning_gpate.privacy.smooth_release.default_gnss_parameters`), and
-            optionally ``exact: true`` (walk GNMax's bounds over every distance).
-        log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
-            (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
-            ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
-            released or noised quantities reach the logger (:meth:`log_private`).
+        latent_prior: "normal" or "uniform".
+        epsilon_hard_cap: smooth_sensitivity only (required): the cap on the data-independent ε. Everything the run
+            releases (training and the GNSS release) stays within it; training stops before a step that would not.
+        smooth_sensitivity: smooth_sensitivity only: the release's order, beta, sigma, delta_prime. These are λ, β, σ_ss
+            and δ′ (the released data-dependent value is an upper bound that fails with probability δ′, default δ/2);
+            any of them null or absent takes the data-independent default rule (default_gnss_parameters), and "exact:
+            true" walks GNMax's bounds over every distance.
+        log_private_diagnostics: also log unnoised diagnostics of the private data (debugging only). These are computed
+            from the private data WITHOUT noise (teacher and critic losses, the discriminator drawn, batch sizes, vote
+            margins) and logged under private/*: never for a run whose logs are shared. By default only released or
+            noised quantities reach the logger (log_private).
     """
 
     #: Whether ``budget_accounting: smooth_sensitivity`` applies to this model (PATE vote mechanisms).
@@ -94,7 +95,7 @@ class PrivateGenerativeModel(GenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         z_dim: int = 100,

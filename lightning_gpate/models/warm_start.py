@@ -78,7 +78,10 @@ def default_length_scale(data_spec: dict[str, Any]) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class WarmStart:
-    """The options of a private warm start (module doc). Privacy parameters are keyword-only and checked here.
+    """A private warm start: a share of ε buys one release before the first private step (DP-MERF's random-feature
+    embedding, or on tables MarginalTree's marginals); the generator trains on it and may keep its pull.
+
+    Privacy parameters are keyword-only and checked here; the module doc has the details.
 
     An option left ``None`` takes the model's default warm start's value (:data:`DEFAULT_OPTIONS`, or PATE-GAN's table
     warm start under ``warm_start: auto``; :meth:`over`): a group given in part changes the options it names only.
