@@ -167,7 +167,7 @@ def test_value_fidelity_against_scipy_on_known_distributions():
     assert fidelity(real, fake, VALUE_SPEC)["tvd_1way"] < m["quantile_tvd_1way"]
     # 2-way: independent columns, so the joint decile TVD of a resample of the real rows is near 0, of the fake far
     resample = real.sample(n, replace=True, random_state=0)
-    assert value_fidelity(real, resample, VALUE_SPEC)["quantile_tvd_2way"] < 0.01
+    assert value_fidelity(real, resample, VALUE_SPEC)["quantile_tvd_2way"] < 0.03
     assert value_fidelity(real, fake, VALUE_SPEC)["quantile_tvd_2way"] > m["quantile_tvd_1way"]
     assert "column/c/quantile_tvd" not in m  # numeric columns only
 
