@@ -110,8 +110,9 @@ def candidate_grid(lower: float, upper: float, *, integer: bool, size: int = CAN
     return np.unique(grid)
 
 
-def quantile_levels(num_bins: int, tail: float = TAIL) -> np.ndarray:
-    """The ``num_bins + 1`` levels of the edges of ``num_bins`` bins, evenly spaced in ``[tail, 1 − tail]``."""
+def quantile_levels(num_bins: int, tail: float | None = None) -> np.ndarray:
+    """The ``num_bins + 1`` levels of the edges of ``num_bins`` bins, evenly spaced in ``[tail, 1 − tail]`` (``TAIL``)."""
+    tail = TAIL if tail is None else tail
     return np.linspace(tail, 1.0 - tail, int(num_bins) + 1)
 
 
@@ -175,8 +176,9 @@ def interpolation_scale(edges: np.ndarray) -> float:
     return float(np.median(widths)) if len(widths) else 1.0
 
 
-def cap_outer_bins(edges: np.ndarray, scale: float, *, ratio: float = OUTER_BIN_RATIO) -> np.ndarray:
+def cap_outer_bins(edges: np.ndarray, scale: float, *, ratio: float | None = None) -> np.ndarray:
     """The first and last bins no wider than ``ratio`` times their neighbour in ``asinh(v / scale)`` (post-processing)."""
+    ratio = OUTER_BIN_RATIO if ratio is None else ratio
     t = warp(np.asarray(edges, dtype=np.float64), 0.0, scale).copy()
     if len(t) >= 4:
         t[-1] = min(t[-1], t[-2] + ratio * (t[-2] - t[-3]))
@@ -184,10 +186,11 @@ def cap_outer_bins(edges: np.ndarray, scale: float, *, ratio: float = OUTER_BIN_
     return unwarp(t, 0.0, scale)
 
 
-def tail_bins(edges: np.ndarray, scale: float, lower: float, upper: float, *, ratio: float = TAIL_BIN_RATIO) -> np.ndarray:
+def tail_bins(edges: np.ndarray, scale: float, lower: float, upper: float, *, ratio: float | None = None) -> np.ndarray:
     """``edges`` with one more bin at each end for the tails beyond the outer quantiles, ``ratio`` times as wide as its
     neighbour in ``asinh(v / scale)`` and within the declared ``[lower, upper]`` (post-processing): the values beyond
     land there, close to the data, not spread to the declared bounds."""
+    ratio = TAIL_BIN_RATIO if ratio is None else ratio
     t = warp(np.asarray(edges, dtype=np.float64), 0.0, scale)
     if len(t) >= 2:
         low = unwarp(t[0] - ratio * (t[1] - t[0]), 0.0, scale)
@@ -196,11 +199,11 @@ def tail_bins(edges: np.ndarray, scale: float, lower: float, upper: float, *, ra
     return np.unique(np.clip(edges, lower, upper))
 
 
-def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: int = RANGE_BINS) -> np.ndarray:
+def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: int | None = None) -> np.ndarray:
     """``edges`` and the edges of ``num_bins`` equal-width bins of the declared ``[lower, upper]`` that fall between
     them (public): no bin straddles a tenth of the declared range, so a view of the column in equal-width bins of
     its range (the usual histogram; ``fidelity``'s equal-width TVD) stays as exact as with those bins alone."""
-    grid = np.linspace(lower, upper, int(num_bins) + 1)
+    grid = np.linspace(lower, upper, int(RANGE_BINS if num_bins is None else num_bins) + 1)
     inside = grid[(grid > edges[0]) & (grid < edges[-1])]
     return np.unique(np.concatenate([edges, inside]))
 
