@@ -420,3 +420,28 @@ def test_a_checkpoint_trained_without_a_warm_start_resumes_only_with_warm_start_
     fit(resumed, dm, steps=3, default_root_dir=tmp_path, ckpt_path=tmp_path / "m.ckpt")
     assert resumed.guarantee_epsilon() > spent and resumed.warm_release is None
 
+
+
+def test_the_marginal_warm_start_samples_labels_from_the_class_ratio_it_paid_for(tmp_path):
+    """A table whose class ratio is neither declared nor paid for: PATE-GAN's labels come from the class ratio the
+    marginal model measured with its share (noisy, paid for), not uniformly; kept in the release (a buffer)."""
+    import pandas as pd
+
+    from datamodules import TabularDataModule
+    from lightning_gpate.models import PATEGAN
+    from small_models import HIDDEN, SCHEMA, fit, public_frame
+
+    frame = public_frame(3000)
+    frame = pd.concat([frame[frame.y == 1], frame[frame.y == 0].iloc[:900]], ignore_index=True)  # 70% positive
+    share = float((frame.y == 1).mean())
+    dm = TabularDataModule(frame=frame, label="y", schema=SCHEMA, num_teachers=6, teacher_batch_size=8, batch_size=32, test_fraction=0.0)
+    with pytest.warns(UserWarning, match="class ratio was read from the private data"):
+        model = PATEGAN(dm.spec, epsilon=10.0, delta=1e-5, planned_queries=64, teacher_steps=1, student_steps=1, query_batch_size=16,
+                        z_dim=8, generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8], marginals={"fraction": 0.0},
+                        warm_start=MARGINAL_WARM)
+    assert model.class_ratio.tolist() == [0.5, 0.5]  # before the release: uniform
+    fit(model, dm, steps=1, default_root_dir=tmp_path)
+    assert float(model.class_ratio[1]) == pytest.approx(share, abs=0.05)
+    _, labels = model.generate(4000, seed=0)
+    assert float(labels.float().mean()) == pytest.approx(share, abs=0.05)
+    assert "class_ratio" in dict(model.named_buffers())
