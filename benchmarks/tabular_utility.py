@@ -47,7 +47,9 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results" / "tabular_utility"
 SMARTNOISE = ("mst", "aim", "pategan_sn", "dpctgan_sn")
-PGM = ("mst_pgm", "aim_pgm")
+#: private-pgm's MST and AIM; ``*_q``: on the project's private quantile bins (the same release as MarginalTree's, its cost
+#: off their zCDP budget), so that the comparison is of models, not of bins.
+PGM = ("mst_pgm", "aim_pgm", "mst_pgm_q", "aim_pgm_q")
 PEERS = (*PGM, *SMARTNOISE)
 REFERENCES = ("real", "uniform")  # not trained: the real split (noise floor) and independent uniform columns
 PROJECT = ("marginaltree", "marginaltree_ew", "marginaltree2", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
@@ -442,19 +444,32 @@ def peer_columns(dm) -> dict:
     for c in spec["columns"] + [spec["label"]]:
         cols[c["name"]] = ({"type": "numeric", "min": c["min"], "max": c["max"]} if c["type"] == "numeric"
                            else {"type": "categorical", "categories": c["categories"]})
+        if c["type"] == "numeric" and c.get("edges"):  # the project's released bins
+            cols[c["name"]].update(edges=c["edges"], offset=c.get("edges_offset", 0.0), scale=c.get("edges_scale"),
+                                   integer=str(c["dtype"]).startswith(("int", "uint")))
     return {name: cols[name] for name in spec["column_order"]}
 
 
+def metadata_rho(spec: dict) -> float:
+    """The zCDP cost of a spec's released metadata (a pure ε-DP release: ε²/2; an exponential mechanism: ε²/8)."""
+    from lightning_gpate.privacy.accountant import ExponentialMechanismEvent
+    from lightning_gpate.privacy.dp_stats import metadata_events
+
+    return sum(e.epsilon ** 2 / 8 if isinstance(e, ExponentialMechanismEvent) else e.epsilon ** 2 / 2
+               for e in metadata_events(spec.get("metadata_cost", [])))
+
+
 def run_peer(system: str, dataset: str, epsilon: float, seed: int, num_samples: int, python: str, timeout: int):
-    dm = datamodule(dataset, seed)
+    dm = datamodule(dataset, seed, **(quantile_budget(system, epsilon) if system.endswith("_q") else {}))
     train, test = dm.split_frame("train"), dm.split_frame(SPLIT["held_out"])
-    synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan", "mst_pgm": "mst", "aim_pgm": "aim"}.get(system, system)
+    synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan", "mst_pgm": "mst", "aim_pgm": "aim", "mst_pgm_q": "mst",
+             "aim_pgm_q": "aim"}.get(system, system)
     script = "peers_pgm.py" if system in PGM else "peers_synth.py"
     with tempfile.TemporaryDirectory() as tmp:
         train.to_csv(Path(tmp) / "train.csv", index=False)
         job = {"synth": synth, "epsilon": epsilon, "delta": DELTA, "train_csv": str(Path(tmp) / "train.csv"),
                "out_csv": str(Path(tmp) / "synthetic.csv"), "num_rows": num_samples, "columns": peer_columns(dm), "seed": seed,
-               "bins": 10, "options": PGM_OPTIONS.get(system, {})}
+               "bins": 10, "options": PGM_OPTIONS.get(system.removesuffix("_q"), {}), "rho_spent": metadata_rho(dm.spec)}
         start = time.perf_counter()
         proc = subprocess.run([python, str(ROOT / "benchmarks" / script)], input=json.dumps(job), capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"})
@@ -557,7 +572,8 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "gswgan_default": "GS-WGAN (defaults)",
          "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)",
          "gpate_default1": "G-PATE (defaults with one generator step an aggregation)", "mst_pgm": "private-pgm MST",
-         "aim_pgm": "private-pgm AIM", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
+         "aim_pgm": "private-pgm AIM", "mst_pgm_q": "private-pgm MST on the private quantile bins",
+         "aim_pgm_q": "private-pgm AIM on the private quantile bins", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
          "dpctgan_sn": "smartnoise DP-CTGAN"}
 FIDELITY = ("tvd_1way", "tvd_2way", "tvd_3way", "corr_mae")
 #: The value-level figures over the numeric columns (issue 72): decile TVD 1- and 2-way, W1 ÷ (q95 − q05).
