@@ -245,7 +245,7 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
         return []
     eps_count = dp_quantiles.count_epsilon(epsilon)
     n_hat = dp_quantiles.noisy_count(len(frame), epsilon=eps_count, rng=rng)
-    num_bins = dp_quantiles.bins_for_rows(n_hat)
+    num_bins = dp_quantiles.bins_for_rows(n_hat, epsilon)
     events = len(chosen) * (num_bins - 1)  # num_bins - 2 bins between quantiles, a tail bin at each end
     eps_each = dp_quantiles.epsilon_per_quantile(epsilon, events)
     for c in chosen:

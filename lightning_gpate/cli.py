@@ -137,7 +137,8 @@ class GPATECLI(LightningCLI):
         config and in what a resume asked for alike (a function of the budget, which a resume pins)."""
         from lightning_gpate.release import _import as import_class
 
-        for config in (self.config[self.config.subcommand], self._requested):
+        subcommand = self.config.get("subcommand")
+        for config in (self.config[subcommand] if subcommand else self.config, self._requested):
             data, model = (config or {}).get("data"), (config or {}).get("model")
             if data is None or model is None or not hasattr(data, "init_args") or not hasattr(model, "init_args"):
                 continue
@@ -158,7 +159,7 @@ class GPATECLI(LightningCLI):
         built or run, a resume that asks for other values than its training checkpoint pins: the model's class and
         arguments (LightningCLI has just replaced them by the checkpoint's) and the data's teacher count and
         DP-metadata budgets."""
-        if self.config.get("subcommand") == "fit":
+        if self.config.get("subcommand") in (None, "fit"):
             self._default_quantile_epsilon()
         if self._resume_from is None or self._requested is None:
             return

@@ -181,3 +181,25 @@ def test_a_lognormal_column_survives_a_fit_and_sample():
         assert 1 / 1.5 <= ratio <= 1.5, (name, frame[name].median(), synthetic[name].median())
     assert synthetic["popul"].dtype == np.int64 and synthetic["kids"].dtype == np.int64
     assert synthetic["kids"].between(0, 20).all()
+
+
+def test_the_command_line_gives_a_private_models_table_its_quantile_bins(tmp_path):
+    """``lightning-gpate fit`` with a config that leaves ``data.quantile_epsilon`` unset: a share of the model's budget
+    buys the bins, charged in its accountant; ``quantile_epsilon: 0`` keeps the declared range's bins."""
+    import yaml
+
+    from lightning_gpate.cli import run_lightning_cli
+    from small_models import SCHEMA, public_frame
+
+    public_frame(300).to_csv(tmp_path / "t.csv", index=False)
+    config = {"trainer": {"max_steps": 1, "accelerator": "cpu", "devices": 1, "logger": False},
+              "model": {"class_path": "lightning_gpate.models.MarginalTree", "init_args": {"epsilon": 1.0, "delta": 1e-5}},
+              "data": {"class_path": "datamodules.TabularDataModule",
+                       "init_args": {"path": str(tmp_path / "t.csv"), "label": "y", "schema": SCHEMA}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml")], run=False)
+    assert cli.datamodule.quantile_epsilon == pytest.approx(dp_quantiles.default_quantile_epsilon(1.0, 1e-5))
+    assert all(c["edges_source"] == "dp_quantiles" for c in cli.model.data_spec["columns"] if c["type"] == "numeric")
+    assert cli.model.accountant.counts["exponential_mechanism_events"] == cli.datamodule.spec["metadata_cost"][1]["events"]
+    cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml"), "--data.init_args.quantile_epsilon", "0"], run=False)
+    assert cli.model.data_spec["metadata_cost"] == [] and cli.model.data_spec["columns"][0]["edges"] is None

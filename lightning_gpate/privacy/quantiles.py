@@ -46,6 +46,7 @@ CANDIDATES = 400
 TAIL = 0.01
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
+BINS_RULE = "rows"
 #: The outer bins' width, at most this many times their neighbour's (in the interpolation's scale).
 OUTER_BIN_RATIO = 2.0
 #: The tail bins' width, this many times their neighbour's (in the interpolation's scale).
@@ -83,9 +84,12 @@ def default_quantile_epsilon(epsilon: float, delta: float, share: float = QUANTI
     return math.sqrt(8.0 * share * zcdp_budget(epsilon, delta))
 
 
-def bins_for_rows(n_hat: float) -> int:
+def bins_for_rows(n_hat: float, epsilon: float | None = None) -> int:
     """Bins of a numeric column for a noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``
-    (6 bins below ~1,300 rows, 12 at 5,000, 16 from ~9,000)."""
+    (6 bins below ~1,300 rows, 12 at 5,000, 16 from ~9,000); with ``BINS_RULE = "resolution"``, ``√(n̂·ε) / 2`` for the
+    release's ``epsilon`` (the rows its noise can tell apart) within the same range."""
+    if BINS_RULE == "resolution" and epsilon is not None:
+        return int(min(MAX_BINS, max(MIN_BINS, round(math.sqrt(max(n_hat, 0.0) * epsilon) / 2.0))))
     return int(min(MAX_BINS, max(MIN_BINS, round(math.sqrt(max(n_hat, 0.0)) / ROWS_PER_BIN_ROOT))))
 
 
