@@ -231,7 +231,8 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
                       rng: np.random.Generator) -> list[dict[str, Any]]:
     """Cut the numeric columns that have public (or paid-for) bounds and no declared bins at private quantiles, in place.
 
-    A noisy row count (Laplace) sizes the bins (:func:`~lightning_gpate.privacy.quantiles.bins_for_rows`), then every
+    A noisy row count (Laplace) sizes the bins (:func:`~lightning_gpate.privacy.quantiles.quantiles_per_column`: none
+    when the budget cannot make them informative, and the columns keep their declared ranges), then every
     edge is an exponential-mechanism quantile (:func:`~lightning_gpate.privacy.quantiles.quantile_edges`); the release
     costs what one ``epsilon``-bounded-range mechanism costs (``ε²/8``-zCDP), split as the module doc of
     :mod:`lightning_gpate.privacy.quantiles` says. Nothing else of the data reaches the spec.
@@ -245,8 +246,12 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
         return []
     eps_count = dp_quantiles.count_epsilon(epsilon)
     n_hat = dp_quantiles.noisy_count(len(frame), epsilon=eps_count, rng=rng)
-    num_bins = dp_quantiles.bins_for_rows(n_hat, epsilon)
-    events = len(chosen) * (num_bins - 1)  # num_bins - 2 bins between quantiles, a tail bin at each end
+    count = {"what": "row count sizing the quantile bins (Laplace)", "epsilon": float(eps_count), "neighbouring": "add_remove"}
+    per_column = dp_quantiles.quantiles_per_column(n_hat, epsilon, len(chosen))
+    if per_column == 0:  # too few rows for this budget: the declared ranges' bins, the quantiles' share left to the model
+        return [count]
+    num_bins = per_column + 1  # per_column - 1 bins between quantiles, a tail bin at each end
+    events = len(chosen) * per_column
     eps_each = dp_quantiles.epsilon_per_quantile(epsilon, events)
     for c in chosen:
         values = _numeric_values(frame[c.name], c.name).to_numpy(dtype=np.float64)
@@ -254,7 +259,7 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
                                                epsilon=eps_each)
         c.set_edges(released["edges"], released["offset"], released["scale"], source="dp_quantiles")
     names = [c.name for c in chosen]
-    return [{"what": "row count sizing the quantile bins (Laplace)", "epsilon": float(eps_count), "neighbouring": "add_remove"},
+    return [count,
             {"what": f"quantile edges of {len(names)} numeric columns (exponential mechanism, {num_bins} bins each)",
              "epsilon": float(eps_each * events), "mechanism": "exponential", "epsilon_each": float(eps_each),
              "events": int(events), "columns": names, "neighbouring": "add_remove"}]

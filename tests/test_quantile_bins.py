@@ -58,8 +58,8 @@ def test_the_release_is_charged_as_bounded_range_events_within_its_epsilon():
     events = metadata_events(costs)
     count = [e for e in events if isinstance(e, PureDPEvent)]
     selections = [e for e in events if isinstance(e, ExponentialMechanismEvent)]
-    bins = dp_quantiles.bins_for_rows(3000)
-    assert len(count) == 1 and len(selections) == 2 * (bins - 1)  # 2 columns, bins - 1 quantiles each
+    assert len(count) == 1 and len(selections) == costs[1]["events"] and len(selections) % 2 == 0  # 2 columns alike
+    assert len(selections) == 2 * 8  # 3,000 rows at this budget: 8 quantiles a column (9 bins)
     # their zCDP costs add up to the release's eps_q²/8: the count eps²/2, each selection eps²/8
     rho = count[0].epsilon ** 2 / 2 + sum(e.epsilon ** 2 / 8 for e in selections)
     assert rho == pytest.approx(eps_q ** 2 / 8, rel=1e-9)
@@ -203,3 +203,17 @@ def test_the_command_line_gives_a_private_models_table_its_quantile_bins(tmp_pat
     assert cli.model.accountant.counts["exponential_mechanism_events"] == cli.datamodule.spec["metadata_cost"][1]["events"]
     cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml"), "--data.init_args.quantile_epsilon", "0"], run=False)
     assert cli.model.data_spec["metadata_cost"] == [] and cli.model.data_spec["columns"][0]["edges"] is None
+
+
+def test_a_budget_too_small_for_informative_quantiles_keeps_the_declared_ranges_and_its_share():
+    """Breast-cancer-sized (455 rows, 30 numeric columns) at a tiny ε: no quantile would follow the data more than the
+    public grid, so the columns keep their declared ranges' bins and only the count is charged."""
+    from sklearn.datasets import load_breast_cancer
+
+    frame = load_breast_cancer(as_frame=True).frame
+    schema = {c: {"min": 0, "max": 5000} for c in frame.columns if c != "target"}
+    dm = TabularDataModule(frame=frame, label="target", schema={**schema, "target": {"categories": [0, 1]}}, class_ratio=[0.5, 0.5],
+                           quantile_epsilon=0.05)
+    assert [c["what"] for c in dm.spec["metadata_cost"]] == ["row count sizing the quantile bins (Laplace)"]
+    assert all(c["edges"] is None for c in dm.spec["columns"])
+    assert dp_quantiles.quantiles_per_column(569, 0.05, 30) == 0 < dp_quantiles.quantiles_per_column(569, 5.0, 30)

@@ -4,7 +4,9 @@ A column cut into equal-width bins of a declared range wastes them where the dat
 amounts, counts, lab values and waiting times are skewed, and 95% of a column can fall into its first bin of
 ten. This cuts each numeric column at its quantiles instead, released with differential privacy:
 
-* a noisy row count ``n̂`` (the Laplace mechanism, pure DP) sizes the number of bins, :func:`bins_for_rows`;
+* a noisy row count ``n̂`` (the Laplace mechanism, pure DP) sizes the number of bins, :func:`bins_for_rows`, no more
+  than the budget keeps informative (:func:`quantiles_per_column`; none on a small table at a small ε: the declared
+  range's bins, and the quantiles' share stays with the model);
 * each edge is one exponential-mechanism quantile over a public grid of candidates (Smith 2011, on a grid),
   OpenDP's ``make_private_quantile``: a candidate ``c`` is drawn with probability
   ``∝ exp(−|#(x < c) − α·(n − #(x = c))| / s)``. The score moves by at most ``Δ = max(α, 1 − α)`` when one
@@ -47,6 +49,8 @@ TAIL = 0.01
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
 BINS_RULE = "rows"
+#: A quantile's noise (the exponential mechanism's scale, in rows) at most this fraction's inverse of a bin's rows.
+RANK_NOISE_BINS = 3.0
 #: The outer bins' width, at most this many times their neighbour's (in the interpolation's scale).
 OUTER_BIN_RATIO = 2.0
 #: The tail bins' width, this many times their neighbour's (in the interpolation's scale).
@@ -91,6 +95,18 @@ def bins_for_rows(n_hat: float, epsilon: float | None = None) -> int:
     if BINS_RULE == "resolution" and epsilon is not None:
         return int(min(MAX_BINS, max(MIN_BINS, round(math.sqrt(max(n_hat, 0.0) * epsilon) / 2.0))))
     return int(min(MAX_BINS, max(MIN_BINS, round(math.sqrt(max(n_hat, 0.0)) / ROWS_PER_BIN_ROOT))))
+
+
+def quantiles_per_column(n_hat: float, epsilon: float, num_columns: int) -> int:
+    """How many quantiles each of ``num_columns`` columns gets (0: none): at most ``bins_for_rows(n̂) − 1``, and no more
+    than keep every draw informative, the exponential mechanism's scale ``2/ε_q`` (in rows) at most a
+    ``1/RANK_NOISE_BINS`` of the rows a bin holds, ``n̂ / (m + 1)``. Below that the draws would follow the public grid
+    more than the data (a small table at a small ε): the column keeps its declared range's bins, and the budget the
+    quantiles would have taken stays with the model."""
+    for m in range(bins_for_rows(n_hat, epsilon) - 1, 0, -1):
+        if 2.0 / epsilon_per_quantile(epsilon, num_columns * m) <= max(n_hat, 0.0) / (RANK_NOISE_BINS * (m + 1)):
+            return m
+    return 0
 
 
 def grid_scale(lower: float, upper: float) -> float:
