@@ -48,7 +48,6 @@ CANDIDATES = 400
 TAIL = 0.01
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
-BINS_RULE = "rows"
 #: A quantile's noise (the exponential mechanism's scale, in rows) at most this fraction's inverse of a bin's rows.
 RANK_NOISE_BINS = 3.0
 #: The outer bins' width, at most this many times their neighbour's (in the interpolation's scale).
@@ -88,12 +87,9 @@ def default_quantile_epsilon(epsilon: float, delta: float, share: float = QUANTI
     return math.sqrt(8.0 * share * zcdp_budget(epsilon, delta))
 
 
-def bins_for_rows(n_hat: float, epsilon: float | None = None) -> int:
+def bins_for_rows(n_hat: float) -> int:
     """Bins of a numeric column for a noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``
-    (6 bins below ~1,300 rows, 12 at 5,000, 16 from ~9,000); with ``BINS_RULE = "resolution"``, ``√(n̂·ε) / 2`` for the
-    release's ``epsilon`` (the rows its noise can tell apart) within the same range."""
-    if BINS_RULE == "resolution" and epsilon is not None:
-        return int(min(MAX_BINS, max(MIN_BINS, round(math.sqrt(max(n_hat, 0.0) * epsilon) / 2.0))))
+    (6 bins below ~1,300 rows, 12 at 5,000, 16 from ~9,000)."""
     return int(min(MAX_BINS, max(MIN_BINS, round(math.sqrt(max(n_hat, 0.0)) / ROWS_PER_BIN_ROOT))))
 
 
@@ -103,7 +99,7 @@ def quantiles_per_column(n_hat: float, epsilon: float, num_columns: int) -> int:
     ``1/RANK_NOISE_BINS`` of the rows a bin holds, ``n̂ / (m + 1)``. Below that the draws would follow the public grid
     more than the data (a small table at a small ε): the column keeps its declared range's bins, and the budget the
     quantiles would have taken stays with the model."""
-    for m in range(bins_for_rows(n_hat, epsilon) - 1, 0, -1):
+    for m in range(bins_for_rows(n_hat) - 1, 0, -1):
         if 2.0 / epsilon_per_quantile(epsilon, num_columns * m) <= max(n_hat, 0.0) / (RANK_NOISE_BINS * (m + 1)):
             return m
     return 0
