@@ -636,12 +636,9 @@ class TabularDataModule(GenerativeDataModule):
             return {"splits": {"train": tensors}, "spec": spec}
         rng = np.random.default_rng(secret_seed() if self.metadata_seed is None else self.metadata_seed)
         paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
-        if self.quantile_epsilon:  # after the bounds: the quantiles' candidates lie within them
-            if any(c.type == "numeric" and not c.public and c.name not in {n for cost in paid for n in cost.get("columns", [])}
-                   for c in columns):
-                raise DataError("quantile_epsilon cuts numeric columns inside their bounds: declare every numeric column's "
-                                "min and max in data.schema (or pay for them with metadata_epsilon)")
-            paid += quantile_metadata(frame, columns, epsilon=float(self.quantile_epsilon), rng=rng)
+        if self.quantile_epsilon:  # after the bounds: the quantiles' candidates lie within public (or paid) ones
+            bounded = {c.name for c in columns if c.public} | {n for cost in paid for n in cost.get("columns", [])}
+            paid += quantile_metadata(frame, [c for c in columns if c.name in bounded], epsilon=float(self.quantile_epsilon), rng=rng)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
         features, labels = self.transformer.transform(frame)
         num_classes = len(label_spec.categories)

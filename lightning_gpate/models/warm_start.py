@@ -280,9 +280,11 @@ class MarginalWarmStartRelease(WarmStartRelease):
             raise RuntimeError("the warm start's release was already measured: a run releases it once")
         noise_seed, sample_seed = (int(s) for s in torch.randint(2**62, (2,), generator=generator, device=generator.device).cpu())
         tree = self.marginal_model(noise_seed)
+        measured = ("subsampled_gaussian_events", "exponential_mechanism_events")
+        before = {k: tree.accountant.counts[k] for k in measured}  # the data's metadata costs, recorded at its init
         tree.fit_marginals(tree.encode(x.cpu()), y.cpu().numpy().astype(np.int64))
         recorded = tree.accountant.counts
-        if recorded["subsampled_gaussian_events"] + recorded["exponential_mechanism_events"] != len(self.planned):
+        if sum(recorded[k] - before[k] for k in measured) != len(self.planned):
             raise RuntimeError("the marginal model's fit did not record the events the warm start charged")
         self.label_ratio = tree.generator.label_ratio.detach().clone()  # the tree's noisy class ratio: paid for with it
         rows, labels = tree.generate(int(self.options.sample_rows), seed=sample_seed)
