@@ -126,10 +126,10 @@ def candidate_grid(lower: float, upper: float, *, integer: bool, size: int = CAN
     return np.unique(grid)
 
 
-def quantile_levels(num_bins: int, tail: float | None = None) -> np.ndarray:
-    """The ``num_bins + 1`` levels of the edges of ``num_bins`` bins, evenly spaced in ``[tail, 1 − tail]`` (``TAIL``)."""
+def quantile_levels(num_quantiles: int, tail: float | None = None) -> np.ndarray:
+    """The levels of ``num_quantiles`` edges: evenly spaced in ``[tail, 1 − tail]`` (``TAIL``); one edge is the median."""
     tail = TAIL if tail is None else tail
-    return np.linspace(tail, 1.0 - tail, int(num_bins) + 1)
+    return np.array([0.5]) if int(num_quantiles) == 1 else np.linspace(tail, 1.0 - tail, int(num_quantiles))
 
 
 def epsilon_per_quantile(epsilon: float, num_quantiles: int) -> float:
@@ -229,7 +229,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     """A column's released edges (see the module doc): ``{"edges", "offset", "scale"}`` of
     :class:`~datamodules.tabular.ColumnSpec`. ``values`` are clipped to the declared ``[lower, upper]`` first.
 
-    ``num_bins − 1`` quantiles at levels evenly spaced in ``[TAIL, 1 − TAIL]`` (their outer bins capped,
+    ``num_bins − 1`` quantiles at levels evenly spaced in ``[TAIL, 1 − TAIL]`` (one: the median; their outer bins capped,
     :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`) and the declared range's tenths between
     them (:func:`with_range_edges`); fewer bins where edges coincide, up to ``RANGE_BINS − 1`` more.
 
@@ -242,7 +242,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     """
     x = np.clip(np.asarray(values, dtype=np.float64), lower, upper)
     candidates = candidate_grid(lower, upper, integer=integer)
-    edges = np.unique(private_quantiles(x, candidates, quantile_levels(num_bins - 2), epsilon=epsilon))
+    edges = np.unique(private_quantiles(x, candidates, quantile_levels(num_bins - 1), epsilon=epsilon))
     if integer:
         lower, upper = math.ceil(lower) - 0.5, math.floor(upper) + 0.5
     if len(edges) < 2:  # one quantile: the declared bounds (public) are the other edges
