@@ -30,10 +30,17 @@ HEADLINE_METRICS = (
     ("utility/fidelity/tvd_1way", "fidelity: 1-way TVD synthetic vs real (0 = same marginals, lower is better)"),
     ("utility/fidelity/tvd_2way", "fidelity: 2-way TVD synthetic vs real"),
     ("utility/fidelity/corr_mae", "fidelity: mean |Pearson correlation gap|"),
+    ("utility/fidelity/quantile_tvd_1way", "values: 1-way TVD on the real deciles of each numeric column"),
+    ("utility/fidelity/quantile_tvd_2way", "values: 2-way TVD on the real deciles of pairs of numeric columns"),
+    ("utility/fidelity/w1_scaled", "values: Wasserstein-1 ÷ real (q95 − q05), mean over numeric columns"),
     ("utility/A/fidelity/tvd_1way", "fidelity floor: 1-way TVD of the real splits"),
     ("utility/A/fidelity/tvd_2way", "fidelity floor: 2-way TVD of the real splits"),
+    ("utility/A/fidelity/quantile_tvd_1way", "values floor: 1-way decile TVD of the real splits"),
+    ("utility/A/fidelity/w1_scaled", "values floor: W1 ÷ (q95 − q05) of the real splits"),
     ("private/utility/A/fidelity/tvd_1way", "fidelity floor: 1-way TVD of the real splits (private diagnostic, unnoised)"),
     ("private/utility/A/fidelity/tvd_2way", "fidelity floor: 2-way TVD of the real splits (private diagnostic, unnoised)"),
+    ("private/utility/A/fidelity/quantile_tvd_1way", "values floor: 1-way decile TVD of the real splits (private diagnostic, unnoised)"),
+    ("private/utility/A/fidelity/w1_scaled", "values floor: W1 ÷ (q95 − q05) of the real splits (private diagnostic, unnoised)"),
     ("private/utility/ranking_agreement_AC", "ranking agreement A/C (private diagnostic, unnoised)"),
     ("utility/cnn_accuracy_final", "CNN accuracy on real test (final epoch)"),
     ("utility/cnn_accuracy_val_selected", "CNN accuracy on real test (selected on synthetic val)"),
@@ -78,11 +85,19 @@ def _data_line(datamodule, spec: dict[str, Any]) -> str:
 
 
 def _metric_lines(metrics: dict[str, float]) -> list[str]:
+    from lightning_gpate.evaluation.fidelity import worst_column
+
     lines = []
     for key, label in HEADLINE_METRICS:
         value = metrics.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             lines.append(f"{label} {value:.4g}")
+    worst = worst_column(metrics, "utility/fidelity/")
+    if worst is not None:  # the column a user should look at first, in its own units
+        name, figures = worst
+        lines.append(f"values: worst column {name!r}: decile TVD {figures['quantile_tvd']:.3g}, W1 ÷ (q95 − q05) "
+                     f"{figures.get('w1_scaled', math.nan):.3g}, median real {figures.get('median_real', math.nan):.4g} → "
+                     f"synthetic {figures.get('median_synthetic', math.nan):.4g}")
     return lines
 
 

@@ -18,7 +18,7 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
 #: DataModule arguments a private model's accounting depends on (the teacher count; the budgets of DP
 #: metadata): a training checkpoint pins them, and a resumed fit that asks for other values is refused.
-PRIVACY_PARAMETERS = ("num_teachers", "metadata_epsilon", "label_ratio_epsilon")
+PRIVACY_PARAMETERS = ("num_teachers", "metadata_epsilon", "label_ratio_epsilon", "quantile_epsilon")
 
 
 class DataError(UserError, ValueError):

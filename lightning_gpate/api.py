@@ -193,6 +193,10 @@ class Synthesizer:
             if label is None or labels is not None or classes is not None or image_size is not None or channels is not None:
                 raise TypeError("a table is fitted with label='<its class column>' (labels, classes, image_size and channels are "
                                 "for images)")
+            if self.private and data_options.get("quantile_epsilon") is None:  # private quantile bins: a share of the budget
+                from lightning_gpate.privacy.quantiles import default_quantile_epsilon
+
+                data_options["quantile_epsilon"] = default_quantile_epsilon(self.epsilon_budget, self.delta)
             self.datamodule = TabularDataModule(frame=data, label=label, schema=schema, class_ratio=class_ratio, **data_options)
             data_arguments = {"label": label, "schema": schema, "class_ratio": class_ratio}
         else:

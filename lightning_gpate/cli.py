@@ -227,10 +227,36 @@ class GPATECLI(LightningCLI):
             # what the user asked for, before LightningCLI replaces the model's arguments by the checkpoint's
             self._requested = copy.deepcopy(self.config[subcommand])
 
+    def _default_quantile_epsilon(self) -> None:
+        """A private model's table gets private quantile bins by default: an unset ``data.quantile_epsilon`` becomes
+        a share of the model's budget (:func:`~lightning_gpate.privacy.quantiles.default_quantile_epsilon`), in the
+        config and in what a resume asked for alike (a function of the budget, which a resume pins)."""
+        from lightning_gpate.release import _import as import_class
+
+        subcommand = self.config.get("subcommand")
+        for config in (self.config[subcommand] if subcommand else self.config, self._requested):
+            data, model = (config or {}).get("data"), (config or {}).get("model")
+            if data is None or model is None or not hasattr(data, "init_args") or not hasattr(model, "init_args"):
+                continue
+            from datamodules import TabularDataModule
+
+            try:
+                tabular = issubclass(import_class(data.class_path), TabularDataModule)
+            except Exception:  # noqa: BLE001 - an unknown class fails where LightningCLI builds it, with its own message
+                continue
+            epsilon, delta = model.init_args.get("epsilon"), model.init_args.get("delta")
+            if tabular and data.init_args.get("quantile_epsilon", 0) is None and epsilon is not None and delta is not None:
+                from lightning_gpate.privacy.quantiles import default_quantile_epsilon
+
+                data.init_args.quantile_epsilon = default_quantile_epsilon(float(epsilon), float(delta))
+
     def before_instantiate_classes(self) -> None:
-        """Refuse, before anything is built or run, a resume that asks for other values than its
-        training checkpoint pins: the model's class and arguments (LightningCLI has just replaced them by
-        the checkpoint's) and the data's teacher count and DP-metadata budgets."""
+        """Fill the default quantile budget of a table (:meth:`_default_quantile_epsilon`); refuse, before anything is
+        built or run, a resume that asks for other values than its training checkpoint pins: the model's class and
+        arguments (LightningCLI has just replaced them by the checkpoint's) and the data's teacher count and
+        DP-metadata budgets."""
+        if self.config.get("subcommand") in (None, "fit"):
+            self._default_quantile_epsilon()
         if self._resume_from is None or self._requested is None:
             return
         path, checkpoint = self._resume_from

@@ -537,7 +537,13 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
     assert run.data.metrics["epsilon"] <= 1.0
     assert float(run.data.params["privacy/delta"]) == 1e-5
     assert run.data.tags["privacy_guarantee"] == "false" and "noise_seed" in run.data.tags["not_a_guarantee_because"]
-    assert float(run.data.params["privacy_split/metadata_total"]) == pytest.approx(0.05)
+    # the label ratio's 0.05, the row count that sized the quantile bins and their edges (120 rows: a median at most)
+    from lightning_gpate.release import load_release
+
+    spec = load_release(run.data.tags["release_artifact"])["hyper_parameters"]["data_spec"]
+    what = [c["what"] for c in spec["metadata_cost"]]
+    assert what[0] == "row count sizing the quantile bins (Laplace)" and what[-1] == "class ratio of 'outcome' (Laplace counts)"
+    assert float(run.data.params["privacy_split/metadata_total"]) == pytest.approx(sum(c["epsilon"] for c in spec["metadata_cost"]))
     # the tables' default warm start, built under the CLI (its inner MarginalTree keeps its own hyperparameters)
     assert float(run.data.params["privacy_split/warm_start_epsilon_alone"]) > 0
     assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "30",

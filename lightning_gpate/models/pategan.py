@@ -78,7 +78,7 @@ from lightning_gpate.models.sharding import (gather_members, owned_members, repl
                                               select_members, shared_seed)
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
-from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares
+from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares, numeric_bins
 from lightning_gpate.models.warm_start import AUTO_WARM_START, WarmStart, WarmStartMixin
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
@@ -561,11 +561,12 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         x = self.generator(self.latent(y.shape[0]), y)
         onehot = F.one_hot(y, k).to(x.dtype)
         per_class = onehot / onehot.sum(0).clamp_min(1.0)  # rows → their class's mean
-        centres = -1.0 + (2.0 * torch.arange(bins, device=self.device, dtype=x.dtype) + 1.0) / bins
         total = x.new_zeros(())
         for j, (column, (start, end, _)) in enumerate(zip(self.data_spec["columns"], self.data_spec["spans"])):
-            if column["type"] == "numeric":
-                soft = torch.softmax(-0.5 * ((x[:, start, None] - centres) * bins) ** 2, dim=1)
+            if column["type"] == "numeric":  # the column's bins: its edges' (the DataModule's), else `bins` equal parts
+                card = numeric_bins(column, bins)
+                centres = -1.0 + (2.0 * torch.arange(card, device=self.device, dtype=x.dtype) + 1.0) / card
+                soft = torch.softmax(-0.5 * ((x[:, start, None] - centres) * card) ** 2, dim=1)
             elif column["type"] == "binary":
                 p = ((x[:, start] + 1.0) / 2.0).clamp(0.0, 1.0)
                 soft = torch.stack([1.0 - p, p], dim=1)

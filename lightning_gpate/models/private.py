@@ -24,9 +24,10 @@ from typing import Any
 
 from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
 from lightning_gpate.models.base import CheckpointError, GenerativeModel, refuse_changed_on_resume
-from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
+from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
 from lightning_gpate.privacy.disclosure import PRIVATE_PREFIX, private_diagnostics_allowed
+from lightning_gpate.privacy.dp_stats import metadata_events
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
@@ -129,9 +130,8 @@ class PrivateGenerativeModel(GenerativeModel):
             self.smooth_sensitivity = self._smooth_sensitivity_accountant(data_spec, epsilon_hard_cap, smooth_sensitivity or {})
         elif epsilon_hard_cap is not None or smooth_sensitivity:
             raise ValueError("epsilon_hard_cap and smooth_sensitivity apply only with budget_accounting: smooth_sensitivity")
-        for cost in data_spec.get("metadata_cost", []):  # converted to the model's relation by the accountant
-            self.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
-                                    neighbouring=cost.get("neighbouring", ADD_REMOVE)))
+        for event in metadata_events(data_spec.get("metadata_cost", [])):  # converted to the model's relation by the accountant
+            self.record(event)
         self.budget_exhausted = False
         self.stop_reason: str | None = None
         self.log_private_diagnostics = bool(log_private_diagnostics)
