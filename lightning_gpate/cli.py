@@ -245,7 +245,9 @@ class GPATECLI(LightningCLI):
             except Exception:  # noqa: BLE001 - an unknown class fails where LightningCLI builds it, with its own message
                 continue
             epsilon, delta = model.init_args.get("epsilon"), model.init_args.get("delta")
-            if tabular and data.init_args.get("quantile_epsilon", 0) is None and epsilon is not None and delta is not None:
+            valid = _is_number(epsilon) and _is_number(delta) and float(epsilon) > 0 and 0 < float(delta) < 1
+            # an invalid budget is left for the model to refuse, in its own words
+            if tabular and data.init_args.get("quantile_epsilon", 0) is None and valid:
                 from lightning_gpate.privacy.quantiles import default_quantile_epsilon
 
                 data.init_args.quantile_epsilon = default_quantile_epsilon(float(epsilon), float(delta))
@@ -357,6 +359,10 @@ def null_group_options_as_mappings(args: Sequence[str]) -> list[str]:
         out.append(args[i])
         i += 1
     return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _plain_option(value: Any) -> Any:
