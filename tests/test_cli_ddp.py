@@ -13,6 +13,7 @@ import yaml
 from clitools import (ROOT, TINY_SCHEMA, assert_fit_ran, assert_one_line_error, assert_same_tensors, run_cli,
                       store_snapshot, tiny_gpate_config, write_tiny_table)
 from conftest import query_run
+from datamodules import shared_released_spec
 from ddp_workers import noise_of_one_dpgan_step
 from lightning_gpate.cli import main
 from lightning_gpate.release import load_release
@@ -80,10 +81,12 @@ def _two_processes(args: list[str], experiment: str, cwd) -> tuple:
 
 
 def _one_and_two_processes(args: list[str], cwd) -> tuple:
-    """``args`` on 2 gloo processes (experiment ``two``), then in this process under DDP (``one``): (run one, run two,
-    the MLflow client)."""
+    """``args`` on 2 gloo processes (experiment ``two``), then in this process under DDP (``one``) on the DP metadata
+    that the two drew (a table's private quantile bins: secret noise, which no seed replays): (run one, run two, the
+    MLflow client)."""
     _, run_two = _two_processes(args, "two", cwd)
-    with _one_process_under_ddp() as ddp_one:
+    released = load_release(run_two.data.tags["release_artifact"])["hyper_parameters"]["data_spec"]
+    with shared_released_spec(released), _one_process_under_ddp() as ddp_one:
         assert main([*args, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
     run_one, client = query_run("one")
     return run_one, run_two, client
