@@ -368,7 +368,9 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._ensure_loaded()
         if self.num_teachers > 0 and self.partition is None:
             self.partition = TeacherPartition.create(self.train_keys, self.num_teachers, seed=self.partition_seed)
-        if not self._processes_checked:
+        from lightning_gpate.privacy.distributed import is_distributed  # (imports opacus: not at import time)
+
+        if not self._processes_checked and is_distributed():  # once per load, after the process group started
             self._check_every_process_holds_this_data()
             self._processes_checked = True
 
@@ -377,10 +379,6 @@ class GenerativeDataModule(pl.LightningDataModule):
         specs or other training rows: a process that drew its own DP metadata (bins, bounds, a class ratio) would
         train on other bins, and the run would release more draws than its accountant pays for; one that read another
         file (another node) would train on other data. Only a digest leaves each process."""
-        from lightning_gpate.privacy.distributed import is_distributed
-
-        if not is_distributed():
-            return
         import torch.distributed as dist
 
         digest = hashlib.sha256(json.dumps(self._spec, sort_keys=True, default=str).encode())
