@@ -776,10 +776,11 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
     def budget_split(self) -> dict[str, float]:
         """How the budget ε is shared: each paid metadata item, what is left for training, and λ."""
         split = {}
-        for cost in self.data_spec.get("metadata_cost", []):
-            key = re.sub(r"[^\w.\- ]", "", str(cost["what"])).strip()  # MLflow-safe parameter name
-            split[f"metadata/{key}"] = float(cost["epsilon"])
-        split["metadata_total"] = float(sum(c["epsilon"] for c in self.data_spec.get("metadata_cost", [])))
+        metadata = self.metadata_epsilons()
+        for what, epsilon in metadata.items():
+            key = re.sub(r"[^\w.\- ]", "", what).strip()  # MLflow-safe parameter name
+            split[f"metadata/{key}"] = epsilon
+        split["metadata_total"] = float(sum(metadata.values()))
         split["epsilon_budget"] = self.epsilon_budget
         split["epsilon_spent_before_training"] = self.spent_epsilon()
         split["lam"] = self.lam
