@@ -595,7 +595,7 @@ class TabularDataModule(GenerativeDataModule):
         holes = frame.isna()
         if holes.any().any():
             if self.missing == "drop":  # a per-record transformation: neighbouring inputs stay neighbours
-                frame = frame[~holes.any(axis=1)].reset_index(drop=True)
+                frame = frame[~holes.any(axis=1)]  # the index kept: an error names a row as it was read
             else:
                 columns = [k for k, v in holes.any().items() if v]  # not how many: a private count
                 raise DataError(
