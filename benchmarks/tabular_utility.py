@@ -1063,7 +1063,7 @@ def main(argv=None) -> None:
                         "(mean AUROC, fit s and runs below chance per table and ε, beside MarginalTree, MST and AIM on the same seeds)")
     parser.add_argument("--bar-table", action="store_true", help="print issue 59's first bar, checked: MarginalTree's defaults "
                         "against private-pgm's MST and AIM per table and epsilon (paired seeds), and what misses it")
-    parser.add_argument("--values-table", action="store_true", help="print issue 72's table: the value-level fidelity, "
+    parser.add_argument("--values-table", action="store_true", help="print the value-level fidelity, "
                         "equal-width 2-way TVD, AUROC and fit s of MarginalTree's defaults beside MST, AIM, the GANs' defaults "
                         "and a second real sample, per table and epsilon, against its targets")
     parser.add_argument("--candidates-table", action="store_true", help="print a robustness ladder's table from --out's records "

@@ -506,12 +506,13 @@ class TabularDataModule(GenerativeDataModule):
         label_ratio_epsilon: ε spent (pure DP) on the label's class ratio (Laplace counts,
             ``dp_histogram_ratio``; G-PATE spends 0.01 on credit), instead of declaring ``class_ratio``.
         quantile_epsilon: ε of the private quantile edges of the numeric columns whose bins are not declared
-            (``bins: [...]`` or ``scale: log`` in the schema): a noisy row count and one exponential-mechanism
-            quantile per edge, costing what one ε-bounded-range mechanism does (``ε²/8``-zCDP;
-            :func:`quantile_metadata`), charged in the model's accountant with the rest of its budget.
-            ``None``: ``lightning-gpate fit`` and ``Synthesizer`` fill in a share of a private model's budget
-            (:func:`~lightning_gpate.privacy.quantiles.default_quantile_epsilon`), and a DataModule built by hand
-            bins on the bounds; ``0``: the bounds' equal-width bins (the former preprocessing).
+            (``None``: a share of a private model's budget under ``lightning-gpate fit``; ``0``: none, equal-width
+            bins of the bounds). Bins are declared with ``bins: [...]`` or ``scale: log`` in the schema. The edges
+            are a noisy row count and one exponential-mechanism quantile per edge, costing what one ε-bounded-range
+            mechanism does (``ε²/8``-zCDP; :func:`quantile_metadata`), charged in the model's accountant with the
+            rest of its budget. ``None`` is filled in by ``lightning-gpate fit`` and ``Synthesizer``
+            (:func:`~lightning_gpate.privacy.quantiles.default_quantile_epsilon`); a DataModule built by hand with
+            ``None`` bins on the bounds.
         metadata_seed: seed of the DP metadata noise. ``None`` (default) draws fresh OS entropy: a
             seed anyone can read (e.g. in a logged config) lets them remove the noise, so a run with one
             is tagged ``privacy_guarantee=false`` (for tests only).
@@ -595,7 +596,7 @@ class TabularDataModule(GenerativeDataModule):
         holes = frame.isna()
         if holes.any().any():
             if self.missing == "drop":  # a per-record transformation: neighbouring inputs stay neighbours
-                frame = frame[~holes.any(axis=1)].reset_index(drop=True)
+                frame = frame[~holes.any(axis=1)]  # the index kept: an error names a row as it was read
             else:
                 columns = [k for k, v in holes.any().items() if v]  # not how many: a private count
                 raise DataError(

@@ -198,8 +198,6 @@ def fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[str, Any
 
 
 QUANTILE_BINS = 10
-#: The per-column figures of :func:`value_fidelity`, under ``column/<name>/``.
-COLUMN_MEASURES = ("quantile_tvd", "w1_scaled", "median_real", "median_synthetic")
 
 
 def quantile_codes(real: np.ndarray, values: np.ndarray, num_bins: int = QUANTILE_BINS) -> tuple[np.ndarray, int]:

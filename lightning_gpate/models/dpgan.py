@@ -1112,10 +1112,9 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         """ε by opacus' RDP analysis, on this model's order grid, of the most critic steps the generator steps
         paid could have taken (:meth:`critic_steps_worst_case`; with a fixed n_D, those taken) and of the warm start's
         release once made (:func:`opacus_history`): a cross-check, outside this project's accountant, of the
-        guarantee's worst-case curve — a bound itself, not capped by the budget, the DP metadata aside. It used to be
-        the ε of the critic steps taken (logged as ``epsilon_opacus``), no bound under an adaptive n_D (1.929 logged
-        where the guarantee was 2.801); opacus' own hook still counts those (``opacus_accountant.history``: that the DP
-        optimizer stepped as charged)."""
+        guarantee's worst-case curve — a bound itself, not capped by the budget, the DP metadata aside. The ε of the
+        critic steps *taken* is no bound under an adaptive n_D; opacus' own hook still counts those
+        (``opacus_accountant.history``: that the DP optimizer stepped as charged)."""
         from opacus.accountants import RDPAccountant
 
         steps = self.critic_steps_worst_case()

@@ -272,6 +272,23 @@ class PrivateGenerativeModel(GenerativeModel):
         recorded (none here; PATE-GAN's measured marginals): budget plans start from them."""
         return []
 
+    def metadata_epsilons(self) -> dict[str, float]:
+        """ε of each paid metadata release alone (``data_spec["metadata_cost"]``, by its ``what``): a pure ε-DP
+        release its ε; the quantile edges' exponential mechanisms their composition under the model's accountant at
+        its δ (their pure-DP sum, ``epsilon`` in the entry, is a far looser bound). Their sum bounds the metadata's
+        (ε, δ) by basic composition."""
+        out = {}
+        for cost in self.data_spec.get("metadata_cost", []):
+            if cost.get("mechanism") == "exponential":
+                trial = PrivacyAccountant(delta=self.delta, orders=self.accountant.orders, conversion=self.accountant.conversion,
+                                          neighbouring=self.neighbouring_relation)
+                for event in metadata_events([cost]):
+                    trial.record(event)
+                out[str(cost["what"])] = min(trial.epsilon(), float(cost["epsilon"]))
+            else:
+                out[str(cost["what"])] = float(cost["epsilon"])
+        return out
+
     def epsilon_if(self, event) -> float:
         """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""
         if self.budget_accounting == "paper":
