@@ -238,7 +238,7 @@ def test_the_processes_of_a_fit_train_on_one_draw_of_the_dp_metadata_and_refuse_
     """Private quantile bins (and any DP metadata) are drawn once: processes started inside the launching process's
     ``shared_released_spec`` (as lightning-gpate fit starts its DDP ranks) all hold that draw and pay for it once;
     processes that each drew their own (started apart, e.g. one per node) are refused in one line at setup."""
-    from datamodules import TabularDataModule
+    from datamodules import TabularDataModule, shared_released_spec
     from ddp_workers import data_spec_of_ranks
     from lightning_gpate.models.private import release_spec
     from small_models import SCHEMA, public_frame
@@ -255,8 +255,6 @@ def test_the_processes_of_a_fit_train_on_one_draw_of_the_dp_metadata_and_refuse_
     for rank in apart:
         assert rank["error"].startswith("the processes of this fit hold different data: process 1 has another data spec")
         assert "\n" not in rank["error"]
-    from datamodules import shared_released_spec
-
     launcher = TabularDataModule(frame=public_frame(), **options)
     with shared_released_spec(release_spec(launcher.spec), launcher):
         shared = ranks(tmp_path / "shared")
@@ -264,7 +262,7 @@ def test_the_processes_of_a_fit_train_on_one_draw_of_the_dp_metadata_and_refuse_
     drawn = {c["name"]: c["edges"] for c in launcher.spec["columns"]}
     assert drawn["a"] is not None and len(drawn["a"]) > 2  # quantile bins were drawn ...
     assert shared[0]["edges"] == shared[1]["edges"] == drawn  # ... once, and every process trains on them
-    # one release, one charge: the row count and the quantiles, as drawn by the launching process
+    # the cost each process's model charges is that of the one draw: the row count and the quantiles
     assert shared[0]["metadata_cost"] == shared[1]["metadata_cost"] == launcher.spec["metadata_cost"]
     assert [cost["what"] for cost in launcher.spec["metadata_cost"]][0].startswith("row count")
     assert len(launcher.spec["metadata_cost"]) == 2
@@ -284,13 +282,9 @@ def test_under_ddp_who_can_replay_the_noise_is_what_the_docs_say(tmp_path):
     receives. G-PATE and PATE-GAN: every rank draws the same vote noise. docs/multi-gpu.md says which. A warm start's
     release, measured on every rank with one noise, is measured with one feature seed too: rank 0's, which every rank
     takes in ``setup`` whatever seed its own random state drew (its hyperparameters name the frequencies it uses)."""
-    import socket
-
     from ddp_workers import mechanism_noise_of_ranks
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     steps = 4
     # forked, not spawned (no imports again): the ranks then also share this process's `random` and numpy states,
     # which can only make a rank's noise easier to replay
