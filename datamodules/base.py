@@ -66,7 +66,7 @@ def shared_released_spec(released: dict[str, Any], datamodule: "GenerativeDataMo
     would train its share on other bins, and release several draws while the accountant pays for one. So it is drawn
     once and handed on: through a file readable by this user only (removed at the end of the block), named in the
     environment that the child processes inherit. It holds the released spec only (``released``: a model's
-    ``data_spec``, or a checkpoint's), never a count or value read from the data without noise.
+    ``data_spec``, or a checkpoint's: what the release artifact holds too), never the row count.
 
     Nothing happens when ``released`` holds no DP metadata, or inside another such block (a child process, whose
     DataModule has already taken the spec of its parent).

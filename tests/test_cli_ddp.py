@@ -253,6 +253,17 @@ def test_a_resumed_two_process_fit_continues_epsilon_on_every_rank(tmp_path):
     # within a few steps, not ~10 more
     steps = [int(load_release(run.data.tags["release_artifact"])["global_step"]) for run in (first, second)]
     assert abs(steps[0] - steps[1]) <= 5, steps
+    # the table's default quantile bins: drawn once by the launching process (the other rank took them, else setup
+    # refuses), paid for once, and taken by the resumed run from its checkpoint
+    releases = [load_release(run.data.tags["release_artifact"]) for run in (first, second)]
+    specs = [release["hyper_parameters"]["data_spec"] for release in releases]
+    assert specs[0]["columns"] == specs[1]["columns"] and specs[0]["metadata_cost"] == specs[1]["metadata_cost"]
+    assert specs[0]["metadata_cost"][0]["what"].startswith("row count sizing the quantile bins")
+    for spec, release in zip(specs, releases):
+        counts = release["privacy"]["accountant"]["counts"]
+        exponential = [c for c in spec["metadata_cost"] if c.get("mechanism") == "exponential"]
+        assert math.isclose(counts["pure_dp_epsilon"], sum(c["epsilon"] for c in spec["metadata_cost"] if c not in exponential))
+        assert counts["exponential_mechanism_events"] == sum(c["events"] for c in exponential)
 
 
 def test_pategan_warm_started_from_the_marginal_model_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):
