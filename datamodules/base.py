@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
@@ -21,6 +27,8 @@ TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
 #: The arguments by which a DataModule estimates metadata with DP (each estimate a release, paid for once).
 DP_METADATA_PARAMETERS = ("metadata_epsilon", "label_ratio_epsilon", "quantile_epsilon")
 PRIVACY_PARAMETERS = ("num_teachers", *DP_METADATA_PARAMETERS)
+#: The environment variable that names the file of the data spec a fit's processes share (:func:`shared_released_spec`).
+RELEASED_SPEC_ENV = "LIGHTNING_GPATE_RELEASED_DATA_SPEC"
 
 
 class DataError(UserError, ValueError):
@@ -45,6 +53,54 @@ def read_data_csv(path: Path, **options):
         ) from None
     except UnicodeDecodeError:
         raise DataError(f"could not read {path} as CSV: it is not UTF-8 text (save it as UTF-8)") from None
+
+
+@contextlib.contextmanager
+def shared_released_spec(released: dict[str, Any], datamodule: "GenerativeDataModule | None" = None) -> Iterator[None]:
+    """Within the block, ``datamodule`` and every DataModule built in this process or in a process started from it (the
+    other ranks that Lightning's DDP launches as subprocesses of this command or script) take the DP metadata of
+    ``released`` instead of drawing their own (:meth:`GenerativeDataModule.adopt_released_spec`, at construction).
+    A script under DDP: ``with shared_released_spec(model.data_spec, dm): trainer.fit(model, dm)``.
+
+    DP metadata (bounds, quantile bins, a class ratio) is drawn with secret noise: each process drawing its own
+    would train its share on other bins, and release several draws while the accountant pays for one. So it is drawn
+    once and handed on: through a file readable by this user only (removed at the end of the block), named in the
+    environment that the child processes inherit. It holds the released spec only (``released``: a model's
+    ``data_spec``, or a checkpoint's: what the release artifact holds too), never the row count.
+
+    Nothing happens when ``released`` holds no DP metadata, or inside another such block (a child process, whose
+    DataModule has already taken the spec of its parent).
+    """
+    if os.environ.get(RELEASED_SPEC_ENV) or not released.get("metadata_cost"):
+        yield
+        return
+    if released.get("class_ratio_source") == "data":
+        raise ValueError("a released data spec holds no class ratio read from the data: pass the model's data_spec")
+    text = json.dumps({k: v for k, v in released.items() if k != "num_train"})  # the exact row count is private
+    fd, path = tempfile.mkstemp(prefix="lightning-gpate-data-spec-", suffix=".json")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.environ[RELEASED_SPEC_ENV] = path
+        if datamodule is not None:  # the very spec the other processes read
+            datamodule.adopt_released_spec(json.loads(text))
+        yield
+    finally:
+        os.environ.pop(RELEASED_SPEC_ENV, None)
+        os.unlink(path)
+
+
+def _shared_spec_from_environment() -> dict[str, Any] | None:
+    """The spec of an enclosing :func:`shared_released_spec` block (of this process or of its parent), if any."""
+    path = os.environ.get(RELEASED_SPEC_ENV)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot read the data spec that the launching process shared ({RELEASED_SPEC_ENV}={path}): "
+                        f"{err}; start every process of a fit from one lightning-gpate fit") from None
 
 
 class _TransformedTensors(torch.utils.data.Dataset):
@@ -226,8 +282,10 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._loaded = False
         self._transform: Callable | None = None
         self.partition: TeacherPartition | None = None
-        #: The data spec a resumed run released, whose DP metadata replaces a new estimate (:meth:`adopt_released_spec`).
-        self._released_spec: dict[str, Any] | None = None
+        #: The data spec whose DP metadata replaces a new estimate (:meth:`adopt_released_spec`): a resumed run's,
+        #: or the one the processes of a fit share (:func:`shared_released_spec`).
+        self._released_spec: dict[str, Any] | None = _shared_spec_from_environment()
+        self._processes_checked = False
 
     # ----------------------------------------------------------------- released metadata
     def adopt_released_spec(self, released: dict[str, Any]) -> bool:
@@ -293,6 +351,7 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._spec["num_train"] = int(len(train_idx))
         self._spec["num_teachers"] = int(self.num_teachers)
         self._loaded = True
+        self._processes_checked = False
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -311,6 +370,32 @@ class GenerativeDataModule(pl.LightningDataModule):
         self._ensure_loaded()
         if self.num_teachers > 0 and self.partition is None:
             self.partition = TeacherPartition.create(self.train_keys, self.num_teachers, seed=self.partition_seed)
+        from lightning_gpate.privacy.distributed import is_distributed  # (imports opacus: not at import time)
+
+        if not self._processes_checked and is_distributed():  # once per load, after the process group started
+            self._check_every_process_holds_this_data()
+            self._processes_checked = True
+
+    def _check_every_process_holds_this_data(self) -> None:
+        """Under DDP (a collective: every process calls it), refuse in one line when the processes hold other data
+        specs or other training rows: a process that drew its own DP metadata (bins, bounds, a class ratio) would
+        train on other bins, and the run would release more draws than its accountant pays for; one that read another
+        file (another node) would train on other data. Only a digest leaves each process."""
+        import torch.distributed as dist
+
+        digest = hashlib.sha256(json.dumps(self._spec, sort_keys=True, default=str).encode())
+        digest.update(np.ascontiguousarray(self.train_keys).tobytes())
+        digests: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(digests, digest.hexdigest())
+        other = [rank for rank, d in enumerate(digests) if d != digests[0]]
+        if other:
+            raise DataError(
+                f"the processes of this fit hold different data: process {', '.join(map(str, other))} has another data "
+                f"spec or other training rows than process 0 (its own draw of the DP metadata, or another data file). "
+                f"Start every process from one lightning-gpate fit, or from a script that calls trainer.fit inside "
+                f"datamodules.shared_released_spec(model.data_spec, datamodule) (the processes then share the metadata drawn once), "
+                f"or declare the metadata public in data.schema; and give every node the same data file"
+            )
 
     def owned_teachers(self) -> list[int]:
         """Teachers this process trains: r, r+W, … under DDP, all of them on one process."""

@@ -625,10 +625,11 @@ class TabularDataModule(GenerativeDataModule):
         self._frame = frame
         schema, guesses = split_guesses(self.schema)
         columns, label_spec = infer_schema(frame, self.label, schema, estimated=list(guesses))
-        if self._released_spec is not None:  # resumed: the metadata released by the run, not a new DP estimate
+        if self._released_spec is not None:  # resumed, or shared by the fit's processes: released metadata, not a new DP estimate
             released = self._released_spec
             if [c["name"] for c in released["columns"]] != [c.name for c in columns] or released["label"]["name"] != label_spec.name:
-                raise DataError("the checkpoint's data spec has other columns than this data: resume with the data it was trained on")
+                raise DataError("the released data spec this fit continues (its checkpoint's) has other columns than this data: "
+                                "continue with the data it was drawn from")
             self.transformer = TabularTransformer.from_spec(released)
             features, labels = self.transformer.transform(frame)
             spec = {k: released[k] for k in self.RELEASED_METADATA_KEYS if k in released}

@@ -25,6 +25,7 @@ handling: it takes its arguments (without ``--debug``) and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import os
@@ -169,7 +170,13 @@ class GPATEArgumentParser(LightningArgumentParser):
 
 class GPATECLI(LightningCLI):
     """LightningCLI with the data spec linked into the model, MLflow as the default logger, checks
-    before a fit starts, and the end-of-fit summary."""
+    before a fit starts, the DP metadata drawn once for a fit's processes and stages, and the end-of-fit summary."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # what a fit shares with its DataModules and its other processes (shared_released_spec), until the command ends
+        self._shared_spec = contextlib.ExitStack()
+        with self._shared_spec:
+            super().__init__(*args, **kwargs)
 
     def _add_subcommands(self, parser, **kwargs) -> None:
         """LightningCLI's subcommands, with ``fit`` described as this tool's and the groups of its help titled for a
@@ -252,6 +259,44 @@ class GPATECLI(LightningCLI):
 
                 data.init_args.quantile_epsilon = default_quantile_epsilon(float(epsilon), float(delta))
 
+    def _share_the_continued_data_spec(self) -> None:
+        """A fit that continues a run on the same data (a resume; GS-WGAN's private stage after its pretraining:
+        :meth:`~lightning_gpate.models.base.GenerativeModel.data_checkpoint`) builds its DataModule, here and in its
+        other processes (on every node), with that run's released data spec
+        (:func:`~datamodules.base.shared_released_spec`): its DP metadata was drawn and charged once."""
+        from datamodules.base import shared_released_spec
+        from lightning_gpate.release import _import as import_class
+        from lightning_gpate.release import read_file
+
+        if self._resume_from is not None:
+            checkpoint = self._resume_from[1]
+        else:
+            subcommand = self.config.get("subcommand")
+            model = (self.config[subcommand] if subcommand else self.config).get("model")
+            if model is None or not hasattr(model, "init_args"):
+                return
+            try:
+                cls = import_class(model.class_path)
+            except Exception:  # noqa: BLE001 - an unknown class fails where LightningCLI builds it, with its own message
+                return
+            path = cls.data_checkpoint(vars(model.init_args)) if hasattr(cls, "data_checkpoint") else None
+            if not path:
+                return
+            checkpoint = read_file(path)
+        released = (checkpoint.get("hyper_parameters") or {}).get("data_spec")
+        if isinstance(released, dict):
+            self._shared_spec.enter_context(shared_released_spec(released))
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's, with a fit on several processes started from this one sharing its DP metadata: the other
+        processes build their DataModules with the spec this one's model was built from, drawn once."""
+        if subcommand == "fit" and self.trainer.world_size > 1 and isinstance(self.datamodule, GenerativeDataModule):
+            from datamodules.base import shared_released_spec
+            from lightning_gpate.models.private import release_spec
+
+            self._shared_spec.enter_context(shared_released_spec(release_spec(self.model.data_spec, warn=False), self.datamodule))
+        super()._run_subcommand(subcommand)
+
     def before_instantiate_classes(self) -> None:
         """Fill the default quantile budget of a table (:meth:`_default_quantile_epsilon`); refuse, before anything is
         built or run, a resume that asks for other values than its training checkpoint pins: the model's class and
@@ -259,6 +304,7 @@ class GPATECLI(LightningCLI):
         DP-metadata budgets."""
         if self.config.get("subcommand") in (None, "fit"):
             self._default_quantile_epsilon()
+            self._share_the_continued_data_spec()
         if self._resume_from is None or self._requested is None:
             return
         path, checkpoint = self._resume_from

@@ -109,3 +109,22 @@ def mechanism_noise_of_ranks(rank: int, world: int, port: int, out: str, steps: 
     result["warm_start"] = {"feature_seed": warm.hparams["warm_start"]["feature_seed"], "length_scale": release.options.length_scale,
                             "frequencies": release.frequencies, "released": release.released}
     torch.save(result, f"{out}/{rank}.pt")
+
+
+def data_spec_of_ranks(rank: int, world: int, port: int, out: str, options: dict) -> None:
+    """On ``world`` gloo processes, each builds ``TabularDataModule(frame=small_models.public_frame(), **options)`` and
+    sets it up for a fit; writes its numeric columns' bins and its metadata cost, or the one-line error, to
+    ``out/<rank>.pt``."""
+    import small_models
+    from datamodules import DataError, TabularDataModule
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    dm = TabularDataModule(frame=small_models.public_frame(), **options)
+    try:
+        dm.setup("fit")
+        result = {"edges": {c["name"]: c["edges"] for c in dm.spec["columns"]}, "metadata_cost": dm.spec["metadata_cost"]}
+    except DataError as err:
+        result = {"error": str(err)}
+    torch.save(result, f"{out}/{rank}.pt")
+    torch.distributed.destroy_process_group()

@@ -13,6 +13,7 @@ import yaml
 from clitools import (ROOT, TINY_SCHEMA, assert_fit_ran, assert_one_line_error, assert_same_tensors, run_cli,
                       store_snapshot, tiny_gpate_config, write_tiny_table)
 from conftest import query_run
+from datamodules import shared_released_spec
 from ddp_workers import noise_of_one_dpgan_step
 from lightning_gpate.cli import main
 from lightning_gpate.release import load_release
@@ -80,10 +81,12 @@ def _two_processes(args: list[str], experiment: str, cwd) -> tuple:
 
 
 def _one_and_two_processes(args: list[str], cwd) -> tuple:
-    """``args`` on 2 gloo processes (experiment ``two``), then in this process under DDP (``one``): (run one, run two,
-    the MLflow client)."""
+    """``args`` on 2 gloo processes (experiment ``two``), then in this process under DDP (``one``) on the DP metadata
+    that the two drew (a table's private quantile bins: secret noise, which no seed replays): (run one, run two, the
+    MLflow client)."""
     _, run_two = _two_processes(args, "two", cwd)
-    with _one_process_under_ddp() as ddp_one:
+    released = load_release(run_two.data.tags["release_artifact"])["hyper_parameters"]["data_spec"]
+    with shared_released_spec(released), _one_process_under_ddp() as ddp_one:
         assert main([*args, *ddp_one, "--trainer.logger.init_args.experiment_name", "one"]) == 0
     run_one, client = query_run("one")
     return run_one, run_two, client
@@ -250,6 +253,17 @@ def test_a_resumed_two_process_fit_continues_epsilon_on_every_rank(tmp_path):
     # within a few steps, not ~10 more
     steps = [int(load_release(run.data.tags["release_artifact"])["global_step"]) for run in (first, second)]
     assert abs(steps[0] - steps[1]) <= 5, steps
+    # the table's default quantile bins: drawn once by the launching process (the other rank took them, else setup
+    # refuses), paid for once, and taken by the resumed run from its checkpoint
+    releases = [load_release(run.data.tags["release_artifact"]) for run in (first, second)]
+    specs = [release["hyper_parameters"]["data_spec"] for release in releases]
+    assert specs[0]["columns"] == specs[1]["columns"] and specs[0]["metadata_cost"] == specs[1]["metadata_cost"]
+    assert specs[0]["metadata_cost"][0]["what"].startswith("row count sizing the quantile bins")
+    for spec, release in zip(specs, releases):
+        counts = release["privacy"]["accountant"]["counts"]
+        exponential = [c for c in spec["metadata_cost"] if c.get("mechanism") == "exponential"]
+        assert math.isclose(counts["pure_dp_epsilon"], sum(c["epsilon"] for c in spec["metadata_cost"] if c not in exponential))
+        assert counts["exponential_mechanism_events"] == sum(c["events"] for c in exponential)
 
 
 def test_pategan_warm_started_from_the_marginal_model_on_two_processes_releases_the_generator_and_epsilon_of_one(tmp_path):

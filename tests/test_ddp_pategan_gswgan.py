@@ -47,6 +47,15 @@ def _fit(folder, model: str, devices: int, experiment: str, *extra: str):
     return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
 
 
+def _the_bins_of(runs):
+    """A block within which a fit takes the DP metadata (the table's private quantile bins, drawn with secret noise) of
+    the one MLflow run in ``runs``: two runs are then compared on the same bins, as noise_seed gives them one noise."""
+    from datamodules import shared_released_spec
+
+    (run,) = runs
+    return shared_released_spec(_checkpoint(run)["hyper_parameters"]["data_spec"])
+
+
 def _tensors(state: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if torch.is_tensor(v)}
 
@@ -86,7 +95,9 @@ def assert_one_finished_run_each_with_the_same_epsilon(runs_one, runs_two) -> tu
 def pategan_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pategan_ddp")
     write_tiny_table(folder / "table.csv")
-    return _fit(folder, "PATEGAN", 1, "one"), _fit(folder, "PATEGAN", 2, "two")
+    one = _fit(folder, "PATEGAN", 1, "one")
+    with _the_bins_of(one):
+        return one, _fit(folder, "PATEGAN", 2, "two")
 
 
 @pytest.mark.xdist_group("ddp_pategan")  # one module fixture's runs: one worker (pytest-xdist)
@@ -114,7 +125,10 @@ def test_pategan_training_checkpoint_of_two_processes_holds_every_teacher_in_ord
 def gswgan_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gswgan_ddp")
     write_tiny_table(folder / "table.csv")
-    pre = {d: _fit(folder, "GSWGAN", d, f"pretrain{d}") for d in (1, 2)}
+    pre = {1: _fit(folder, "GSWGAN", 1, "pretrain1")}
+    with _the_bins_of(pre[1]):
+        pre[2] = _fit(folder, "GSWGAN", 2, "pretrain2")
+    # the private stage draws no metadata: it trains on, and pays for, its pretraining's
     train = {d: _fit(folder, "GSWGAN", d, f"train{d}", "--model.init_args.stage", "train",
                      "--model.init_args.pretrained_checkpoint", pre[d][0].data.tags["training_checkpoint"])
              for d in (1, 2)}
@@ -143,6 +157,22 @@ def test_gswgan_private_stage_on_two_processes_is_one_run_with_the_epsilon_and_t
     # the secret choice of discriminator is not logged (it is only with log_private_diagnostics)
     assert not [m for m in two.data.metrics if "discriminator" in m]
     assert os.path.exists(two.data.tags["training_checkpoint"])
+
+
+@pytest.mark.xdist_group("ddp_gswgan")  # one module fixture's runs: one worker (pytest-xdist)
+def test_gswgan_s_two_stages_on_a_table_use_and_pay_for_one_draw_of_the_quantile_bins(gswgan_runs):
+    pre, train = gswgan_runs
+    for d in (1, 2):
+        pretrained = _checkpoint(pre[d][0])["hyper_parameters"]["data_spec"]
+        release = _release(train[d][0])
+        spec, counts = release["hyper_parameters"]["data_spec"], release["privacy"]["accountant"]["counts"]
+        count, quantiles = spec["metadata_cost"]  # the default quantile bins: a noisy row count and the edges
+        assert quantiles["mechanism"] == "exponential" and quantiles["events"] > 0
+        # the private stage's bins are its pretraining's (the discriminators' partition is cut on them) ...
+        assert spec["columns"] == pretrained["columns"] and spec["metadata_cost"] == pretrained["metadata_cost"]
+        # ... and the run's guarantee pays for them once: the count's epsilon and one exponential event per edge
+        assert math.isclose(counts["pure_dp_epsilon"], count["epsilon"], rel_tol=1e-12)
+        assert counts["exponential_mechanism_events"] == quantiles["events"] and counts["gswgan_steps"] == 3
 
 
 # ------------------------------------------------------------------------------------------ the pieces
@@ -196,6 +226,48 @@ def test_gswgan_that_keeps_discriminator_state_is_refused_on_two_processes_in_on
         "lightning-gpate fit: error: GSWGAN trains on one process only (discriminator_state: kept")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_processes_of_a_fit_train_on_one_draw_of_the_dp_metadata_and_refuse_two(tmp_path):
+    """Private quantile bins (and any DP metadata) are drawn once: processes started inside the launching process's
+    ``shared_released_spec`` (as lightning-gpate fit starts its DDP ranks) all hold that draw and pay for it once;
+    processes that each drew their own (started apart, e.g. one per node) are refused in one line at setup."""
+    from datamodules import TabularDataModule, shared_released_spec
+    from ddp_workers import data_spec_of_ranks
+    from lightning_gpate.models.private import release_spec
+    from small_models import SCHEMA, public_frame
+
+    options = {"label": "y", "schema": SCHEMA, "class_ratio": [0.5, 0.5], "quantile_epsilon": 1.0, "test_fraction": 0.0}
+
+    def ranks(folder):
+        folder.mkdir()
+        torch.multiprocessing.start_processes(data_spec_of_ranks, args=(2, _free_port(), str(folder), options), nprocs=2,
+                                              start_method="fork")
+        return [torch.load(folder / f"{r}.pt") for r in (0, 1)]
+
+    apart = ranks(tmp_path / "apart")
+    for rank in apart:
+        assert rank["error"].startswith("the processes of this fit hold different data: process 1 has another data spec")
+        assert "\n" not in rank["error"]
+    launcher = TabularDataModule(frame=public_frame(), **options)
+    with shared_released_spec(release_spec(launcher.spec), launcher):
+        shared = ranks(tmp_path / "shared")
+    assert "error" not in shared[0] and "error" not in shared[1], shared
+    drawn = {c["name"]: c["edges"] for c in launcher.spec["columns"]}
+    assert drawn["a"] is not None and len(drawn["a"]) > 2  # quantile bins were drawn ...
+    assert shared[0]["edges"] == shared[1]["edges"] == drawn  # ... once, and every process trains on them
+    # the cost each process's model charges is that of the one draw: the row count and the quantiles
+    assert shared[0]["metadata_cost"] == shared[1]["metadata_cost"] == launcher.spec["metadata_cost"]
+    assert [cost["what"] for cost in launcher.spec["metadata_cost"]][0].startswith("row count")
+    assert len(launcher.spec["metadata_cost"]) == 2
+
+
 def _documented_noise(model: str) -> str:
     """The 'mechanism's noise' cell of ``model``'s row in docs/multi-gpu.md's trust table."""
     rows = [line.split("|") for line in (ROOT_DOCS / "multi-gpu.md").read_text().splitlines() if line.startswith(f"| {model} |")]
@@ -210,13 +282,9 @@ def test_under_ddp_who_can_replay_the_noise_is_what_the_docs_say(tmp_path):
     receives. G-PATE and PATE-GAN: every rank draws the same vote noise. docs/multi-gpu.md says which. A warm start's
     release, measured on every rank with one noise, is measured with one feature seed too: rank 0's, which every rank
     takes in ``setup`` whatever seed its own random state drew (its hyperparameters name the frequencies it uses)."""
-    import socket
-
     from ddp_workers import mechanism_noise_of_ranks
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     steps = 4
     # forked, not spawned (no imports again): the ranks then also share this process's `random` and numpy states,
     # which can only make a rank's noise easier to replay

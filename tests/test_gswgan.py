@@ -28,7 +28,7 @@ SMALL = dict(delta=1e-5, noise_multiplier=SIGMA, generator_batch_size=B, z_dim=4
 pytestmark = pytest.mark.filterwarnings("ignore:GS-WGAN trains without pretrained discriminators")
 
 
-def _table(partition_seed=0) -> TabularDataModule:
+def _table(partition_seed=0, **options) -> TabularDataModule:
     rng = np.random.default_rng(0)
     n = 200
     frame = pd.DataFrame({
@@ -38,7 +38,7 @@ def _table(partition_seed=0) -> TabularDataModule:
     schema = {"x1": {"min": 0, "max": 10}, "x2": {"min": -3, "max": 3},
               "colour": {"categories": ["red", "green", "blue"]}, "y": {"categories": [0, 1]}}
     return TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], num_teachers=N_D,
-                             teacher_batch_size=8, partition_seed=partition_seed)
+                             teacher_batch_size=8, partition_seed=partition_seed, **options)
 
 
 def _trainer(max_steps, **kw):
@@ -390,6 +390,41 @@ def test_pretraining_is_a_resumable_stage_whose_discriminators_the_train_stage_l
         _trainer(0).fit(other, _table(partition_seed=1))
     with pytest.raises(ValueError, match="not a GS-WGAN stage: pretrain checkpoint"):
         _trainer(0).fit(former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "train.ckpt"), **SMALL), dm)
+
+
+def test_the_private_stage_trains_on_and_pays_once_for_the_quantile_bins_of_its_pretraining(tmp_path):
+    """A table's private quantile bins are drawn with secret noise: the private stage's DataModule would draw other
+    bins (and so another partition), a second release of the data. It takes the pretraining's released spec instead
+    (lightning-gpate fit does so itself), and the run's epsilon pays for that one draw once."""
+    from lightning_gpate.privacy import PrivacyAccountant
+    from lightning_gpate.privacy.accountant import GSWGANStepEvent
+    from lightning_gpate.privacy.dp_stats import metadata_events
+
+    pre_dm = _table(quantile_epsilon=1.0)
+    trainer = _trainer(1)
+    trainer.fit(former(GSWGAN, pre_dm.spec, epsilon=1e4, stage="pretrain", **SMALL), pre_dm)
+    trainer.save_checkpoint(tmp_path / "pre.ckpt")
+    released = torch.load(tmp_path / "pre.ckpt", weights_only=False)["hyper_parameters"]["data_spec"]
+    dm = _table(quantile_epsilon=1.0)
+    assert dm.spec["columns"] != released["columns"]  # a new draw: other bins
+    with pytest.raises(ValueError, match="pretrained with DP metadata"):
+        _trainer(0).fit(former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), **SMALL), dm)
+    dm.adopt_released_spec(released)
+    model = former(GSWGAN, dm.spec, epsilon=1e4, pretrained_checkpoint=str(tmp_path / "pre.ckpt"), **SMALL)
+    _trainer(2).fit(model, dm)
+    assert bool(model.pretrained_loaded) and model.data_spec["columns"] == released["columns"]
+    count, quantiles = released["metadata_cost"]
+    assert model.accountant.counts["pure_dp_epsilon"] == count["epsilon"]
+    assert model.accountant.counts["exponential_mechanism_events"] == quantiles["events"] > 0
+
+    def epsilon(draws: int) -> float:
+        accountant = PrivacyAccountant(delta=1e-5)
+        for event in metadata_events(released["metadata_cost"]) * draws:
+            accountant.record(event)
+        accountant.record(GSWGANStepEvent(noise_multiplier=SIGMA, num_discriminators=N_D, batch_size=B, steps=2))
+        return accountant.epsilon()
+
+    assert math.isclose(model.accountant.epsilon(), epsilon(1), rel_tol=1e-9) and epsilon(1) < epsilon(2)
 
 
 # ------------------------------------------------------------------------------------- accounting

@@ -1,5 +1,5 @@
-"""Resuming a private fit from its training checkpoint reuses the data spec it released (DP bounds, DP
-class ratio), never a second DP estimate of the same metadata: that estimate would be released by the
+"""Resuming a private fit from its training checkpoint reuses the data spec it released (DP bounds, DP quantile
+bins, DP class ratio), never a second DP estimate of the same metadata: that estimate would be released by the
 resumed run (its release artifact, its transform) without being charged."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ def _released(path):
 
 
 def _metadata(spec):
-    return {"columns": [(c["name"], c.get("min"), c.get("max")) for c in spec["columns"]], "class_ratio": spec["class_ratio"],
-            "metadata_cost": spec["metadata_cost"]}
+    return {"columns": [(c["name"], c.get("min"), c.get("max"), c.get("edges")) for c in spec["columns"]],
+            "class_ratio": spec["class_ratio"], "metadata_cost": spec["metadata_cost"]}
 
 
 def test_a_resumed_fit_releases_the_checkpoints_dp_metadata_not_a_new_estimate(tmp_path):
@@ -36,7 +36,13 @@ def test_a_resumed_fit_releases_the_checkpoints_dp_metadata_not_a_new_estimate(t
     assert first.returncode == 0, first.stderr[-3000:]
     released = next(line.split()[-1] for line in first.stdout.splitlines() if line.strip().startswith("release "))
     spec, accountant = _released(released)
-    assert spec["class_ratio_source"] == "dp" and len(spec["metadata_cost"]) == 3
+    assert spec["class_ratio_source"] == "dp"
+    # every piece of DP metadata the fit drew: the guessed bounds, the default quantile bins (sized by a noisy row
+    # count, then cut inside those bounds) and the class ratio
+    assert [cost["what"].split(" (")[0] for cost in spec["metadata_cost"]] == [
+        "bounds of 'a'", "bounds of 'b'", "row count sizing the quantile bins", "quantile edges of 2 numeric columns",
+        "class ratio of 'y'"]
+    assert all(len(c["edges"]) > 2 for c in spec["columns"])
 
     resumed = run_cli("fit", "--config", "tiny.yaml", "--ckpt_path", str(tmp_path / "ckpts" / "step=2.ckpt"),
                       "--trainer.max_steps", "4", cwd=tmp_path)
@@ -46,7 +52,8 @@ def test_a_resumed_fit_releases_the_checkpoints_dp_metadata_not_a_new_estimate(t
     # The metadata (fresh OS-seeded noise would give other bounds and ratio) is the checkpoint's ...
     assert _metadata(spec_again) == _metadata(spec)
     # ... and charged once: the metadata's pure-DP ε is the same in both releases.
-    assert accountant_again["counts"]["pure_dp_epsilon"] == accountant["counts"]["pure_dp_epsilon"]
+    for count in ("pure_dp_epsilon", "exponential_mechanism_events"):
+        assert accountant_again["counts"][count] == accountant["counts"][count] > 0
 
 
 def test_a_resumed_dpgan_fit_reuses_the_released_metadata_in_process(tmp_path):

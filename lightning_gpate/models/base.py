@@ -177,6 +177,13 @@ class GenerativeModel(pl.LightningModule):
                 asked[group] = {**asked[group], option: hparam(pinned, name)}
         return asked
 
+    @classmethod
+    def data_checkpoint(cls, options: Mapping[str, Any]) -> str | None:
+        """The checkpoint of an earlier run on the same data that a fit with the constructor ``options`` continues
+        (GS-WGAN's private stage: its pretraining), whose released data spec the fit's DataModule takes instead of
+        drawing its DP metadata again; ``None`` (the default) for a fit that continues nothing."""
+        return None
+
     def _update_hparams(self, values: Mapping[str, Any]) -> None:
         """Set hyperparameters by name, a group's option as ``"group.option"`` (in the saved and the initial ones)."""
         for hparams in (self._hparams, getattr(self, "_hparams_initial", {})):

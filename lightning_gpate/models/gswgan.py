@@ -67,7 +67,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -458,6 +458,12 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
             self.register_buffer("pretrained_loaded", torch.zeros((), dtype=torch.bool))
         self.register_buffer("critic_steps_taken", torch.zeros((), dtype=torch.long))
 
+    @classmethod
+    def data_checkpoint(cls, options: Mapping[str, Any]) -> str | None:
+        """The private stage continues its pretraining: the same partition, so the same released DP metadata (drawn and
+        charged once for both stages; a second draw would move the records between discriminators)."""
+        return options.get("pretrained_checkpoint") if options.get("stage", "train") == "train" else None
+
     def plan_noise_multiplier(self, num_discriminators: int, batch_size: int, planned_steps: int) -> float:
         """The smallest σ (to 1% relative, rounded up: the plan always fits) for which ``planned_steps`` generator
         steps keep ε within the budget under the model's accounting: a public function of ε, δ, N_D, B and the steps.
@@ -609,6 +615,14 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
             raise ValueError(f"{path} is not a GS-WGAN stage: pretrain checkpoint")
         if meta["num_discriminators"] != self.num_discriminators:
             raise ValueError(f"{path} holds {meta['num_discriminators']} discriminators, this model {self.num_discriminators}")
+        released = (checkpoint.get("hyper_parameters") or {}).get("data_spec") or {}
+        if released.get("metadata_cost") and any(released.get(k) != self.data_spec.get(k) for k in ("metadata_cost", "columns", "class_ratio")):
+            raise ValueError(
+                f"{path} was pretrained with DP metadata (bounds, quantile bins, class ratio) that this fit's DataModule drew "
+                f"again: both stages must use the one release. lightning-gpate fit builds the DataModule with the "
+                f"pretraining's; in Python, call datamodule.adopt_released_spec(the checkpoint's hyper_parameters['data_spec']) "
+                f"before building the model from datamodule.spec"
+            )
         if meta["partition_fingerprint"] != self._partition_fingerprint():
             raise ValueError(
                 f"{path} was pretrained on a different data partition: each discriminator must keep the "
