@@ -513,7 +513,8 @@ class TabularDataModule(GenerativeDataModule):
             rest of its budget. ``None`` is filled in by ``lightning-gpate fit`` and ``Synthesizer``
             (:func:`~lightning_gpate.privacy.quantiles.default_quantile_epsilon`); a DataModule built by hand with
             ``None`` bins on the bounds.
-        metadata_seed: seed of the DP metadata noise. ``None`` (default) draws fresh OS entropy: a
+        metadata_seed: seed of the DP metadata noise (the bounds, the row count, the class ratio; the quantile
+            edges draw OpenDP's own secure noise whatever it is). ``None`` (default) draws fresh OS entropy: a
             seed anyone can read (e.g. in a logged config) lets them remove the noise, so a run with one
             is tagged ``privacy_guarantee=false`` (for tests only).
         **kwargs: see :class:`GenerativeDataModule` (batch size, teachers, splits).
