@@ -18,8 +18,10 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
   0 or 1 drifts into the empty part of the range, where every candidate scores alike, and a wide end bin filled
   evenly would put synthetic values far beyond the data), one tail bin added at each end, as wide as its
   neighbour (:func:`tail_bins`: the values beyond the outer quantiles stay near the data instead of being
-  clipped onto them or spread to the declared bounds), the declared range's tenths inside them joined to them
-  (:func:`with_range_edges`: public), integer columns' edges on half-integers.
+  spread to the declared bounds), the declared range's tenths joined to them, beyond the tail bins too
+  (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers,
+  and a declared bound that a quantile was released on (many rows on it: zeros, a cap) given a bin of its own that
+  comes back as the bound itself (:func:`bound_masses`).
 
 The budget is stated as ``epsilon``: the whole release costs what one ε-bounded-range mechanism of that ε
 costs (``ε²/8``-zCDP): the count takes ``COUNT_SHARE`` of it and the ``M`` quantiles ``ε_q = ε·√((1 −
@@ -256,8 +258,9 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     :class:`~datamodules.tabular.ColumnSpec`. ``values`` are clipped to the declared ``[lower, upper]`` first.
 
     ``num_bins − 1`` quantiles at levels evenly spaced in ``[TAIL, 1 − TAIL]`` (one: the median; their outer bins capped,
-    :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`) and the declared range's tenths between
-    them (:func:`with_range_edges`); fewer bins where edges coincide, up to ``RANGE_BINS − 1`` more.
+    :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`), the declared range's tenths
+    (:func:`with_range_edges`) and the bounds' point masses (:func:`bound_masses`); fewer bins where edges coincide,
+    up to ``RANGE_BINS + 1`` more.
 
     Args:
         values: the column (private).
