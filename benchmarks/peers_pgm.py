@@ -21,7 +21,8 @@ AIM compiles new JAX programs every round, each keeping memory mappings: raise L
 Numeric columns are cut into ``bins`` equal-width bins of their declared (public) bounds and sampled uniformly inside
 their bin; a numeric column with ``edges`` (the project's released bins: ``{"edges", "offset", "scale"}``, the
 DataModule's private quantiles) is cut on them and sampled evenly in ``asinh((v − offset)/scale)`` inside its bin,
-integers of their own bin for an integer column (``"integer": true``), as the project's decoder does; their cost,
+integers of their own bin for an integer column (``"integer": true``), a column's declared ``values`` as themselves
+(one bin each), a point mass's bin (``point_masses``) as its value, as the project's decoder does; their cost,
 ``rho_spent`` (zCDP), comes off the synthesizer's budget. Other columns keep their declared categories. Writes
 ``num_rows`` rows to ``out_csv``, one JSON line on stdout.
 """
@@ -438,6 +439,10 @@ def main() -> None:
             v = _unwarp(te[c] + prng.random(len(c)) * (te[c + 1] - te[c]), spec)
             if spec.get("integer"):  # the nearest integer of its own bin
                 v = np.clip(np.floor(v + 0.5), np.ceil(edges[c]), np.maximum(np.floor(edges[c + 1]), np.ceil(edges[c])))
+            if spec.get("values"):  # a declared value's bin: the value itself
+                v = np.asarray(spec["values"], dtype=np.float64)[c]
+            for k, point in spec.get("point_masses") or ():  # a point mass's bin: its one value
+                v = np.where(c == int(k), float(point), v)
             out[name] = v
         elif spec["type"] == "numeric":
             lo, hi = float(spec["min"]), float(spec["max"])

@@ -146,18 +146,25 @@ DATASETS.update({
     "breast_cancer": dict(builtin="breast_cancer", label="target", num_samples=2000,
                           schema={**{c: {"min": 0, "max": m} for c, m in BREAST_CANCER_MAX.items()}, **_categories("target", values=(0, 1))}),
     # 6,366 rows (Fair 1978's Redbook survey of married women; statsmodels' documentation): ages, years married and
-    # children are interval codes, kept numeric within the survey's ranges; ratings and occupations are the codes listed.
+    # children are interval codes, kept numeric within the survey's ranges and declared as the values they take (the
+    # survey's codes, Fair 1978: ages 17.5 for under 20, 22 for 20-24, ..., 42 for 40 and over; years married 0.5 to 23;
+    # children 0-4 and 5.5 for five or more); ratings and occupations are the codes listed.
     "fair": dict(load=lambda: _statsmodels_table("fair"), label="affair", num_samples=5000,
-                 schema={"age": {"min": 15, "max": 45}, "yrs_married": {"min": 0, "max": 25}, "children": {"min": 0, "max": 6},
+                 schema={"age": {"min": 15, "max": 45, "values": [17.5, 22, 27, 32, 37, 42]},
+                         "yrs_married": {"min": 0, "max": 25, "values": [0.5, 2.5, 6, 9, 13, 16.5, 23]},
+                         "children": {"min": 0, "max": 6, "values": [0, 1, 2, 3, 4, 5.5]},
                          **_categories("rate_marriage", values=(1.0, 2.0, 3.0, 4.0, 5.0)),
                          **_categories("religious", values=(1.0, 2.0, 3.0, 4.0)),
                          **_categories("educ", values=(9.0, 12.0, 14.0, 16.0, 17.0, 20.0)),
                          **_categories("occupation", "occupation_husb", values=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0)),
                          **_categories("affair", values=(0, 1))}),
     # 20,190 person-years of the RAND Health Insurance Experiment (statsmodels' documentation: ln(coinsurance + 1) with
-    # coinsurance in [0, 100]; incentive payments and deductibles up to $1,000 on a log scale; chronic disease index).
+    # coinsurance in [0, 100], declared as the values it takes: the experiment's plans' coinsurance rates 0, 25, 50 and
+    # 95% (Manning et al. 1987) and the documented bound 100, to six decimals; incentive payments
+    # and deductibles up to $1,000 on a log scale; chronic disease index).
     "randhie": dict(load=lambda: _statsmodels_table("randhie"), label="visit", num_samples=5000,
-                    schema={"lncoins": {"min": 0, "max": 4.7}, "lpi": {"min": 0, "max": 8}, "fmde": {"min": 0, "max": 9},
+                    schema={"lncoins": {"min": 0, "max": 4.7, "values": [round(math.log1p(c), 6) for c in (0, 25, 50, 95, 100)]},
+                            "lpi": {"min": 0, "max": 8}, "fmde": {"min": 0, "max": 9},
                             "disea": {"min": 0, "max": 60}, "physlm": {"min": 0, "max": 1},  # a share of limitation in [0, 1]
                             **_categories("idp", "hlthg", "hlthf", "hlthp", values=(0, 1)),
                             **_categories("visit", values=(0, 1))}),
@@ -450,7 +457,8 @@ def peer_columns(dm) -> dict:
                            else {"type": "categorical", "categories": c["categories"]})
         if c["type"] == "numeric" and c.get("edges"):  # the project's released bins
             cols[c["name"]].update(edges=c["edges"], offset=c.get("edges_offset", 0.0), scale=c.get("edges_scale"),
-                                   integer=str(c["dtype"]).startswith(("int", "uint")))
+                                   integer=str(c["dtype"]).startswith(("int", "uint")), values=c.get("values"),
+                                   point_masses=c.get("point_masses"))
     return {name: cols[name] for name in spec["column_order"]}
 
 
@@ -525,15 +533,33 @@ def system_name(key: str) -> str:
     return NAMES.get(system, system) + (f" with {options}" if options else "")
 
 
+#: Tables whose public schema changed after cells were measured on them: ``{table: tag}``. A cell records the tag of the
+#: schema it ran with (``schema``); a cell without it ran with the former schema and is its own table,
+#: ``<table>_before_<tag>`` (history), except the real floor's (the schema's ranges, on which it is scored, are unchanged).
+#: ``values``: fair's interval codes and randhie's coinsurance rates declared as the values they take (issue 72).
+SCHEMA_TAGS = {"fair": "values", "randhie": "values"}
+
+
+#: The generation of the private quantile bins a MarginalTree cell ran with (``bins_version``): 2 gives the declared
+#: bounds' point masses a bin of their own, keeps the declared range's tenths beyond the tails and measures the two-way
+#: tables on groups of adjacent bins. A quantile-binned cell without it ran with the first (``marginaltree_q1``).
+BINS_VERSION = 2
+
+
 def load_results(path: Path) -> list[dict]:
     if not path.exists():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for r in records:  # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
+    for r in records:
+        tag = SCHEMA_TAGS.get(r.get("dataset"))
+        if tag and r.get("schema") != tag and r.get("system") != "real":
+            r["dataset"], r["renamed_from_dataset"] = f"{r['dataset']}_before_{tag}", r["dataset"]  # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
         if r.get("system") == "marginaltree" and "clique_size_chosen" not in r and "clique_size" not in r.get("options", {}):
             r["system"] = "marginaltree2"
         if r.get("system") == "marginaltree" and "quantile_epsilon" not in r:  # before issue 72's quantile bins
             r["system"], r["renamed_from"] = "marginaltree_ew", "marginaltree"
+        elif r.get("system") == "marginaltree" and r.get("bins_version") != BINS_VERSION and "options" not in r:
+            r["system"], r["renamed_from"] = "marginaltree_q1", "marginaltree"
         r["system"] = rung_key(r["system"], r.get("options"))
     return records
 
@@ -565,6 +591,8 @@ NOTES = OUT.with_name("tabular_utility_notes.md")
 
 NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "uniform": "independent uniform columns",
          "marginaltree": "MarginalTree (this project; defaults)",
+         "marginaltree_q1": "MarginalTree, the first private quantile bins (every bin in the two-way tables, the range "
+                            "cut beyond the tails, no point masses)",
          "marginaltree_ew": "MarginalTree, equal-width bins of the declared bounds (the preprocessing before issue 72)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
@@ -603,7 +631,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
                     "steps_mean": g.steps.astype(float).mean(), "wall_s_mean": g.wall_s.astype(float).mean(),
                     "classifiers": int(g.classifiers.iloc[0]), "stop_reason": str(g.stop_reason.iloc[0])[:90] if isinstance(g.stop_reason.iloc[0], str) else "max_steps reached"})
         rows.append(row)
-    order = {k: i for i, k in enumerate(["real", "uniform", *PROJECT, *DEFAULT_GANS, *PEERS])}
+    order = {k: i for i, k in enumerate(["real", "uniform", PROJECT[0], "marginaltree_q1", *PROJECT[1:], *DEFAULT_GANS, *PEERS])}
     table = pd.DataFrame(rows)
     table["_order"] = table.key.map(lambda k: order.get(k.partition("+")[0], 99) + (0.5 if "+" in k else 0))
     table = table.sort_values(["dataset", "eps_value", "_order"]).drop(columns=["_order"])
@@ -797,7 +825,8 @@ def values_table(results: list[dict]) -> str:
     split seeds it has (their number in brackets where fewer than 5). The last column: MarginalTree's figures against
     the targets (deciles 1-way ≤ 0.06, 2-way ≤ 0.15, W1 ≤ 0.10) and against MST's equal-width 2-way TVD and AUROC."""
     ok = scored_cells(results)
-    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_ew", "pategan_default", "gpate_default"]
+    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_q1", "marginaltree_ew", "pategan_default",
+               "gpate_default"]
     measures = ("quantile_tvd_1way", "quantile_tvd_2way", "w1_scaled", "tvd_2way", "auroc", "wall_s")
     lines = ["| table | ε | system | seeds | deciles TVD 1-way | 2-way | W1 ÷ (q95 − q05) | equal-width 2-way TVD | AUROC | fit s | MarginalTree against the targets |",
              "|---" * 11 + "|"]
@@ -1159,6 +1188,10 @@ def main(argv=None) -> None:
                     print(f"[{time.strftime('%H:%M:%S')}] {dataset} {system} eps={epsilon:g} seed={seed}", flush=True)
                     record = {"dataset": dataset, "system": system, "epsilon": epsilon, "seed": seed, "classifiers": len(classifiers),
                               "command": "python benchmarks/tabular_utility.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
+                    if dataset in SCHEMA_TAGS:
+                        record["schema"] = SCHEMA_TAGS[dataset]
+                    if system == "marginaltree":
+                        record["bins_version"] = BINS_VERSION
                     if system.startswith("marginaltree") and MARGINALTREE_OPTIONS:
                         record["options"] = dict(MARGINALTREE_OPTIONS)
                     if QUANTILE["share"] is not None:

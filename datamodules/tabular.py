@@ -46,11 +46,15 @@ class ColumnSpec:
     categories: list[Any] = field(default_factory=list)
     public: bool = False  # metadata declared by the user (not read from the private data)
     # A numeric column's bins (None: the bounds' linear scale), filled in asinh((v − edges_offset)/edges_scale)
-    # (edges_scale None: in v); edges_source "declared", "log" (scale: log) or "dp_quantiles" (paid for).
+    # (edges_scale None: in v); edges_source "declared", "log" (scale: log), "values" (declared) or "dp_quantiles" (paid for).
     edges: list[float] | None = None
     edges_offset: float = 0.0
     edges_scale: float | None = None
     edges_source: str | None = None
+    # The values a numeric column takes (declared: codes stored as numbers), one bin each: a value comes back as itself.
+    values: list[float] | None = None
+    # Bins of released edges that hold a point mass, ``[[k, value], …]``: bin k comes back as that one value.
+    point_masses: list[list[float]] | None = None
 
     @property
     def width(self) -> int:
@@ -63,8 +67,16 @@ class ColumnSpec:
     def set_edges(self, edges: Sequence[float], offset: float = 0.0, scale: float | None = None, *, source: str) -> None:
         self.edges, self.edges_offset, self.edges_scale, self.edges_source = [float(e) for e in edges], float(offset), scale, source
 
+    def set_values(self, values: Sequence[float]) -> None:
+        """The column takes ``values`` (declared): bin ``k`` holds the ``k``-th, its edges halfway to its neighbours and
+        the bounds at the ends."""
+        self.values = [float(v) for v in values]
+        middles = [(a + b) / 2.0 for a, b in zip(self.values[:-1], self.values[1:])]
+        self.set_edges([self.min, *middles, self.max], source="values")
 
-#: Schema keys of a numeric column's binning: ``bins`` (public edges, or their number with ``scale: log``) and ``scale``.
+
+#: Schema keys of a numeric column's binning: ``bins`` (public edges, or their number with ``scale: log``), ``scale``,
+#: and ``values`` (the values it takes: one bin each).
 SCALES = ("linear", "log")
 LOG_BINS = 10
 
@@ -85,6 +97,15 @@ def _numeric_values(series: pd.Series, name: str) -> pd.Series:
             f"missing with na_values, or declare the column categorical in the schema"
         )
     return values
+
+
+def _among(values: np.ndarray, declared: Sequence[float]) -> np.ndarray:
+    """Whether each value is one of ``declared`` (to within 1e-4 of their closest gap: codes stored rounded)."""
+    points = np.asarray(declared, dtype=np.float64)
+    tolerance = 1e-4 * float(np.min(np.diff(points))) if len(points) > 1 else 0.0
+    i = np.clip(np.searchsorted(points, values), 1, max(len(points) - 1, 1))
+    nearest = np.minimum(np.abs(values - points[i - 1]), np.abs(values - points[np.minimum(i, len(points) - 1)]))
+    return nearest <= tolerance
 
 
 def _declared_categories_dtype(categories: Sequence[Any]) -> str:
@@ -156,13 +177,15 @@ def infer_schema(
         else:
             dtype = _declared_categories_dtype(decl.get("categories", []))
         spec = ColumnSpec(name=name, type=col_type, dtype=str(decl.pop("dtype", dtype)))
-        bins, scale = decl.pop("bins", None), decl.pop("scale", "linear")
-        if (bins is not None or scale != "linear") and col_type != "numeric":
-            raise DataError(f"column {name!r}: bins and scale are for numeric columns, and it is {col_type}")
+        bins, scale, points = decl.pop("bins", None), decl.pop("scale", "linear"), decl.pop("values", None)
+        if (bins is not None or scale != "linear" or points is not None) and col_type != "numeric":
+            raise DataError(f"column {name!r}: bins, scale and values are for numeric columns, and it is {col_type}")
         if scale not in SCALES:
             raise DataError(f"column {name!r}: scale must be one of {SCALES}, got {scale!r}")
-        if isinstance(bins, (list, tuple)):
-            edges = _declared_edges(name, bins)
+        if points is not None and (bins is not None or scale != "linear"):
+            raise DataError(f"column {name!r}: values are its bins already: declare values, or bins / scale, not both")
+        if isinstance(bins, (list, tuple)) or points is not None:
+            edges = _declared_edges(name, bins if points is None else points, "bins" if points is None else "values")
             decl.setdefault("min", edges[0])
             decl.setdefault("max", edges[-1])
         elif bins is not None and (scale != "log" or isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
@@ -177,10 +200,14 @@ def infer_schema(
                 raise DataError(f"column {name!r}: declare both min and max, or neither")
             else:
                 spec.min, spec.max = float(series.min()), float(series.max())
-            if isinstance(bins, (list, tuple)):
+            if isinstance(bins, (list, tuple)) or points is not None:
                 if edges[0] < spec.min or edges[-1] > spec.max:
-                    raise DataError(f"column {name!r}: its bins {edges} reach beyond its bounds [{spec.min:g}, {spec.max:g}]")
-                spec.set_edges(edges, source="declared")
+                    raise DataError(f"column {name!r}: its {'bins' if points is None else 'values'} {edges} reach beyond its "
+                                    f"bounds [{spec.min:g}, {spec.max:g}]")
+                if points is None:
+                    spec.set_edges(edges, source="declared")
+                else:
+                    spec.set_values(edges)
             elif scale == "log":
                 if not spec.public or spec.max <= spec.min:
                     raise DataError(f"column {name!r}: scale: log cuts its declared range: declare min < max")
@@ -216,14 +243,15 @@ def infer_schema(
     return list(specs.values()), label_spec
 
 
-def _declared_edges(name: str, bins: Sequence[Any]) -> list[float]:
-    """Public edges from the schema: at least two finite, strictly increasing numbers."""
+def _declared_edges(name: str, bins: Any, key: str = "bins") -> list[float]:
+    """Public edges (or values) from the schema: at least two finite, strictly increasing numbers."""
     try:
         edges = [float(b) for b in bins]
     except (TypeError, ValueError):
-        raise DataError(f"column {name!r}: bins must be numbers, got {list(bins)!r}") from None
+        raise DataError(f"column {name!r}: {key} must be a list of numbers, got {bins!r}") from None
     if len(edges) < 2 or not np.all(np.isfinite(edges)) or not np.all(np.diff(edges) > 0):
-        raise DataError(f"column {name!r}: bins must be at least two finite, strictly increasing edges, got {list(bins)!r}")
+        raise DataError(f"column {name!r}: {key} must be at least two finite, strictly increasing "
+                        f"{'edges' if key == 'bins' else 'numbers'}, got {list(bins)!r}")
     return edges
 
 
@@ -258,6 +286,7 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
         released = dp_quantiles.quantile_edges(values, lower=c.min, upper=c.max, integer=c.is_integer, num_bins=num_bins,
                                                epsilon=eps_each)
         c.set_edges(released["edges"], released["offset"], released["scale"], source="dp_quantiles")
+        c.point_masses = released["point_masses"] or None
     names = [c.name for c in chosen]
     return [count,
             {"what": f"quantile edges of {len(names)} numeric columns (exponential mechanism, {num_bins} bins each)",
@@ -374,6 +403,9 @@ class TabularTransformer:
                 if c.public and ((v < c.min) | (v > c.max)).any():
                     warnings.warn(f"column {c.name!r}: values outside its declared bounds [{c.min:g}, {c.max:g}] were clipped "
                                   f"to them; declare wider bounds if they are real", stacklevel=2)
+                if c.values and not _among(v, c.values).all():
+                    warnings.warn(f"column {c.name!r}: values that are not among its declared values were moved to the "
+                                  f"nearest one; declare every value it takes if they are real", stacklevel=2)
                 blocks.append(self.scale_numeric(np.clip(v, c.min, c.max), c)[:, None])
             else:
                 codes = self._codes(series, c)
@@ -393,6 +425,9 @@ class TabularTransformer:
             return np.zeros_like(values) if span == 0 else 2.0 * (values - c.min) / span - 1.0
         edges = np.asarray(c.edges, dtype=np.float64)
         k_bins = len(edges) - 1
+        if c.values:  # a declared value: the middle of its own bin
+            k = np.clip(np.searchsorted(edges, values, side="right") - 1, 0, k_bins - 1)
+            return -1.0 + (2.0 * k + 1.0) / k_bins
         t = dp_quantiles.warp(np.clip(values, edges[0], edges[-1]), c.edges_offset, c.edges_scale)
         te = dp_quantiles.warp(edges, c.edges_offset, c.edges_scale)
         k = np.clip(np.searchsorted(te, t, side="right") - 1, 0, k_bins - 1)
@@ -412,11 +447,15 @@ class TabularTransformer:
         te = dp_quantiles.warp(edges, c.edges_offset, c.edges_scale)
         position = (scaled + 1.0) / 2.0 * k_bins
         k = np.clip(np.floor(position).astype(np.int64), 0, k_bins - 1)
+        if c.values:  # a declared value comes back as itself
+            return np.asarray(c.values, dtype=np.float64)[k]
         t = te[k] + (position - k) * (te[k + 1] - te[k])
         values = np.clip(dp_quantiles.unwarp(t, c.edges_offset, c.edges_scale), edges[0], edges[-1])
         if c.is_integer:  # the nearest integer of the value's own bin (a bin's end, unwarped, may round out of it)
             lo, hi = np.ceil(edges[k]), np.floor(edges[k + 1])
             values = np.where(lo <= hi, np.clip(np.floor(values + 0.5), lo, hi), np.floor(values + 0.5))
+        for bin_index, point in c.point_masses or ():  # a point mass's bin: its one value
+            values = np.where(k == int(bin_index), float(point), values)
         return values
 
     @staticmethod

@@ -191,8 +191,9 @@ def test_a_ladder_rung_over_the_defaults_is_a_system_of_its_own_in_the_reports_a
     from tabular_utility import defaults_table, load_results, rung_key, system_name
 
     def cell(options=None, seed=0, auroc=0.7):
-        return {"dataset": "randhie", "system": "pategan_default", "epsilon": 1.0, "seed": seed, "status": "ok", "classifiers": 12,
-                "tvd_1way": 0.01, "tvd_2way": 0.02, "auroc": auroc, "wall_s": 2.0, **({"options": options} if options else {})}
+        return {"dataset": "randhie", "schema": "values", "system": "pategan_default", "epsilon": 1.0, "seed": seed, "status": "ok",
+                "classifiers": 12, "tvd_1way": 0.01, "tvd_2way": 0.02, "auroc": auroc, "wall_s": 2.0,
+                **({"options": options} if options else {})}
 
     path = tmp_path / "cells.jsonl"
     path.write_text("\n".join(json.dumps(c) for c in [cell(), cell({"warm_start": {"anchor_weight": 1.0}}, auroc=0.2)]))
@@ -201,3 +202,22 @@ def test_a_ladder_rung_over_the_defaults_is_a_system_of_its_own_in_the_reports_a
     assert rung_key("pategan_default", {}) == "pategan_default" and rung_key("marginaltree", {"width": 3}) == "marginaltree"
     assert system_name(records[1]["system"]).endswith('(defaults: warm start from the marginal model) with {"warm_start": {"anchor_weight": 1.0}}')
     assert "0.700 (1)" in defaults_table(records) and "0.200" not in defaults_table(records)
+
+
+def test_cells_of_a_former_schema_or_former_bins_are_history_not_the_defaults(monkeypatch, tmp_path):
+    # A cell measured before a table's schema changed (fair's codes declared as values) is its own table, and a MarginalTree
+    # cell on the first private quantile bins is its own system: neither is counted as today's defaults, nor skipped on resume
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import json
+
+    from tabular_utility import BINS_VERSION, load_results
+
+    base = {"system": "marginaltree", "epsilon": 1.0, "seed": 0, "status": "ok", "quantile_epsilon": 0.1, "clique_size_chosen": 2}
+    cells = [{**base, "dataset": "fair"}, {**base, "dataset": "fair", "schema": "values"},
+             {**base, "dataset": "fair", "schema": "values", "bins_version": BINS_VERSION},
+             {**base, "dataset": "fair", "system": "real", "epsilon": float("inf")}]
+    path = tmp_path / "cells.jsonl"
+    path.write_text("\n".join(json.dumps(c) for c in cells))
+    assert [(r["dataset"], r["system"]) for r in load_results(path)] == [
+        ("fair_before_values", "marginaltree_q1"), ("fair", "marginaltree_q1"), ("fair", "marginaltree"), ("fair", "real")]
+

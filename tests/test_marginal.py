@@ -408,7 +408,7 @@ def test_cliques_release_holds_only_what_the_schema_declares(tmp_path):
 def test_width_two_is_todays_tree_to_the_bit():
     # sha256 of the tree's tables and parents, and of 500 sampled rows, at the commit before clique_size existed (5ef64e4),
     # on each machine it was run on: the tables' last bits depend on the CPU's kernels (seed 1's differ between two x86
-    # machines, at that commit as today; its sampled rows do not)
+    # machines, at that commit as today; its sampled rows do not); every bin in its tables (pair_bins null), as then
     import hashlib
 
     expected = {0: ({"4d49045f928971d646e61dab7cd7acb43062e9e2192c0a697b505faeff6ad638"}, "739e99dd31127c4a3ed2533197c6c520e00dfdd0badb9125c8bf0a7cc8ed3a9d"),
@@ -416,7 +416,7 @@ def test_width_two_is_todays_tree_to_the_bit():
                      "34b4f43d98eb6bab2fcc754ee5d9f03ea041fac00cff8b4b6ca975baa95da2c5"}, "915e17d344a2ab8313c53974725dcd983daf425416bb92b00c797f850bfd6156")}
     for seed, (tables, rows) in expected.items():
         dm = _datamodule(_table())
-        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, clique_size=2)
+        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, clique_size=2, pair_bins=None)
         _fit(model, dm)
         g = model.generator
         assert hashlib.sha256(g.cpt.numpy().tobytes() + g.parents.numpy().tobytes()).hexdigest() in tables
@@ -426,10 +426,11 @@ def test_width_two_is_todays_tree_to_the_bit():
 def test_auto_width_is_the_tree_below_two_rows_a_cell_and_cliques_above_at_the_same_epsilon():
     # The default ("auto") picks the width from the noisy row count N̂ (post-processing of the paid one-way
     # measurements): the tree below 2·num_bins³ rows (2,000 at 10 bins), cliques of 3 from there, each exactly
-    # the fit of that width with the same noise, and the same ε (both record the same planned events).
+    # the fit of that width with the same noise, and the same ε (both record the same planned events). Every bin in the
+    # tables (pair_bins null): the threshold on the bins themselves.
     def rows_and_epsilon(frame, **options):
         dm = _datamodule(frame)
-        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=4, **options)
+        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=4, pair_bins=None, **options)
         _fit(model, dm)
         return model, synthetic_table(model, 400, seed=7), model.spent_epsilon()
 
@@ -444,7 +445,7 @@ def test_auto_width_is_the_tree_below_two_rows_a_cell_and_cliques_above_at_the_s
     assert int(rows_and_epsilon(_table(n=800), num_bins=6)[0].clique_size_chosen) == 3
     # the threshold is on the noisy count, not the true one: a count whose noise crosses it decides
     dm = _datamodule(_table(n=800))
-    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=4)
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=4, pair_bins=None)
     assert model.clique_width(1999.9) == 2 and model.clique_width(2000.0) == 3
     with pytest.raises(ValueError, match="auto"):
         MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, clique_size="wide")
@@ -522,3 +523,38 @@ def test_cliques_on_a_one_column_table_a_constant_column_and_a_column_of_many_va
     single = MarginalTree(one.spec, epsilon=1.0, delta=1e-5, clique_size=3, noise_seed=0)
     _fit(single, one)
     assert single.generator.parents.tolist() == [-1] and len(synthetic_table(single, 100, seed=0)) == 100
+
+
+def test_two_way_tables_join_a_numeric_columns_adjacent_bins_and_keep_each_bins_mass():
+    """``pair_bins``: a numeric column of many bins enters the two-way tables as groups of adjacent bins of about equal
+    measured mass (post-processing of its noisy one-way counts), so a table's cells hold more rows than noise; inside a
+    group a sampled value falls in each bin as the one-way counts say, and the label follows the groups."""
+    from lightning_gpate.models.marginal import adjacent_groups
+
+    # by hand: the masses' midpoints 0.2, 0.55, 0.75, 0.85, 0.925, 0.975 of three groups; counts <= 0 weigh nothing
+    assert adjacent_groups(np.array([40.0, 30, 10, 10, 5, 5]), 3).tolist() == [0, 1, 2, 2, 2, 2]
+    assert adjacent_groups(np.array([40.0, -3, 30, 10, 10, 5, 5]), 3).tolist() == [0, 1, 1, 2, 2, 2, 2]
+    assert adjacent_groups(np.array([-3.0, 0.0, 0.0]), 2).tolist() == [0, 1, 1]  # nothing measured: even mass
+
+    rng = np.random.default_rng(2)
+    n = 20000
+    x = np.minimum(rng.exponential(3.0, n), 15.99)
+    y = (rng.random(n) < np.where(x < 2, 0.1, 0.6)).astype(int)
+    frame = pd.DataFrame({"x": x, "coin": rng.integers(0, 2, n), "y": y})
+    schema = {"x": {"bins": list(range(17))}, "coin": {"categories": [0, 1]}, "y": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)
+    model = MarginalTree(dm.spec, epsilon=200.0, delta=1e-5, noise_seed=0, pair_bins=4)
+    _fit(model, dm)
+    synthetic = synthetic_table(model, n, seed=1)
+    real_bins, synthetic_bins = np.floor(frame["x"]).astype(int), np.floor(synthetic["x"]).astype(int)
+    share = lambda bins: np.bincount(bins, minlength=16) / len(bins)  # noqa: E731
+    np.testing.assert_allclose(share(synthetic_bins), share(real_bins), atol=0.01)  # every bin's own mass
+    groups = adjacent_groups(np.bincount(real_bins, minlength=16).astype(float), 4)
+    assert groups.max() == 3
+    for g in range(4):  # the label's rate in each group of bins, as measured
+        assert synthetic["y"][groups[synthetic_bins] == g].mean() == pytest.approx(y[groups[real_bins] == g].mean(), abs=0.03)
+    # "auto": as many codes as keep a two-way table's mean cell above its noise: ⌊√(N̂ / (4σ))⌋
+    auto = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, pair_bins="auto", label_edges=1)
+    assert auto.pair_codes(4000.0) == int(math.sqrt(4000.0 / (4 * auto.plan["sigma_two_way"])))
+    with pytest.raises(ValueError, match="pair_bins must be"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, pair_bins=1)

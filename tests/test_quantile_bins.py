@@ -217,3 +217,73 @@ def test_a_budget_too_small_for_informative_quantiles_keeps_the_declared_ranges_
     assert [c["what"] for c in dm.spec["metadata_cost"]] == ["row count sizing the quantile bins (Laplace)"]
     assert all(c["edges"] is None for c in dm.spec["columns"])
     assert dp_quantiles.quantiles_per_column(569, 0.05, 30) == 0 < dp_quantiles.quantiles_per_column(569, 5.0, 30)
+
+
+def test_a_column_of_declared_values_comes_back_on_them_and_costs_nothing():
+    """Codes stored as numbers (an age band 17.5, 22, …) declared with ``values``: one bin each, public (no quantile is
+    bought for them), every generated value one of them, and the original values exact through the transform."""
+    import pytorch_lightning as pl
+
+    from lightning_gpate.evaluation.report import synthetic_table
+    from lightning_gpate.models import MarginalTree
+
+    bands = [17.5, 22.0, 27.0, 32.0, 37.0, 42.0]
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, 2, 2000)
+    frame = pd.DataFrame({"age": rng.choice(bands, 2000, p=[0.05, 0.3, 0.25, 0.2, 0.1, 0.1]), "y": y})
+    schema = {"age": {"min": 15, "max": 45, "values": bands}, "y": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], quantile_epsilon=0.3)
+    age = dm.spec["columns"][0]
+    assert dm.spec["metadata_cost"] == [] and age["edges_source"] == "values" and age["values"] == bands
+    assert (age["min"], age["max"]) == (15, 45) and len(age["edges"]) == len(bands) + 1
+    x, labels = dm.transformer.transform(frame)
+    assert dm.transformer.inverse_transform(x, labels)["age"].tolist() == frame["age"].tolist()
+    grid = np.linspace(-1, 1, 301)[:, None]
+    assert set(dm.transformer.inverse_transform(grid, np.zeros(301, dtype=np.int64))["age"]) == set(bands)
+    with pytest.warns(UserWarning, match="not among its declared values were moved to the nearest one"):
+        x, _ = dm.transformer.transform(pd.DataFrame({"age": [19.0, 42.0], "y": [0, 1]}))
+    assert dm.transformer.inverse_transform(x, np.zeros(2, dtype=np.int64))["age"].tolist() == [17.5, 42.0]
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                   enable_model_summary=False, accelerator="cpu").fit(model, datamodule=dm)
+    synthetic = synthetic_table(model, 2000, seed=0)
+    assert set(synthetic["age"]) <= set(bands) and synthetic["age"].nunique() >= 4
+    for bad, message in (({"min": 15, "max": 45, "values": bands, "bins": [15, 30, 45]}, "declare values, or bins"),
+                         ({"min": 20, "max": 45, "values": bands}, "reach beyond its bounds"),
+                         ({"categories": bands, "values": bands}, "are for numeric columns"),
+                         ({"values": [22, 17.5]}, "values must be at least two finite, strictly increasing numbers")):
+        with pytest.raises(DataError, match=message):
+            TabularDataModule(frame=frame, label="y", schema={**schema, "age": bad}, class_ratio=[0.5, 0.5])
+
+
+def test_rows_on_a_declared_bound_come_back_on_it():
+    """Half the rows are zeros and a sixth sit on the cap: the quantiles released on the two bounds give each bound a bin
+    of its own, one candidate wide, and those bins decode to the bound itself (not spread over the values beside it);
+    the other rows decode where they were."""
+    from datamodules.tabular import ColumnSpec
+
+    rng = np.random.default_rng(5)
+    n = 4000
+    share = np.where(rng.random(n) < 0.5, 0.0, np.where(rng.random(n) < 0.35, 1.0, rng.uniform(0.05, 0.95, n)))
+    released = dp_quantiles.quantile_edges(share, lower=0.0, upper=1.0, integer=False, num_bins=10, epsilon=1.0)
+    edges, candidates = released["edges"], dp_quantiles.candidate_grid(0.0, 1.0, integer=False)
+    assert released["point_masses"] == [[0, 0.0], [len(edges) - 2, 1.0]]
+    assert (edges[0], edges[1], edges[-2], edges[-1]) == (0.0, candidates[1], candidates[-2], 1.0)
+    column = ColumnSpec("share", "numeric", "float64", min=0.0, max=1.0, public=True)
+    column.set_edges(edges, released["offset"], released["scale"], source="dp_quantiles")
+    column.point_masses = released["point_masses"]
+    label = ColumnSpec("y", "binary", "int64", categories=[0, 1], public=True)
+    t = TabularTransformer([column], label, ["share", "y"])
+    x, y = t.transform(pd.DataFrame({"share": share, "y": np.zeros(n, dtype=np.int64)}))
+    back = t.inverse_transform(x, y)["share"].to_numpy()
+    np.testing.assert_allclose(back, share)
+    grid = np.linspace(-1, 1, 2001)[:, None]
+    decoded = t.inverse_transform(grid, np.zeros(len(grid), dtype=np.int64))["share"].to_numpy()
+    first, last = grid[:, 0] < -1 + 2 / (len(edges) - 1), grid[:, 0] >= 1 - 2 / (len(edges) - 1)
+    assert (decoded[first] == 0.0).all() and (decoded[last] == 1.0).all()
+    assert ((decoded > 0) & (decoded < 1)).sum() == (~first & ~last).sum()
+    # a column with no rows on its bounds keeps the bins it had
+    plain = dp_quantiles.quantile_edges(rng.uniform(0.2, 0.8, n), lower=0.0, upper=1.0, integer=False, num_bins=10, epsilon=1.0)
+    assert plain["point_masses"] == []

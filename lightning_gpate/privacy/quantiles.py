@@ -18,8 +18,10 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
   0 or 1 drifts into the empty part of the range, where every candidate scores alike, and a wide end bin filled
   evenly would put synthetic values far beyond the data), one tail bin added at each end, as wide as its
   neighbour (:func:`tail_bins`: the values beyond the outer quantiles stay near the data instead of being
-  clipped onto them or spread to the declared bounds), the declared range's tenths inside them joined to them
-  (:func:`with_range_edges`: public), integer columns' edges on half-integers.
+  spread to the declared bounds), the declared range's tenths joined to them, beyond the tail bins too
+  (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers,
+  and a declared bound that a quantile was released on (many rows on it: zeros, a cap) given a bin of its own that
+  comes back as the bound itself (:func:`bound_masses`).
 
 The budget is stated as ``epsilon``: the whole release costs what one ε-bounded-range mechanism of that ε
 costs (``ε²/8``-zCDP): the count takes ``COUNT_SHARE`` of it and the ``M`` quantiles ``ε_q = ε·√((1 −
@@ -56,6 +58,10 @@ OUTER_BIN_RATIO = 2.0
 TAIL_BIN_RATIO = 1.0
 #: Equal-width bins of the declared range whose edges join the quantiles' (:func:`with_range_edges`).
 RANGE_BINS = 10
+#: Whether the declared range's tenths beyond the tail bins are kept as bins too (the range is never cut off).
+RANGE_BEYOND = True
+#: Whether a quantile released on a declared bound makes that bound a point mass of its own bin (:func:`bound_masses`).
+BOUND_MASSES = True
 
 
 def zcdp_budget(epsilon: float, delta: float, conversion: str = "improved") -> float:
@@ -195,11 +201,15 @@ def interpolation_scale(edges: np.ndarray) -> float:
 def cap_outer_bins(edges: np.ndarray, scale: float, *, ratio: float | None = None) -> np.ndarray:
     """The first and last bins no wider than ``ratio`` times their neighbour in ``asinh(v / scale)`` (post-processing)."""
     ratio = OUTER_BIN_RATIO if ratio is None else ratio
-    t = warp(np.asarray(edges, dtype=np.float64), 0.0, scale).copy()
+    edges = np.asarray(edges, dtype=np.float64)
+    t = warp(edges, 0.0, scale)
+    out = edges.copy()  # the edges it leaves as they are stay exact (no round trip through the warp)
     if len(t) >= 4:
-        t[-1] = min(t[-1], t[-2] + ratio * (t[-2] - t[-3]))
-        t[0] = max(t[0], t[1] - ratio * (t[2] - t[1]))
-    return unwarp(t, 0.0, scale)
+        if t[-1] > t[-2] + ratio * (t[-2] - t[-3]):
+            out[-1] = unwarp(t[-2] + ratio * (t[-2] - t[-3]), 0.0, scale)
+        if t[0] < t[1] - ratio * (t[2] - t[1]):
+            out[0] = unwarp(t[1] - ratio * (t[2] - t[1]), 0.0, scale)
+    return out
 
 
 def tail_bins(edges: np.ndarray, scale: float, lower: float, upper: float, *, ratio: float | None = None) -> np.ndarray:
@@ -215,23 +225,42 @@ def tail_bins(edges: np.ndarray, scale: float, lower: float, upper: float, *, ra
     return np.unique(np.clip(edges, lower, upper))
 
 
-def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: int | None = None) -> np.ndarray:
+def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: int | None = None,
+                     beyond: bool | None = None) -> np.ndarray:
     """``edges`` and the edges of ``num_bins`` equal-width bins of the declared ``[lower, upper]`` that fall between
     them (public): no bin straddles a tenth of the declared range, so a view of the column in equal-width bins of
-    its range (the usual histogram; ``fidelity``'s equal-width TVD) stays as exact as with those bins alone."""
+    its range (the usual histogram; ``fidelity``'s equal-width TVD) stays as exact as with those bins alone. With
+    ``beyond`` (``RANGE_BEYOND``) those beyond them too, to the declared bounds: no value of the range is clipped."""
     grid = np.linspace(lower, upper, int(RANGE_BINS if num_bins is None else num_bins) + 1)
-    inside = grid[(grid > edges[0]) & (grid < edges[-1])]
-    return np.unique(np.concatenate([edges, inside]))
+    keep = np.ones(len(grid), dtype=bool) if (RANGE_BEYOND if beyond is None else beyond) else (grid > edges[0]) & (grid < edges[-1])
+    return np.unique(np.concatenate([edges, grid[keep]]))
+
+
+def bound_masses(draws: np.ndarray, candidates: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, list[list[float]]]:
+    """``edges`` with a bin of its own at each declared bound that a quantile was released on, and those bins,
+    ``[[k, bound], …]`` (post-processing of the released ``draws``).
+
+    A quantile lands on a bound (the first or last candidate) when many rows sit on it: a column's zeros, a cap. Its
+    bin ends at the next candidate and comes back as the bound itself, not spread over the values beside it."""
+    lower, upper = float(candidates[0]), float(candidates[-1])
+    on_lower = bool(np.any(draws <= lower)) and edges[0] == lower and edges[1] >= candidates[1]
+    on_upper = bool(np.any(draws >= upper)) and edges[-1] == upper and edges[-2] <= candidates[-2]
+    edges = np.unique(np.concatenate([edges, [candidates[1]] if on_lower else [], [candidates[-2]] if on_upper else []]))
+    masses = [[0, lower]] if on_lower else []
+    if on_upper:
+        masses.append([len(edges) - 2, upper])
+    return edges, masses
 
 
 def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: bool, num_bins: int,
                    epsilon: float) -> dict[str, Any]:
-    """A column's released edges (see the module doc): ``{"edges", "offset", "scale"}`` of
+    """A column's released edges (see the module doc): ``{"edges", "offset", "scale", "point_masses"}`` of
     :class:`~datamodules.tabular.ColumnSpec`. ``values`` are clipped to the declared ``[lower, upper]`` first.
 
     ``num_bins − 1`` quantiles at levels evenly spaced in ``[TAIL, 1 − TAIL]`` (one: the median; their outer bins capped,
-    :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`) and the declared range's tenths between
-    them (:func:`with_range_edges`); fewer bins where edges coincide, up to ``RANGE_BINS − 1`` more.
+    :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`), the declared range's tenths
+    (:func:`with_range_edges`) and the bounds' point masses (:func:`bound_masses`); fewer bins where edges coincide,
+    up to ``RANGE_BINS + 1`` more.
 
     Args:
         values: the column (private).
@@ -242,7 +271,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     """
     x = np.clip(np.asarray(values, dtype=np.float64), lower, upper)
     candidates = candidate_grid(lower, upper, integer=integer)
-    edges = np.unique(private_quantiles(x, candidates, quantile_levels(num_bins - 1), epsilon=epsilon))
+    edges = draws = np.unique(private_quantiles(x, candidates, quantile_levels(num_bins - 1), epsilon=epsilon))
     if integer:
         lower, upper = math.ceil(lower) - 0.5, math.floor(upper) + 0.5
     if len(edges) < 2:  # one quantile: the declared bounds (public) are the other edges
@@ -250,9 +279,12 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     scale = interpolation_scale(edges)
     edges = tail_bins(cap_outer_bins(edges, scale), scale, lower, upper)
     edges = with_range_edges(edges, lower, upper)
-    if integer:
+    if integer:  # its own bins hold one integer where they are that narrow
         edges = np.unique(np.clip(np.floor(edges) + 0.5, lower, upper))
-    return {"edges": [float(e) for e in edges], "offset": 0.0, "scale": scale}
+    masses = []
+    if BOUND_MASSES and not integer and len(candidates) > 2:
+        edges, masses = bound_masses(draws, candidates, edges)
+    return {"edges": [float(e) for e in edges], "offset": 0.0, "scale": scale, "point_masses": masses}
 
 
 def log_edges(lower: float, upper: float, num_bins: int) -> dict[str, Any]:
