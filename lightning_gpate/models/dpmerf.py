@@ -17,6 +17,14 @@ mean embedding split by class), p̂_c the class shares (released, or declared pu
 ``generator_batch_size`` fakes in equal numbers per class. The paper weighs class c by p̂_c² (its
 joint embedding); p̂_c keeps a small class in view on an imbalanced table.
 
+**Feature maps** (``feature_maps``, images): the release can be several blocks, each the same mechanism on another
+data-independent feature map ``ψ`` of the records (:mod:`lightning_gpate.privacy.feature_maps`: the pixels' random
+Fourier features, the low DCT frequencies', wavelet scattering coefficients, random Fourier features of those), every
+record's vector of norm at most 1, each block released once with its share of the budget (one Gaussian event each,
+composed in the accountant: together exactly the ε of one release) and the generator's loss the sum of the blocks'
+(each weighted). A Gaussian kernel on pixels gives a fake far from every digit almost no gradient (a white blob stays
+one); the scattering coefficients' linear kernel pulls every fake, and compares strokes and edges rather than pixels.
+
 What is released: the generator and the released class shares (a buffer of the generator, used to
 draw labels unless the class ratio is declared public), and the hyperparameters, among them the
 random features' public ``feature_seed``. The noisy embedding itself stays in the private training
