@@ -28,6 +28,10 @@ public; releasing the sum needs no such assumption.
 
 Everything else — the per-class means, the class ratio, the generator trained to match them — is
 post-processing of the one noisy release.
+
+**Other feature maps.** Nothing above needs ``φ`` to be Fourier features: any fixed map ``ψ`` with ``‖ψ(x)‖ ≤ 1`` for
+every record (:mod:`lightning_gpate.privacy.feature_maps`: low DCT frequencies, wavelet scattering coefficients) keeps
+``‖e_y ⊗ [a·ψ(x), b]‖ ≤ 1``, hence sensitivity at most 1: :func:`feature_sum` sums it, :func:`noisy_release` adds the noise.
 """
 
 from __future__ import annotations
