@@ -166,7 +166,8 @@ def test_a_release_of_before_the_feature_maps_loads_and_samples_the_same():
     model = model_from_release(load_release(ROOT / "tests" / "data" / "before_option_groups" / "dpmerf_image.release.pt"))
     x, y = model.generate(16, seed=0)
     assert y.tolist() == BEFORE["labels"]
-    torch.testing.assert_close(x.flatten(1), torch.tensor(BEFORE["samples"]), rtol=1e-5, atol=1e-5)
+    # the nearest generator's phase convolution sums in another order: 3e-7 apart on this project's CPU (max over pixels)
+    torch.testing.assert_close(x.flatten(1), torch.tensor(BEFORE["samples"]), rtol=0, atol=1e-6)
 
 
 def test_a_config_of_before_the_feature_maps_builds_the_same_release():
@@ -204,3 +205,22 @@ def test_feature_maps_are_stored_resolved_and_a_bad_block_is_refused_in_one_line
         _digits_model(feature_maps=[{"map": "pixels", "share": 0}])
     with pytest.raises(ValueError, match="at least one block"):
         _digits_model(feature_maps=[])
+
+
+def test_a_training_checkpoint_of_before_the_feature_maps_resumes_on_its_release_without_a_second_one():
+    """A DP-MERF checkpoint written before the feature maps (its release of the 8x8 digits and 2 steps) resumes with
+    today's code: the same release and features, no second Gaussian event, ε as spent, and the steps continue."""
+    from lightning_gpate.privacy.merf import fourier_frequencies
+
+    expected = json.loads((ROOT / "tests" / "data" / "before_feature_maps" / "checkpoint.json").read_text())
+    path = ROOT / "tests" / "data" / "before_feature_maps" / "dpmerf_digits.step2.ckpt"
+    stored = torch.load(path, weights_only=False)["state_dict"]["released_embedding"]
+    assert list(stored.shape) == expected["released_shape"] and stored.double().sum().item() == pytest.approx(expected["released_sum"])
+    model, dm = _digits_model(noise_seed=12)
+    trainer = fit(model, dm, steps=4, ckpt_path=str(path))
+    assert trainer.global_step == 4
+    assert torch.equal(model.released_embedding, stored)
+    assert model.accountant.counts["subsampled_gaussian_events"] == 1
+    assert model.noise_multiplier == expected["noise_multiplier"]
+    assert model.spent_epsilon() == pytest.approx(expected["spent_epsilon"], rel=1e-12)
+    torch.testing.assert_close(model.frequencies, fourier_frequencies(64, 64, model.hparams.length_scale, 3))
