@@ -19,7 +19,11 @@ AIM compiles new JAX programs every round, each keeping memory mappings: raise L
      "seed": 0, "columns": {"Age": {"type": "numeric", "min": 10, "max": 90}, "Smokes": {"type": "categorical", "categories": [0, 1]}}}
 
 Numeric columns are cut into ``bins`` equal-width bins of their declared (public) bounds and sampled uniformly inside
-their bin; other columns keep their declared categories. Writes ``num_rows`` rows to ``out_csv``, one JSON line on stdout.
+their bin; a numeric column with ``edges`` (the project's released bins: ``{"edges", "offset", "scale"}``, the
+DataModule's private quantiles) is cut on them and sampled evenly in ``asinh((v − offset)/scale)`` inside its bin,
+integers of their own bin for an integer column (``"integer": true``), as the project's decoder does; their cost,
+``rho_spent`` (zCDP), comes off the synthesizer's budget. Other columns keep their declared categories. Writes
+``num_rows`` rows to ``out_csv``, one JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -159,11 +163,11 @@ def select(data, rho: float, measurements, prng, iters: int):
     return list(tree.edges)
 
 
-def mst(data, epsilon: float, delta: float, prng, *, rows: int, iters: int = 10000, select_iters: int = 2500):
+def mst(data, epsilon: float, delta: float, prng, *, rows: int, iters: int = 10000, select_iters: int = 2500, rho_spent: float = 0.0):
     import numpy as np
     from mbi import estimation
 
-    rho = cdp_rho(epsilon, delta)
+    rho = cdp_rho(epsilon, delta) - rho_spent  # what the bins' release (if any) left of the zCDP budget
     sigma = np.sqrt(3 / (2 * rho))
     log1 = measure(data, [(col,) for col in data.domain], sigma, prng)
     data, log1, undo = compress_domain(data, log1, prng)
@@ -317,7 +321,7 @@ def model_size_mb(domain, cliques) -> float:
 
 
 def aim(data, epsilon: float, delta: float, prng, *, rows: int, max_model_size: float = 80.0, max_iters: int = 1000,
-        degree: int = 2, max_cells: int = 10000):
+        degree: int = 2, max_cells: int = 10000, rho_spent: float = 0.0):
     """AIM with the workload of every ``degree``-way marginal of at most ``max_cells`` cells, equal weights."""
     import numpy as np
     from mbi import LinearMeasurement, estimation
@@ -326,7 +330,7 @@ def aim(data, epsilon: float, delta: float, prng, *, rows: int, max_model_size: 
     closure = _downward_closure(workload)
     candidates = {cl: float(sum(len(set(cl) & set(w)) for w in workload)) for cl in closure}  # compile_workload
     answers = {cl: np.asarray(data.project(cl).datavector()) for cl in candidates}
-    rho = cdp_rho(epsilon, delta)
+    rho = cdp_rho(epsilon, delta) - rho_spent  # what the bins' release (if any) left of the zCDP budget
     rounds = 16 * len(data.domain)
     oneway = [cl for cl in candidates if len(cl) == 1]
     sigma = np.sqrt(rounds / (2 * 0.9 * rho))
@@ -362,6 +366,21 @@ def aim(data, epsilon: float, delta: float, prng, *, rows: int, max_model_size: 
 
 
 # ============================================================================ the job
+def _warp(values, spec: dict):
+    """A column's values in the scale its released bins are filled in (the project's ``quantiles.warp``)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    return values if spec.get("scale") is None else np.arcsinh((values - float(spec.get("offset", 0.0))) / float(spec["scale"]))
+
+
+def _unwarp(values, spec: dict):
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    return values if spec.get("scale") is None else float(spec.get("offset", 0.0)) + float(spec["scale"]) * np.sinh(values)
+
+
 def _key(value) -> str:
     """A category as a string, 1.0 and 1 alike."""
     if isinstance(value, float) and value.is_integer():
@@ -385,7 +404,11 @@ def main() -> None:
     frame = pd.read_csv(job["train_csv"])[list(columns)]
     codes, sizes = {}, {}
     for name, spec in columns.items():
-        if spec["type"] == "numeric":
+        if spec["type"] == "numeric" and spec.get("edges"):
+            t, te = _warp(np.clip(frame[name].to_numpy(dtype=np.float64), spec["edges"][0], spec["edges"][-1]), spec), _warp(spec["edges"], spec)
+            codes[name] = np.clip(np.searchsorted(te, t, side="right") - 1, 0, len(te) - 2).astype(np.int64)
+            sizes[name] = len(te) - 1
+        elif spec["type"] == "numeric":
             lo, hi = float(spec["min"]), float(spec["max"])
             v = np.clip(frame[name].to_numpy(dtype=np.float64), lo, hi)
             codes[name] = np.zeros(len(v), dtype=np.int64) if hi <= lo else np.clip(np.floor((v - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
@@ -397,10 +420,11 @@ def main() -> None:
     data = Dataset(codes, Domain.fromdict(sizes))
     options = dict(job.get("options", {}))
     start = time.perf_counter()
+    budget = {"rho_spent": float(job.get("rho_spent", 0.0))}
     if job["synth"] == "mst":
-        synth, cliques = mst(data, float(job["epsilon"]), float(job["delta"]), prng, rows=int(job["num_rows"]), **options)
+        synth, cliques = mst(data, float(job["epsilon"]), float(job["delta"]), prng, rows=int(job["num_rows"]), **budget, **options)
     elif job["synth"] == "aim":
-        synth, cliques = aim(data, float(job["epsilon"]), float(job["delta"]), prng, rows=int(job["num_rows"]), **options)
+        synth, cliques = aim(data, float(job["epsilon"]), float(job["delta"]), prng, rows=int(job["num_rows"]), **budget, **options)
     else:
         raise ValueError(f"unknown synthesizer {job['synth']!r}: mst or aim")
     wall = time.perf_counter() - start
@@ -408,7 +432,14 @@ def main() -> None:
     values = synth.to_dict()
     for name, spec in columns.items():
         c = np.asarray(values[name], dtype=np.int64)
-        if spec["type"] == "numeric":
+        if spec["type"] == "numeric" and spec.get("edges"):
+            edges = np.asarray(spec["edges"], dtype=np.float64)
+            te = _warp(edges, spec)
+            v = _unwarp(te[c] + prng.random(len(c)) * (te[c + 1] - te[c]), spec)
+            if spec.get("integer"):  # the nearest integer of its own bin
+                v = np.clip(np.floor(v + 0.5), np.ceil(edges[c]), np.maximum(np.floor(edges[c + 1]), np.ceil(edges[c])))
+            out[name] = v
+        elif spec["type"] == "numeric":
             lo, hi = float(spec["min"]), float(spec["max"])
             out[name] = lo + (c + prng.random(len(c))) * (hi - lo) / bins  # uniform inside the bin
         else:

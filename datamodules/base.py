@@ -18,7 +18,9 @@ from lightning_gpate.privacy.randomness import mechanism_generator
 TRAIN_SAMPLINGS = ("default", "poisson", "one_teacher", "full")
 #: DataModule arguments a private model's accounting depends on (the teacher count; the budgets of DP
 #: metadata): a training checkpoint pins them, and a resumed fit that asks for other values is refused.
-PRIVACY_PARAMETERS = ("num_teachers", "metadata_epsilon", "label_ratio_epsilon")
+#: The arguments by which a DataModule estimates metadata with DP (each estimate a release, paid for once).
+DP_METADATA_PARAMETERS = ("metadata_epsilon", "label_ratio_epsilon", "quantile_epsilon")
+PRIVACY_PARAMETERS = ("num_teachers", *DP_METADATA_PARAMETERS)
 
 
 class DataError(UserError, ValueError):

@@ -113,7 +113,7 @@ def read_image_folder(
             undeclared class folder, a declared class without a folder, a file that is not a readable PNG/JPEG, an
             image of another size or colour than the first when none is declared, a non-square image.
     """
-    from tqdm.auto import tqdm
+    from lightning_gpate.progress import progress
 
     check_format_options(image_size, channels)
     root = Path(root)
@@ -143,7 +143,7 @@ def read_image_folder(
             files.append((path, code))
     images, first = [], None
     # a percentage, not a count: how many images the folder holds is private (as in every message here)
-    for path, _ in tqdm(files, desc=f"reading {root.name}", leave=False, mininterval=2.0, bar_format="{desc}: {percentage:3.0f}% {elapsed}"):
+    for path, _ in progress(files, desc=f"reading {root.name}", unit="image", show_count=False):
         image = _decode(path)
         if channels is not None:
             image = _to_channels(image, channels)

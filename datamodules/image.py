@@ -205,7 +205,7 @@ class ImageDataModule(GenerativeDataModule):
     def _load_celeba(self):
         import torchvision
         from torchvision.transforms import v2
-        from tqdm.auto import tqdm
+        from lightning_gpate.progress import progress
 
         size = self.image_size or 64
         transform = v2.Compose([v2.PILToTensor(), v2.CenterCrop(178), v2.Resize(size, antialias=True)])
@@ -222,7 +222,7 @@ class ImageDataModule(GenerativeDataModule):
                 raise DataError(f"unknown CelebA attribute {self.celeba_attribute!r}; choose one of {ds.attr_names[:40]}")
             col = ds.attr_names.index(self.celeba_attribute)
             images = torch.empty(len(ds), 3, size, size, dtype=torch.uint8)
-            for i in tqdm(range(len(ds)), desc=f"CelebA {name}", unit="img"):
+            for i in progress(range(len(ds)), desc=f"CelebA {name}", unit="image"):
                 images[i] = transform(ds[i][0])
             splits[split] = (images, ds.attr[:, col].long())
         return splits, [f"not {self.celeba_attribute}", self.celeba_attribute], 255.0, []

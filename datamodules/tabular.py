@@ -1,14 +1,22 @@
 """Tabular data: schema, the exact transform to the generator's space and back, the DataModule.
 
-The generator emits, per feature column: numeric and binary columns as one value in [-1, 1]
-(min-max scaled with the column's bounds; binary as -1/+1), categorical columns as a one-hot block.
-Bounds and categories are *metadata*; where they are read from the private data instead of declared
+The generator emits, per feature column: numeric and binary columns as one value in [-1, 1], categorical
+columns as a one-hot block (binary as -1/+1). A numeric column is mapped to [-1, 1] either linearly from its
+bounds, or, when it has **edges** ``e_0 < … < e_K`` (its bins), piecewise: bin ``k`` becomes the ``k``-th of
+``K`` equal parts of [-1, 1], a value inside it placed linearly in ``asinh((v − offset)/scale)`` (or in ``v``),
+values outside ``[e_0, e_K]`` clipped. Every model that discretises ([-1, 1] in equal parts: MarginalTree, the
+marginal warm start, PATE-GAN's marginals) then bins on the edges, and every model that scales (the GANs) spends
+its resolution where the values are. Edges are declared (``bins: [...]``, ``scale: log``) or released with DP
+(private quantiles, :mod:`lightning_gpate.privacy.quantiles`, paid from the model's budget: ``quantile_epsilon``).
+Bounds, categories and edges are *metadata*; where they are read from the private data instead of declared
 in the config, the spec lists the column under ``private_metadata`` so private models can refuse it
 or pay for it (see ``lightning_gpate.privacy.dp_stats``).
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,6 +26,7 @@ import pandas as pd
 import torch
 
 from datamodules.base import DataError, GenerativeDataModule, read_data_csv
+from lightning_gpate.privacy import quantiles as dp_quantiles
 from lightning_gpate.privacy.dp_stats import dp_bounds, dp_histogram_ratio
 from lightning_gpate.privacy.randomness import secret_seed
 
@@ -36,6 +45,12 @@ class ColumnSpec:
     max: float | None = None
     categories: list[Any] = field(default_factory=list)
     public: bool = False  # metadata declared by the user (not read from the private data)
+    # A numeric column's bins (None: the bounds' linear scale), filled in asinh((v − edges_offset)/edges_scale)
+    # (edges_scale None: in v); edges_source "declared", "log" (scale: log) or "dp_quantiles" (paid for).
+    edges: list[float] | None = None
+    edges_offset: float = 0.0
+    edges_scale: float | None = None
+    edges_source: str | None = None
 
     @property
     def width(self) -> int:
@@ -44,6 +59,14 @@ class ColumnSpec:
     @property
     def is_integer(self) -> bool:
         return self.dtype.startswith(("int", "uint", "Int", "UInt"))
+
+    def set_edges(self, edges: Sequence[float], offset: float = 0.0, scale: float | None = None, *, source: str) -> None:
+        self.edges, self.edges_offset, self.edges_scale, self.edges_source = [float(e) for e in edges], float(offset), scale, source
+
+
+#: Schema keys of a numeric column's binning: ``bins`` (public edges, or their number with ``scale: log``) and ``scale``.
+SCALES = ("linear", "log")
+LOG_BINS = 10
 
 
 def _py(value: Any) -> Any:
@@ -54,11 +77,12 @@ def _py(value: Any) -> Any:
 def _numeric_values(series: pd.Series, name: str) -> pd.Series:
     values = pd.to_numeric(series, errors="coerce")
     bad = values.isna() & series.notna()
-    if bad.any():  # neither the values nor their rows: they are private (issue 20, finding 9)
+    if bad.any():  # the first one, for the console only: the exception's message is printed, never logged
+        row = bad.idxmax()
         raise DataError(
-            f"column {name!r} is numeric but has non-numeric values (pandas.to_numeric(frame[{name!r}], "
-            f"errors='coerce').isna() finds them); declare them missing with na_values, or declare the column "
-            f"categorical in the schema"
+            f"column {name!r} is numeric but row {row} holds {series[row]!r}, which is not a number (and maybe more "
+            f"rows: pandas.to_numeric(frame[{name!r}], errors='coerce').isna() finds them); declare such markers "
+            f"missing with na_values, or declare the column categorical in the schema"
         )
     return values
 
@@ -132,6 +156,18 @@ def infer_schema(
         else:
             dtype = _declared_categories_dtype(decl.get("categories", []))
         spec = ColumnSpec(name=name, type=col_type, dtype=str(decl.pop("dtype", dtype)))
+        bins, scale = decl.pop("bins", None), decl.pop("scale", "linear")
+        if (bins is not None or scale != "linear") and col_type != "numeric":
+            raise DataError(f"column {name!r}: bins and scale are for numeric columns, and it is {col_type}")
+        if scale not in SCALES:
+            raise DataError(f"column {name!r}: scale must be one of {SCALES}, got {scale!r}")
+        if isinstance(bins, (list, tuple)):
+            edges = _declared_edges(name, bins)
+            decl.setdefault("min", edges[0])
+            decl.setdefault("max", edges[-1])
+        elif bins is not None and (scale != "log" or isinstance(bins, bool) or not isinstance(bins, int) or bins < 1):
+            raise DataError(f"column {name!r}: bins must be a list of increasing edges, or a number of bins with scale: log; "
+                            f"got {bins!r}")
         if col_type == "numeric":
             if "min" in decl and "max" in decl:
                 spec.min, spec.max, spec.public = float(decl.pop("min")), float(decl.pop("max")), True
@@ -141,12 +177,24 @@ def infer_schema(
                 raise DataError(f"column {name!r}: declare both min and max, or neither")
             else:
                 spec.min, spec.max = float(series.min()), float(series.max())
+            if isinstance(bins, (list, tuple)):
+                if edges[0] < spec.min or edges[-1] > spec.max:
+                    raise DataError(f"column {name!r}: its bins {edges} reach beyond its bounds [{spec.min:g}, {spec.max:g}]")
+                spec.set_edges(edges, source="declared")
+            elif scale == "log":
+                if not spec.public or spec.max <= spec.min:
+                    raise DataError(f"column {name!r}: scale: log cuts its declared range: declare min < max")
+                released = dp_quantiles.log_edges(spec.min, spec.max, bins or LOG_BINS)
+                spec.set_edges(released["edges"], released["offset"], released["scale"], source="log")
         else:
             if "categories" in decl:
                 spec.categories, spec.public = [_py(c) for c in decl.pop("categories")], True
-                if {str(v) for v in distinct} - {str(c) for c in spec.categories}:  # which ones is private
-                    raise DataError(f"column {name!r} has values that are not among its declared categories: "
-                                    f"declare every value it can take, or drop those rows before training")
+                outside = ~series.map(str).isin({str(c) for c in spec.categories}) & series.notna()
+                if outside.any():  # the first one, for the console only (the message is printed, never logged)
+                    row = outside.idxmax()
+                    raise DataError(f"column {name!r}: row {row} holds {series[row]!r}, which is not among its declared "
+                                    f"categories {spec.categories[:10]}: declare every value it can take, or drop those "
+                                    f"rows before training")
             else:
                 spec.categories = sorted((_py(v) for v in distinct), key=lambda v: (str(type(v)), v))
             if col_type == "binary" and len(spec.categories) != 2:
@@ -166,6 +214,55 @@ def infer_schema(
     if len(label_spec.categories) < 2:
         raise DataError(f"label column {label!r} has fewer than two classes")
     return list(specs.values()), label_spec
+
+
+def _declared_edges(name: str, bins: Sequence[Any]) -> list[float]:
+    """Public edges from the schema: at least two finite, strictly increasing numbers."""
+    try:
+        edges = [float(b) for b in bins]
+    except (TypeError, ValueError):
+        raise DataError(f"column {name!r}: bins must be numbers, got {list(bins)!r}") from None
+    if len(edges) < 2 or not np.all(np.isfinite(edges)) or not np.all(np.diff(edges) > 0):
+        raise DataError(f"column {name!r}: bins must be at least two finite, strictly increasing edges, got {list(bins)!r}")
+    return edges
+
+
+def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, epsilon: float,
+                      rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Cut the numeric columns that have public (or paid-for) bounds and no declared bins at private quantiles, in place.
+
+    A noisy row count (Laplace) sizes the bins (:func:`~lightning_gpate.privacy.quantiles.quantiles_per_column`: none
+    when the budget cannot make them informative, and the columns keep their declared ranges), then every
+    edge is an exponential-mechanism quantile (:func:`~lightning_gpate.privacy.quantiles.quantile_edges`); the release
+    costs what one ``epsilon``-bounded-range mechanism costs (``ε²/8``-zCDP), split as the module doc of
+    :mod:`lightning_gpate.privacy.quantiles` says. Nothing else of the data reaches the spec.
+
+    Returns:
+        The metadata cost: the count (pure DP) and the quantiles (``mechanism: exponential``: ``events`` draws of
+        ``epsilon_each``), for the model to charge at init.
+    """
+    chosen = [c for c in columns if c.type == "numeric" and c.edges is None and c.max > c.min]
+    if not chosen:
+        return []
+    eps_count = dp_quantiles.count_epsilon(epsilon)
+    n_hat = dp_quantiles.noisy_count(len(frame), epsilon=eps_count, rng=rng)
+    count = {"what": "row count sizing the quantile bins (Laplace)", "epsilon": float(eps_count), "neighbouring": "add_remove"}
+    per_column = dp_quantiles.quantiles_per_column(n_hat, epsilon, len(chosen))
+    if per_column == 0:  # too few rows for this budget: the declared ranges' bins, the quantiles' share left to the model
+        return [count]
+    num_bins = per_column + 1  # per_column - 1 bins between quantiles, a tail bin at each end
+    events = len(chosen) * per_column
+    eps_each = dp_quantiles.epsilon_per_quantile(epsilon, events)
+    for c in chosen:
+        values = _numeric_values(frame[c.name], c.name).to_numpy(dtype=np.float64)
+        released = dp_quantiles.quantile_edges(values, lower=c.min, upper=c.max, integer=c.is_integer, num_bins=num_bins,
+                                               epsilon=eps_each)
+        c.set_edges(released["edges"], released["offset"], released["scale"], source="dp_quantiles")
+    names = [c.name for c in chosen]
+    return [count,
+            {"what": f"quantile edges of {len(names)} numeric columns (exponential mechanism, {num_bins} bins each)",
+             "epsilon": float(eps_each * events), "mechanism": "exponential", "epsilon_each": float(eps_each),
+             "events": int(events), "columns": names, "neighbouring": "add_remove"}]
 
 
 def split_guesses(schema: dict[str, dict[str, Any]] | None) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[float, float]]]:
@@ -266,16 +363,18 @@ class TabularTransformer:
         """Frame → (``[n, output_dim]`` float64 features, ``[n]`` int64 class indices).
 
         Numeric values outside the bounds are clipped to them (declared bounds bound each record's
-        influence; this is what makes them part of the privacy analysis).
+        influence; this is what makes them part of the privacy analysis), with a warning on the console that
+        names the column (not how many values: a count of private rows); then to the column's outer edges.
         """
         blocks = []
         for c in self.columns:
             series = frame[c.name]
             if c.type == "numeric":
                 v = _numeric_values(series, c.name).to_numpy(dtype=np.float64)
-                span = c.max - c.min
-                scaled = np.zeros_like(v) if span == 0 else 2.0 * (np.clip(v, c.min, c.max) - c.min) / span - 1.0
-                blocks.append(scaled[:, None])
+                if c.public and ((v < c.min) | (v > c.max)).any():
+                    warnings.warn(f"column {c.name!r}: values outside its declared bounds [{c.min:g}, {c.max:g}] were clipped "
+                                  f"to them; declare wider bounds if they are real", stacklevel=2)
+                blocks.append(self.scale_numeric(np.clip(v, c.min, c.max), c)[:, None])
             else:
                 codes = self._codes(series, c)
                 if c.type == "binary":
@@ -286,13 +385,49 @@ class TabularTransformer:
         return features, self._codes(frame[self.label.name], self.label)
 
     @staticmethod
+    def scale_numeric(values: np.ndarray, c: ColumnSpec) -> np.ndarray:
+        """A numeric column's values (within its bounds) in [-1, 1]: linear in its bounds, or bin ``k`` of its ``K``
+        edges onto ``[-1 + 2k/K, -1 + 2(k+1)/K]``, placed linearly in the edges' scale (the module doc)."""
+        if c.edges is None:
+            span = c.max - c.min
+            return np.zeros_like(values) if span == 0 else 2.0 * (values - c.min) / span - 1.0
+        edges = np.asarray(c.edges, dtype=np.float64)
+        k_bins = len(edges) - 1
+        t = dp_quantiles.warp(np.clip(values, edges[0], edges[-1]), c.edges_offset, c.edges_scale)
+        te = dp_quantiles.warp(edges, c.edges_offset, c.edges_scale)
+        k = np.clip(np.searchsorted(te, t, side="right") - 1, 0, k_bins - 1)
+        width = te[k + 1] - te[k]
+        within = np.where(width > 0, (t - te[k]) / np.where(width > 0, width, 1.0), 0.0)
+        return -1.0 + 2.0 * (k + within) / k_bins
+
+    @staticmethod
+    def unscale_numeric(scaled: np.ndarray, c: ColumnSpec) -> np.ndarray:
+        """The inverse of :meth:`scale_numeric` (values in [-1, 1] → the column's units, within its bounds); with edges,
+        an integer column's values are the nearest integers of their own bins."""
+        scaled = np.clip(scaled, -1.0, 1.0)
+        if c.edges is None:
+            return np.clip((scaled + 1.0) / 2.0 * (c.max - c.min) + c.min, c.min, c.max)
+        edges = np.asarray(c.edges, dtype=np.float64)
+        k_bins = len(edges) - 1
+        te = dp_quantiles.warp(edges, c.edges_offset, c.edges_scale)
+        position = (scaled + 1.0) / 2.0 * k_bins
+        k = np.clip(np.floor(position).astype(np.int64), 0, k_bins - 1)
+        t = te[k] + (position - k) * (te[k + 1] - te[k])
+        values = np.clip(dp_quantiles.unwarp(t, c.edges_offset, c.edges_scale), edges[0], edges[-1])
+        if c.is_integer:  # the nearest integer of the value's own bin (a bin's end, unwarped, may round out of it)
+            lo, hi = np.ceil(edges[k]), np.floor(edges[k + 1])
+            values = np.where(lo <= hi, np.clip(np.floor(values + 0.5), lo, hi), np.floor(values + 0.5))
+        return values
+
+    @staticmethod
     def _codes(series: pd.Series, c: ColumnSpec) -> np.ndarray:
         lookup = {str(cat): i for i, cat in enumerate(c.categories)}
         as_str = series.map(str)
         codes = as_str.map(lookup)
-        if codes.isna().any():  # neither the values nor (unless declared) the categories: private
-            declared = f" {c.categories[:10]}" if c.public else ""
-            raise DataError(f"column {c.name!r} has values that are not among its categories{declared}: declare "
+        if codes.isna().any():  # the categories and the offending value only where declared (public), for the console
+            row = codes.isna().idxmax()
+            declared = f" {c.categories[:10]}: row {row} holds {series[row]!r}" if c.public else ""
+            raise DataError(f"column {c.name!r} has values that are not among its categories{declared}; declare "
                             f"every value it can take, or drop those rows")
         return codes.to_numpy(dtype=np.int64)
 
@@ -306,9 +441,12 @@ class TabularTransformer:
             block = features[:, start:start + c.width]
             start += c.width
             if c.type == "numeric":
-                v = (np.clip(block[:, 0], -1.0, 1.0) + 1.0) / 2.0 * (c.max - c.min) + c.min
-                v = np.clip(v, c.min, c.max)
-                data[c.name] = pd.Series(np.round(v) if c.is_integer else v).astype(c.dtype)
+                v = self.unscale_numeric(block[:, 0], c)
+                if c.is_integer and c.edges is not None:  # integers of their own bins (unscale_numeric), within the bounds
+                    v = np.clip(v, math.ceil(c.min), math.floor(c.max))
+                elif c.is_integer:
+                    v = np.round(v)
+                data[c.name] = pd.Series(v).astype(c.dtype)
             else:
                 codes = (block[:, 0] >= 0).astype(np.int64) if c.type == "binary" else block.argmax(axis=1)
                 data[c.name] = self._decode_categories(codes, c)
@@ -367,6 +505,14 @@ class TabularDataModule(GenerativeDataModule):
             a public guess range ``schema: {col: {guess: [lo, hi]}}`` (see :func:`dp_metadata`).
         label_ratio_epsilon: ε spent (pure DP) on the label's class ratio (Laplace counts,
             ``dp_histogram_ratio``; G-PATE spends 0.01 on credit), instead of declaring ``class_ratio``.
+        quantile_epsilon: ε of the private quantile edges of the numeric columns whose bins are not declared
+            (``None``: a share of a private model's budget under ``lightning-gpate fit``; ``0``: none, equal-width
+            bins of the bounds). Bins are declared with ``bins: [...]`` or ``scale: log`` in the schema. The edges
+            are a noisy row count and one exponential-mechanism quantile per edge, costing what one ε-bounded-range
+            mechanism does (``ε²/8``-zCDP; :func:`quantile_metadata`), charged in the model's accountant with the
+            rest of its budget. ``None`` is filled in by ``lightning-gpate fit`` and ``Synthesizer``
+            (:func:`~lightning_gpate.privacy.quantiles.default_quantile_epsilon`); a DataModule built by hand with
+            ``None`` bins on the bounds.
         metadata_seed: seed of the DP metadata noise. ``None`` (default) draws fresh OS entropy: a
             seed anyone can read (e.g. in a logged config) lets them remove the noise, so a run with one
             is tagged ``privacy_guarantee=false`` (for tests only).
@@ -388,6 +534,7 @@ class TabularDataModule(GenerativeDataModule):
         class_ratio: list[float] | None = None,
         metadata_epsilon: float | None = None,
         label_ratio_epsilon: float | None = None,
+        quantile_epsilon: float | None = None,
         metadata_seed: int | None = None,
         batch_size: int = 64,
         num_teachers: int = 0,
@@ -416,7 +563,10 @@ class TabularDataModule(GenerativeDataModule):
                 raise DataError(f"{name} must be a finite number > 0 (or unset), got {eps}")
         if label_ratio_epsilon is not None and class_ratio is not None:
             raise DataError("give either class_ratio (declared public) or label_ratio_epsilon (paid with DP), not both")
+        if quantile_epsilon is not None and not (0 <= float(quantile_epsilon) < float("inf")):
+            raise DataError(f"quantile_epsilon must be a finite number >= 0 (0: bins on the declared bounds), got {quantile_epsilon}")
         self.metadata_epsilon, self.label_ratio_epsilon = metadata_epsilon, label_ratio_epsilon
+        self.quantile_epsilon = quantile_epsilon
         self.metadata_seed = metadata_seed
         self.save_hyperparameters(ignore=["frame"])
         self._ensure_loaded()  # fail at construction on a bad file, column or value
@@ -446,7 +596,7 @@ class TabularDataModule(GenerativeDataModule):
         holes = frame.isna()
         if holes.any().any():
             if self.missing == "drop":  # a per-record transformation: neighbouring inputs stay neighbours
-                frame = frame[~holes.any(axis=1)].reset_index(drop=True)
+                frame = frame[~holes.any(axis=1)]  # the index kept: an error names a row as it was read
             else:
                 columns = [k for k, v in holes.any().items() if v]  # not how many: a private count
                 raise DataError(
@@ -487,6 +637,9 @@ class TabularDataModule(GenerativeDataModule):
             return {"splits": {"train": tensors}, "spec": spec}
         rng = np.random.default_rng(secret_seed() if self.metadata_seed is None else self.metadata_seed)
         paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
+        if self.quantile_epsilon:  # after the bounds: the quantiles' candidates lie within public (or paid) ones
+            bounded = {c.name for c in columns if c.public} | {n for cost in paid for n in cost.get("columns", [])}
+            paid += quantile_metadata(frame, [c for c in columns if c.name in bounded], epsilon=float(self.quantile_epsilon), rng=rng)
         self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
         features, labels = self.transformer.transform(frame)
         num_classes = len(label_spec.categories)

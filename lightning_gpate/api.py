@@ -73,10 +73,12 @@ class Synthesizer:
         model: model name (``"gan"``, ``"pategan"``, ``"gpate"``, ``"dpgan"``, ``"gswgan"``, ``"dpmerf"``,
             ``"marginaltree"``), class or class path.
         epsilon: privacy budget ε of a private model (required for one; refused for ``"gan"``).
-        delta: δ of a private model's (ε, δ) guarantee (required for one).
+        delta: δ of a private model's (ε, δ) guarantee (default 1e-5, as for every model; keep it well below 1/n for n
+            training records).
         max_steps: generator steps (a private model stops earlier when its budget is spent).
         experiment: MLflow experiment; run_name: MLflow run name (followed by the start time and a short id,
-            :func:`~lightning_gpate.tracking.unique_run_name`; as given in the tag ``config_run_name``).
+            :func:`~lightning_gpate.tracking.unique_run_name`; as given in the tag ``config_run_name``). Without one the
+            run is named for its model, data and ε, the start time and a short random id (``pategan-table-eps1-...``).
         tracking_uri: MLflow store (default: ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlruns/mlflow.db``).
         evaluate: run :class:`callbacks.DownstreamUtility` at the end of fitting (the report is
             :attr:`report` and in MLflow).
@@ -84,7 +86,8 @@ class Synthesizer:
             ``{"classifiers": ["LogisticRegression"], "every_n_steps": 500}``).
         log_samples: log samples and marginal plots (:class:`callbacks.SampleLogger`).
         seed: seed of everything (``pl.seed_everything``).
-        progress_bar: show Lightning's progress bar (ε of a private model is on it).
+        progress_bar: show the fit's progress in steps, ε of a private model on it (a bar on a terminal, a status
+            line every tenth of the fit elsewhere; :class:`callbacks.StepProgress`).
         trainer_options: more ``pl.Trainer`` keyword arguments (e.g. ``{"accelerator": "gpu"}``).
         **model_options: keyword arguments of the model (see its class, e.g. ``lam``, ``lr``).
     """
@@ -107,12 +110,14 @@ class Synthesizer:
         trainer_options: dict[str, Any] | None = None,
         **model_options: Any,
     ) -> None:
-        from lightning_gpate.models.private import PrivateGenerativeModel
+        from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel
 
         self.model_cls = model_class(model)
         self.private = issubclass(self.model_cls, PrivateGenerativeModel)
-        if self.private and (epsilon is None or delta is None):
-            raise ValueError(f"{self.model_cls.__name__} is private: give epsilon=... and delta=... (e.g. delta=1e-5)")
+        if self.private and epsilon is None:
+            raise ValueError(f"{self.model_cls.__name__} is private: give epsilon=... (its privacy budget)")
+        if self.private and delta is None:
+            delta = DEFAULT_DELTA
         if not self.private and (epsilon is not None or delta is not None):
             raise ValueError(f"{self.model_cls.__name__} is not private: it takes no epsilon/delta (choose a private model)")
         if max_steps < 1:
@@ -168,9 +173,13 @@ class Synthesizer:
         """
         import pytorch_lightning as pl
 
-        from callbacks import DownstreamUtility, FitSummary, ReleaseArtifact, SampleLogger
-        from lightning_gpate.tracking import GPATEMLFlowLogger
+        from pytorch_lightning.callbacks import ProgressBar
 
+        from callbacks import DownstreamUtility, FitSummary, ReleaseArtifact, SampleLogger, StepProgress
+        from lightning_gpate.progress import quiet_known_noise
+        from lightning_gpate.tracking import GPATEMLFlowLogger, run_title
+
+        quiet_known_noise()
         pl.seed_everything(self.seed, verbose=False)
         model_batch = self._model_batch_size()
         if model_batch is not None:  # Lightning refuses a run whose model and data log different `batch_size`s
@@ -184,6 +193,10 @@ class Synthesizer:
             if label is None or labels is not None or classes is not None or image_size is not None or channels is not None:
                 raise TypeError("a table is fitted with label='<its class column>' (labels, classes, image_size and channels are "
                                 "for images)")
+            if self.private and data_options.get("quantile_epsilon") is None:  # private quantile bins: a share of the budget
+                from lightning_gpate.privacy.quantiles import default_quantile_epsilon
+
+                data_options["quantile_epsilon"] = default_quantile_epsilon(self.epsilon_budget, self.delta)
             self.datamodule = TabularDataModule(frame=data, label=label, schema=schema, class_ratio=class_ratio, **data_options)
             data_arguments = {"label": label, "schema": schema, "class_ratio": class_ratio}
         else:
@@ -197,6 +210,7 @@ class Synthesizer:
         self.model = self.model_cls(self.datamodule.spec, **privacy, **self.model_options)
         utility = DownstreamUtility(enabled=self.evaluate, **self.utility_options)
         logger = GPATEMLFlowLogger(experiment_name=self.experiment, run_name=self.run_name, tracking_uri=self.tracking_uri)
+        logger.name_run(run_title(self.model, self.datamodule))
         options = {
             "max_steps": self.max_steps, "logger": logger, "enable_checkpointing": False,
             "enable_progress_bar": self.progress_bar,
@@ -204,7 +218,10 @@ class Synthesizer:
             **self.trainer_options,
         }
         self._release, summary = ReleaseArtifact(), FitSummary()
-        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), self._release, summary, *options.get("callbacks", [])]
+        given = list(options.get("callbacks", []))
+        if self.progress_bar and not any(isinstance(c, ProgressBar) for c in given):
+            given.append(StepProgress())  # the fit's steps, not Lightning's epochs of one batch
+        options["callbacks"] = [utility, SampleLogger(enabled=self.log_samples), self._release, summary, *given]
         self.trainer = pl.Trainer(**options)
         self.run_id = logger.run_id
         self._log_arguments(logger, **data_arguments, data_options=data_options)

@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import traceback
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -48,6 +49,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI  # noqa:
 
 from datamodules.base import GenerativeDataModule  # noqa: E402
 from lightning_gpate.errors import ConfigError, OptionError, UserError  # noqa: E402
+from lightning_gpate.helptext import PlainHelpFormatter, first_paragraph  # noqa: E402
 from lightning_gpate.models.base import CHECKPOINT_KEY, CheckpointError, GenerativeModel, refuse_changed_on_resume  # noqa: E402
 from lightning_gpate.models.options import OptionGroup  # noqa: E402
 
@@ -60,22 +62,62 @@ LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 #: ``--ckpt_path`` values that Lightning resolves itself (not file names).
 _LIGHTNING_CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
-_PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in ("lightning_gpate", "datamodules", "callbacks"))
+_PROJECT_PACKAGES = ("lightning_gpate", "datamodules", "callbacks")
+_PROJECT_DIRS = tuple(str(Path(__file__).resolve().parents[1] / d) for d in _PROJECT_PACKAGES)
 #: Exceptions that are the user's input when this project raises them (a ValueError from torch's
 #: internals is a bug and keeps its traceback); a :class:`UserError` is one wherever it comes from.
 _INPUT_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
+#: The models by what ``--help`` calls them, in the order it lists them (every model of :mod:`lightning_gpate.models`
+#: must have a name here: a test checks it).
+MODEL_TITLES = {"GPATE": "G-PATE", "PATEGAN": "PATE-GAN", "DPGAN": "DP-GAN", "GSWGAN": "GS-WGAN", "DPMERF": "DP-MERF",
+                "MarginalTree": "MarginalTree (tables)", "GAN": "a non-private GAN"}
 #: What ``lightning-gpate --help`` says first.
-DESCRIPTION = ("Train differentially private data generators (G-PATE, PATE-GAN, DP-GAN, GS-WGAN, MarginalTree, a "
-               "non-private GAN) from a config, with a privacy guarantee, MLflow tracking and a release artifact to "
-               "sample synthetic data from. Start: lightning-gpate fit --config configs/quickstart.yaml")
+DESCRIPTION = (f"Train differentially private data generators ({', '.join(MODEL_TITLES.values())}) from a config, with a "
+               "privacy guarantee, MLflow tracking and a release artifact to sample synthetic data from.\n\n"
+               "Start: lightning-gpate fit --config configs/quickstart.yaml")
+#: ``fit`` in the list of commands, and what ``fit --help`` says first.
+FIT_HELP = "Train a model on data from a config and options."
+FIT_DESCRIPTION = ("Train a model (--model) on data (--data) from a config (-c) and options, until the privacy budget "
+                   "or --trainer.max_steps stops it; then evaluate it, write its release and print a summary. A model's "
+                   "options: lightning-gpate fit --model.help GPATE; the data's: lightning-gpate fit --data.help "
+                   "TabularDataModule.")
+#: The help's groups whose docstring titles name a base class: their titles for a user.
+GROUP_TITLES = {"trainer": "Lightning's Trainer", "model": "the model", "data": "the data", "fit": "resuming"}
+
+
+class GPATEHelpFormatter(PlainHelpFormatter):
+    """The plain help (:class:`~lightning_gpate.helptext.PlainHelpFormatter`) with this command line's words for the
+    options whose docstrings are generic: the model and data choices, the checkpoint to resume."""
+
+    hidden = (*PlainHelpFormatter.hidden, "data.frame", "data.images", "data.labels")  # the Python API's
+    help_overrides = {
+        "ckpt_path": "a private training checkpoint of this run's model to resume from (private/<experiment>/<run>/; "
+                     "the fit summary prints its path).",
+        "weights_only": "how --ckpt_path is read (torch.load's weights_only; default: Lightning's choice).",
+        "seed_everything": "seed of every public random draw (an int; true: a random one; false: none). The mechanisms' "
+                           "noise never comes from it.",
+        "data": "the data: ImageDataModule (images: digits, MNIST, a folder, an .npz) or TabularDataModule (a CSV or a "
+                "built-in table), by name or class path; --data.help NAME lists its options.",
+    }
+
+    def _get_help_string(self, action):
+        if action.dest == "model":
+            return (f"the model: {', '.join(MODEL_TITLES)}, by name or class path; --model.help NAME lists its "
+                    f"options and what the model is.")
+        return super()._get_help_string(action)
+
+
+#: The help of one class's options (``--model.help GPATE``), as jsonargparse describes it.
+_CLASS_HELP = re.compile(r"^Help for (--[\w.]+)\.help=([\w.]+)$")
 
 
 class GPATEArgumentParser(LightningArgumentParser):
     """LightningCLI's parser whose syntax errors (an unknown option or config key, a wrong type, a missing
     config file) end in one line naming the bad key and the closest valid ones instead of the usage
-    (:mod:`lightning_gpate.option_errors`).
+    (:mod:`lightning_gpate.option_errors`), and whose help is plain text (:class:`GPATEHelpFormatter`): a class's
+    help (``--model.help GPATE``) starts with the class's description, its first paragraph.
 
     Attributes:
         command: what the user ran (``lightning-gpate fit``), for the message's pointer to ``--help``
@@ -83,6 +125,31 @@ class GPATEArgumentParser(LightningArgumentParser):
     """
 
     command: str | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", GPATEHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def format_help(self) -> str:
+        match = _CLASS_HELP.match(self.description or "")
+        if match:
+            from jsonargparse._actions import _ActionHelpClassPath
+            from jsonargparse._util import import_object
+
+            option, path = match.groups()
+            cls, key = import_object(path), option[2:]
+            chosen = "" if is_dataclass(cls) else f" --{key} {cls.__name__}"
+            self.usage = f"{PROG} fit{chosen} [--{key}.OPTION VALUE ...]"
+            self.description = first_paragraph(cls.__doc__)
+            group = (self.groups or {}).get(key)
+            if group is not None:
+                group.title = f"{cls.__name__}'s options"
+            nested = [f"{a.option_strings[0]}{' NAME' if a.nargs == '?' else ''}" for a in self._actions
+                      if isinstance(a, _ActionHelpClassPath) and all(
+                          t.__module__.partition(".")[0] in _PROJECT_PACKAGES for t in a._help_types)]
+            if nested:  # the formatter leaves a group's own help out of the list: say here how to ask for it
+                self.epilog = f"A group's own options: add {' or '.join(nested)} to this command."
+        return super().format_help()
 
     def parse_args(self, args: Sequence[str] | None = None, *more, **kwargs):
         """jsonargparse's ``parse_args``, with ``null`` for an option of a group written as a mapping
@@ -103,6 +170,35 @@ class GPATEArgumentParser(LightningArgumentParser):
 class GPATECLI(LightningCLI):
     """LightningCLI with the data spec linked into the model, MLflow as the default logger, checks
     before a fit starts, and the end-of-fit summary."""
+
+    def _add_subcommands(self, parser, **kwargs) -> None:
+        """LightningCLI's subcommands, with ``fit`` described as this tool's and the groups of its help titled for a
+        user (the model, the data, resuming) instead of by their base classes' docstrings."""
+        super()._add_subcommands(parser, **kwargs)
+        for choice in parser._subcommands_action._choices_actions:
+            if choice.dest == "fit":
+                choice.help = FIT_HELP
+        fit = self._subcommand_parsers.get("fit")
+        if fit is not None:
+            fit.description = FIT_DESCRIPTION
+        for subparser in self._subcommand_parsers.values():
+            for name, title in GROUP_TITLES.items():
+                group = (subparser.groups or {}).get(name)
+                if group is not None:
+                    group.title = title
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        """LightningCLI's Trainer, with the fit's progress in steps (:class:`callbacks.StepProgress`) in place of
+        Lightning's bar of epochs, unless the config turns the bar off or brings its own."""
+        from pytorch_lightning.callbacks import ProgressBar
+
+        from callbacks import StepProgress
+
+        given = config.get("callbacks") or []
+        given = given if isinstance(given, list) else [given]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in [*given, *callbacks]):
+            callbacks = [*callbacks, StepProgress()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.spec", "model.init_args.data_spec", apply_on="instantiate")
@@ -131,10 +227,38 @@ class GPATECLI(LightningCLI):
             # what the user asked for, before LightningCLI replaces the model's arguments by the checkpoint's
             self._requested = copy.deepcopy(self.config[subcommand])
 
+    def _default_quantile_epsilon(self) -> None:
+        """A private model's table gets private quantile bins by default: an unset ``data.quantile_epsilon`` becomes
+        a share of the model's budget (:func:`~lightning_gpate.privacy.quantiles.default_quantile_epsilon`), in the
+        config and in what a resume asked for alike (a function of the budget, which a resume pins)."""
+        from lightning_gpate.release import _import as import_class
+
+        subcommand = self.config.get("subcommand")
+        for config in (self.config[subcommand] if subcommand else self.config, self._requested):
+            data, model = (config or {}).get("data"), (config or {}).get("model")
+            if data is None or model is None or not hasattr(data, "init_args") or not hasattr(model, "init_args"):
+                continue
+            from datamodules import TabularDataModule
+
+            try:
+                tabular = issubclass(import_class(data.class_path), TabularDataModule)
+            except Exception:  # noqa: BLE001 - an unknown class fails where LightningCLI builds it, with its own message
+                continue
+            epsilon, delta = model.init_args.get("epsilon"), model.init_args.get("delta")
+            valid = _is_number(epsilon) and _is_number(delta) and float(epsilon) > 0 and 0 < float(delta) < 1
+            # an invalid budget is left for the model to refuse, in its own words
+            if tabular and data.init_args.get("quantile_epsilon", 0) is None and valid:
+                from lightning_gpate.privacy.quantiles import default_quantile_epsilon
+
+                data.init_args.quantile_epsilon = default_quantile_epsilon(float(epsilon), float(delta))
+
     def before_instantiate_classes(self) -> None:
-        """Refuse, before anything is built or run, a resume that asks for other values than its
-        training checkpoint pins: the model's class and arguments (LightningCLI has just replaced them by
-        the checkpoint's) and the data's teacher count and DP-metadata budgets."""
+        """Fill the default quantile budget of a table (:meth:`_default_quantile_epsilon`); refuse, before anything is
+        built or run, a resume that asks for other values than its training checkpoint pins: the model's class and
+        arguments (LightningCLI has just replaced them by the checkpoint's) and the data's teacher count and
+        DP-metadata budgets."""
+        if self.config.get("subcommand") in (None, "fit"):
+            self._default_quantile_epsilon()
         if self._resume_from is None or self._requested is None:
             return
         path, checkpoint = self._resume_from
@@ -189,6 +313,11 @@ class GPATECLI(LightningCLI):
             path, checkpoint = self._resume_from
             self._resume_from = None
             self.model.check_resume(checkpoint, path)
+        from lightning_gpate.tracking import GPATEMLFlowLogger, run_title
+
+        for logger in self.trainer.loggers:  # a run without a configured name is named for its model, data and ε
+            if isinstance(logger, GPATEMLFlowLogger):
+                logger.name_run(run_title(self.model, self.datamodule))
 
     def after_fit(self) -> None:
         """Print the summary (global rank 0, after the progress bar and the evaluations; every fact in
@@ -230,6 +359,10 @@ def null_group_options_as_mappings(args: Sequence[str]) -> list[str]:
         out.append(args[i])
         i += 1
     return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _plain_option(value: Any) -> Any:
@@ -324,7 +457,9 @@ def evaluate_command(argv: Sequence[str]) -> int:
     parser.add_argument("--run_id", default=None, help="MLflow run to attach the report to (default: the checkpoint's run)")
     parser.add_argument("--tracking_uri", default=None, help="MLflow store (default: MLFLOW_TRACKING_URI, else the checkpoint's store)")
     parser.add_argument("--new_run", default=None, metavar="EXPERIMENT", help="if the checkpoint's run is not in the store, record the report in a new run of this experiment")
-    parser.add_argument("--num_samples", type=int, default=None, help="generated rows/images (default: as many as the real training split)")
+    parser.add_argument("--num_samples", type=int, default=None, help="generated rows/images (default: as many as the real "
+                        "test split for a private model, whose training split's size is private; as the training split for a "
+                        "non-private one; IS/FID: as the split they compare with)")
     parser.add_argument("--seed", type=int, default=0, help="seed of generation and of the evaluation models")
     parser.add_argument("--classifiers", default=None, help="comma-separated tabular classifiers (default: all 12)")
     parser.add_argument("--settings", default="ABC", help="tabular settings, e.g. ABC or B")
@@ -460,6 +595,9 @@ def run_command(name: str, command: Callable[[], int], *, debug: bool = False) -
         user = user_error_of(err)
         if user is None:
             raise
+        from lightning_gpate.progress import close_bars
+
+        close_bars()  # a bar the error stopped would hold the start of the error's line
         if debug:
             traceback.print_exception(err)
         if _is_global_rank_zero():
@@ -481,6 +619,9 @@ def _no_such_command(name: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from lightning_gpate.progress import quiet_known_noise
+
+    quiet_known_noise()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]

@@ -34,7 +34,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from lightning_gpate.privacy.accountant import ConfidentGNMaxEvent, LaplaceVoteEvent, PrivacyAccountant, PureDPEvent
+from lightning_gpate.privacy.accountant import ConfidentGNMaxEvent, LaplaceVoteEvent, PrivacyAccountant
+from lightning_gpate.privacy.dp_stats import metadata_events
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 from lightning_gpate.privacy.smooth_release import (
     BETA_FRACTION,
@@ -211,7 +212,7 @@ def plan(probe: Probe, *, epsilon: float, orders: Sequence[float] = PLAN_ORDERS)
     acc: PrivacyAccountant = model.accountant
     delta, conversion, grid = acc.delta, acc.conversion, acc.orders
     start = PrivacyAccountant(delta=delta, orders=grid, conversion=conversion)
-    metadata = [PureDPEvent(float(c["epsilon"]), str(c.get("what", "metadata"))) for c in model.data_spec.get("metadata_cost", [])]
+    metadata = metadata_events(model.data_spec.get("metadata_cost", []))
     before = [*metadata, *model.events_before_first_step()]  # what the run pays before its first step
     for event in before:
         start.record(event)

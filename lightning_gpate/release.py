@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_gpate.errors import UserError
+from lightning_gpate.files import write_atomically
 from lightning_gpate.privacy.disclosure import released_privacy
 
 RELEASE_KEY = "lightning_gpate_release"
@@ -97,18 +96,9 @@ def build_release(model, *, datamodule=None, mlflow_run: dict | None = None, glo
 
 
 def save_release(release: dict[str, Any], path: str | Path) -> Path:
-    """Write a release artifact atomically (a temporary name, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(release, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write a release artifact atomically (a temporary name, then a rename), with the user's permissions: a release is
+    public (:mod:`lightning_gpate.files`)."""
+    return write_atomically(path, lambda tmp: torch.save(release, tmp))
 
 
 def count_numbers(value: Any) -> int:

@@ -12,14 +12,14 @@ renamed, so a failure never leaves a half-written output.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
+
+from lightning_gpate.files import folder_atomically, write_atomically
 
 
 def samples_to_frame(spec: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> pd.DataFrame:
@@ -141,19 +141,6 @@ def save_png(image, path: Path) -> None:
     image.save(path, format="PNG", optimize=True)
 
 
-def _atomic(path: Path, write) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 #: Columns drawn in the picture beside a sampled table (the label first).
 MARGINAL_COLUMNS = 6
 
@@ -205,10 +192,10 @@ def write_samples(
 
         x, y = model.generate(num_samples, seed=seed)
         frame = samples_to_frame(spec, x, y)
-        csv = _atomic(output, lambda p: frame.to_csv(p, index=False))
+        csv = write_atomically(output, lambda p: frame.to_csv(p, index=False))
         label = spec["label"]["name"]
         columns = [label] + [c for c in frame.columns if c != label][:MARGINAL_COLUMNS - 1]
-        png = _atomic(output.with_suffix(".png"), lambda p: marginal_plot(reference, frame, p, columns=columns, real_label=reference_title))
+        png = write_atomically(output.with_suffix(".png"), lambda p: marginal_plot(reference, frame, p, columns=columns, real_label=reference_title))
         return [csv, png]
     as_folder = output.suffix == "" or output.is_dir()
     if not as_folder and output.suffix.lower() != ".npz":
@@ -222,12 +209,12 @@ def write_samples(
     if as_folder:
         folder = write_image_folder(x, y, spec["class_names"], output)
         grid = image_grid(x, y, list(spec["class_names"]), reference=reference, reference_title=reference_title)
-        return [folder, _atomic(output.with_name(output.name + ".png"), lambda p: save_png(grid, p))]
+        return [folder, write_atomically(output.with_name(output.name + ".png"), lambda p: save_png(grid, p))]
     images = images_to_original_range(x, spec)
     classes = np.asarray(spec["class_names"])
-    npz = _atomic(output, lambda p: np.savez_compressed(p, images=images, labels=y.numpy(), class_names=classes))
+    npz = write_atomically(output, lambda p: np.savez_compressed(p, images=images, labels=y.numpy(), class_names=classes))
     grid = image_grid(x, y, list(classes), reference=reference, reference_title=reference_title)
-    png = _atomic(output.with_suffix(".png"), lambda p: save_png(grid, p))
+    png = write_atomically(output.with_suffix(".png"), lambda p: save_png(grid, p))
     return [npz, png]
 
 
@@ -252,9 +239,7 @@ def write_image_folder(x: torch.Tensor, y: torch.Tensor, class_names: Sequence[s
         raise ValueError(f"two classes have the same folder name: {names}")
     pixels = (model_space_to_unit(x.detach().float().cpu()) * 255.0).round().to(torch.uint8).numpy()
     labels = y.detach().cpu().numpy()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
+    with folder_atomically(output) as tmp:
         counts = [0] * len(names)
         for name in names:
             (tmp / name).mkdir()
@@ -262,14 +247,6 @@ def write_image_folder(x: torch.Tensor, y: torch.Tensor, class_names: Sequence[s
             mode_image = image[0] if image.shape[0] == 1 else image[:3].transpose(1, 2, 0)
             Image.fromarray(np.ascontiguousarray(mode_image)).save(tmp / names[label] / f"{counts[label]:06d}.png", format="PNG")
             counts[label] += 1
-        if output.is_dir():
-            output.rmdir()  # empty (checked by the caller): replaced by the written folder
-        os.replace(tmp, output)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return output
 
 

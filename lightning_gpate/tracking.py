@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,36 @@ def training_experiment_id(client, name: str) -> str:
 def unique_run_name(name: str) -> str:
     """``name`` followed by the local start time and 4 random hex digits (``quickstart-20261126-124005-3fa2``):
     every run of a config carries the config's name, and two of them can be told apart in the runs
-    table and the comparison (MLflow allows equal names)."""
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    table and the comparison (MLflow allows equal names). The digits come from the OS (``secrets``), never from
+    the seeded random state: two runs of one seed get two names."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def data_name(datamodule: Any) -> str | None:
+    """A short name of a DataModule's data for a run's name: the dataset (``digits``, ``mnist``), a file's or
+    folder's name without its suffixes (``cervical``), the built-in table, or what the Python API was given."""
+    if datamodule is None:
+        return None
+    dataset = getattr(datamodule, "dataset", None)
+    path = getattr(datamodule, "path", None) or (getattr(datamodule, "root", None) if dataset == "folder" else None)
+    if path:
+        name = Path(str(path)).name.split(".")[0]
+    elif dataset and dataset not in ("csv", "arrays", "npz"):
+        name = dataset
+    elif getattr(datamodule, "builtin", None):
+        name = datamodule.builtin
+    elif getattr(datamodule, "frame", None) is not None:
+        name = "table"
+    else:
+        name = "images" if dataset else None
+    return _MLFLOW_UNSAFE.sub("_", name) if name else None
+
+
+def run_title(model: Any, datamodule: Any = None) -> str:
+    """What a run is, as its name starts: the model, the data and a private model's ε (``gpate-digits-eps10``)."""
+    epsilon = getattr(model, "epsilon_budget", None)
+    parts = [type(model).__name__.lower(), data_name(datamodule), f"eps{epsilon:g}" if epsilon is not None else None]
+    return "-".join(p for p in parts if p)
 
 
 def run_page_url(tracking_uri: str | None, experiment_id: str, run_id: str) -> str | None:
@@ -89,8 +117,16 @@ class GPATEMLFlowLogger(MLFlowLogger):
     """Lightning's MLFlowLogger with this project's defaults (embedded SQLite store, artifacts beside it).
 
     A new run given ``run_name`` is named :func:`unique_run_name` of it, with the name as given in the
-    tag ``config_run_name`` (a config's name is the same for each of its runs).
+    tag ``config_run_name`` (a config's name is the same for each of its runs); one given none is named after its
+    model, data and ε when the fit starts (:meth:`name_run`).
     """
+
+    def name_run(self, title: str) -> None:
+        """Name a run not yet started that was given no ``run_name``: :func:`unique_run_name` of ``title`` (the
+        model, data and ε, :func:`run_title`). Without it MLflow picks a random name from Python's random state,
+        which ``seed_everything`` makes the same for every run of a seed."""
+        if self._run_id is None and not self._initialized and self._run_name is None:
+            self._run_name = unique_run_name(title)
 
     def __init__(
         self,

@@ -79,10 +79,11 @@ def test_privacy_arguments_and_bad_input_are_refused_clearly(mixed_frame):
         Synthesizer("gan").sample(3)
     with pytest.raises(TypeError, match="DataFrame"):
         Synthesizer("gan").fit(mixed_frame.to_numpy(), label="outcome")
-    private = [name for name in ("pategan", "dpgan", "gswgan", "gpate") if name in model_classes()]
-    if private:
-        with pytest.raises(ValueError, match="give epsilon=... and delta="):
-            Synthesizer(private[0], epsilon=1.0)
+    private = [name for name in ("pategan", "dpgan", "gswgan", "gpate", "dpmerf", "marginaltree") if name in model_classes()]
+    for name in private:  # epsilon is the user's choice; delta has one default, as on the command line
+        with pytest.raises(ValueError, match="give epsilon=..."):
+            Synthesizer(name, delta=1e-5)
+        assert Synthesizer(name, epsilon=1.0).delta == 1e-5
     if "pategan" in private:  # bounds read from the private data are not free
         with pytest.raises(PrivateMetadataError):
             Synthesizer("pategan", epsilon=1.0, delta=1e-5, max_steps=1, progress_bar=False).fit(

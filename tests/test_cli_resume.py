@@ -213,7 +213,12 @@ def test_pate_gans_table_default_resumes_from_the_command_line(tmp_path, capsys)
     assert final.hparams["warm_start"]["source"] == "marginals" and final.hparams["warm_start"]["fraction"] == 0.8
     assert float(run.data.params["privacy_split/warm_start_epsilon_alone"]) == 8.0
     counts = final.accountant.counts
-    assert counts["exponential_mechanism_events"] + counts["subsampled_gaussian_events"] == len(final.warm_release.planned)
+    from lightning_gpate.privacy import ExponentialMechanismEvent, SubsampledGaussianEvent
+    from lightning_gpate.privacy.dp_stats import metadata_events
+
+    metadata = [e for e in metadata_events(final.data_spec["metadata_cost"])  # the quantile bins', paid once by the model
+                if isinstance(e, (ExponentialMechanismEvent, SubsampledGaussianEvent))]
+    assert counts["exponential_mechanism_events"] + counts["subsampled_gaussian_events"] == len(final.warm_release.planned) + len(metadata)
     assert main([*fit, "--model.warm_start.fraction", "0.5", "--trainer.max_steps", "3", "--ckpt_path", "ckpts/step=2.ckpt"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert err[-1].startswith("lightning-gpate fit: error: ckpts/step=2.ckpt pins warm_start=") and "'fraction': 0.5" in err[-1]

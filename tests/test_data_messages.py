@@ -1,6 +1,7 @@
-"""Errors and warnings about the data say what is wrong and how to fix it, never a value read from the
-private rows (issue 20, finding 9): two datasets that differ in one record give the same message on every
-failing path (row counts, records per teacher, offending values, labels)."""
+"""Errors and warnings about the data say what is wrong and how to fix it, never a count read from the
+private rows: two datasets that differ in one record give the same message on every failing path (row counts,
+records per teacher, labels). A bad value is named with its column and its first row (the message is printed on
+the console, never logged), so a record added after it changes nothing."""
 
 from __future__ import annotations
 
@@ -47,12 +48,14 @@ def test_tabular_errors_are_the_same_for_neighbouring_tables(mixed_frame, tmp_pa
         folder.mkdir()
         frame.to_csv(folder / "t.csv", index=False)
     text = same_message(lambda f: TabularDataModule(str(f / "t.csv"), label="outcome"), folders, folders)
-    assert "'income' is numeric but has non-numeric values" in text and "unknown" not in text
+    assert "column 'income' is numeric but row 5 holds '?', which is not a number" in text and "unknown" not in text
     # a value outside the declared categories (one more record with another such value)
     declared = {"region": {"categories": ["east", "north", "south"]}}
     text = same_message(lambda f: TabularDataModule(frame=f, label="outcome", schema=declared),
                         neighbours(mixed_frame, {**row, "region": "north-west"}))
-    assert "not among its declared categories" in text and "west" not in text
+    first = int((mixed_frame["region"] == "west").idxmax())
+    assert f"column 'region': row {first} holds 'west', which is not among its declared categories" in text
+    assert "north-west" not in text
     # missing values (one more record with one)
     holes = mixed_frame.astype({"income": float})
     holes.loc[[1, 2], "income"] = np.nan

@@ -47,6 +47,17 @@ def test_readme_keeps_the_install_quickstart_and_test_commands():
     assert install.replace("pip install", "pip install -q") in ci and run_tests in ci
 
 
+#: The README's results: where we stand, read in a minute; the rest is one link away (docs/results.md).
+README_RESULTS_MAX_LINES = 40
+
+
+def test_the_readme_s_results_are_read_in_a_minute_and_link_to_the_rest():
+    text = README.read_text()
+    section = re.search(r"^## Results\n(.*?)(?=^## )", text, re.M | re.S).group(0)
+    assert len(section.splitlines()) <= README_RESULTS_MAX_LINES, len(section.splitlines())
+    assert "](docs/results.md" in section and section.count("\n|---") >= 2  # the rest one link away; the tables kept
+
+
 def test_readme_is_short_and_links_to_every_doc_page():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
@@ -102,3 +113,28 @@ def test_every_committed_picture_is_shown_somewhere_and_small():
     for picture in pictures:
         assert f"img/{picture.name}" in docs, f"{picture.name} is shown on no page"
         assert picture.stat().st_size <= 300_000, f"{picture.name} is {picture.stat().st_size // 1000} KB"
+
+
+def test_the_tabular_walkthrough_runs_as_written(capsys):
+    """docs/tabular.md's walkthrough, block by block, in the test's own folder and MLflow store (the autouse fixture):
+    a CSV, its schema, a MarginalTree fit at ε = 1 (with its quantile bins), samples, the report, compare."""
+    from lightning_gpate.cli import main
+
+    text = (ROOT / "docs" / "tabular.md").read_text()
+    section = text.split("## Walkthrough", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(python|bash)\n(.*?)```", section, flags=re.S)
+    assert [kind for kind, _ in blocks] == ["python"] * 5 + ["bash"]
+    namespace: dict = {}
+    for kind, code in blocks:
+        if kind == "python":
+            exec(compile(code, "docs/tabular.md", "exec"), namespace)
+        else:
+            args = shlex.split(code.strip())
+            assert args[0] == "lightning-gpate" and main(args[1:]) == 0
+    out = capsys.readouterr().out
+    assert "lightning-gpate fit: done" in out and "values: worst column" in out and "my-table" not in out.split("fit: done")[0]
+    assert "AUROC synthetic→real" in out and "median of mean area: real" in out
+    synthetic = namespace["synthetic"]
+    assert len(synthetic) == 1000 and list(synthetic.columns) == list(namespace["frame"].columns)
+    assert namespace["synth"].model.data_spec["columns"][2]["edges_source"] == "log"
+    assert namespace["synth"].model.data_spec["columns"][0]["edges_source"] == "dp_quantiles"

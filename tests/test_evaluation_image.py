@@ -187,3 +187,22 @@ def test_image_utility_can_select_on_the_real_validation_split():
     assert out["cnn_num_train"] == 200  # every generated image trains; the real val split selects
     with pytest.raises(ValueError, match="val_source must be"):
         image_utility(model, dm, val_source="test")
+
+
+def test_the_real_fid_of_a_split_the_features_trained_on_is_estimated_from_its_halves(digits, tmp_path):
+    """Features trained on the reference itself (a private model without a validation split): the real FID is what
+    real images unseen by the features score against it, estimated from halves of the reference; computed once."""
+    from lightning_gpate.evaluation import image as image_module
+    from lightning_gpate.evaluation.image import frechet_distance
+
+    (train_x, train_y), test = digits
+    first = ImageQualityEvaluator(test, test, num_classes=10, same_split=True, feature_split="test")
+    base = first.real_baseline(cache_dir=tmp_path)
+    estimate = base["fid_real_reference_halves"]
+    unseen = frechet_distance(first.features, test[0], train_x[: len(test[0])])  # what a perfect generator would score
+    assert unseen / 2 < estimate < unseen * 2, (estimate, unseen)
+    assert "feature_net_test_accuracy" not in base and "fid_real_test_vs_reference" not in base
+    image_module._REAL_BASELINES.clear()  # a new process: read back from the cache folder, not computed again
+    again = ImageQualityEvaluator(test, test, num_classes=10, same_split=True, feature_split="test")
+    again.features = None  # computing anything would fail
+    assert again.real_baseline(cache_dir=tmp_path) == base

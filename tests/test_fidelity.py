@@ -124,3 +124,70 @@ def test_a_private_gan_fitted_on_a_table_is_told_the_marginal_model_did_better()
         assert table_advice(type(models[name].__name__, (Fitted,), {})("image")) is None
     for name in ("marginaltree", "dpmerf", "gan"):
         assert table_advice(type(models[name].__name__, (Fitted,), {})("tabular")) is None
+
+
+VALUE_SPEC = {"columns": [{"name": "income", "type": "numeric", "min": 0.0, "max": 1e6, "dtype": "float64", "categories": []},
+                          {"name": "age", "type": "numeric", "min": -10.0, "max": 10.0, "dtype": "float64", "categories": []},
+                          {"name": "c", "type": "binary", "categories": [0, 1], "dtype": "int64"}],
+              "label": {"name": "y", "type": "binary", "categories": [0, 1], "dtype": "int64"},
+              "column_order": ["income", "age", "c", "y"]}
+
+
+def test_value_fidelity_against_scipy_on_known_distributions():
+    """Decile TVD against the normal CDF (scipy) at the real deciles, W1 against scipy's wasserstein_distance, the
+    medians against numpy; a skewed column that equal-width bins of its declared range cannot see."""
+    from scipy import stats
+
+    from lightning_gpate.evaluation.fidelity import value_fidelity, wasserstein_1
+
+    rng = np.random.default_rng(5)
+    n = 60_000
+    real = pd.DataFrame({"income": rng.lognormal(7, 1.5, n), "age": rng.normal(0, 1, n), "c": rng.integers(0, 2, n), "y": 0})
+    # the synthetic income: right median, the tail smeared uniformly over the declared range; age shifted by 0.5
+    fake = pd.DataFrame({"income": np.where(rng.random(n) < 0.5, rng.lognormal(7, 1.5, n), rng.uniform(0, 1e6, n)),
+                         "age": rng.normal(0.5, 1, n), "c": rng.integers(0, 2, n), "y": 0})
+    m = value_fidelity(real, fake, VALUE_SPEC)
+    deciles = stats.norm.ppf(np.linspace(0, 1, 11)[1:-1])
+    expected_age = 0.5 * np.abs(np.diff(stats.norm.cdf(np.concatenate([[-np.inf], deciles, [np.inf]]), loc=0.5)) - 0.1).sum()
+    assert m["column/age/quantile_tvd"] == pytest.approx(expected_age, abs=0.01)
+    assert wasserstein_1(real["age"], fake["age"]) == pytest.approx(stats.wasserstein_distance(real["age"], fake["age"]), rel=1e-9)
+    spread = stats.norm.ppf(0.95) - stats.norm.ppf(0.05)
+    assert m["column/age/w1_scaled"] == pytest.approx(0.5 / spread, rel=0.02)  # a shift by 0.5 moves every value by 0.5
+    assert m["column/income/w1_scaled"] == pytest.approx(
+        stats.wasserstein_distance(real["income"], fake["income"]) / np.subtract(*np.quantile(real["income"], [0.95, 0.05])), rel=1e-9)
+    assert m["column/income/median_real"] == pytest.approx(np.median(real["income"]))
+    assert m["column/income/median_synthetic"] == pytest.approx(np.median(fake["income"]))
+    # half the synthetic incomes uniform on [0, 1e6]: ~half of them above the real top decile -> TVD ~0.45
+    share_above = 0.5 * (1 - stats.lognorm.cdf(np.quantile(real["income"], 0.9), 1.5, scale=np.exp(7))) + 0.5 * (1 - np.quantile(real["income"], 0.9) / 1e6)
+    assert m["column/income/quantile_tvd"] >= share_above - 0.1 - 0.01
+    assert m["column/income/w1_scaled"] > 10  # the values a user reads: far off
+    assert m["quantile_tvd_1way"] == pytest.approx((m["column/income/quantile_tvd"] + m["column/age/quantile_tvd"]) / 2)
+    assert m["quantile_tvd_1way_max"] == m["column/income/quantile_tvd"]
+    # equal-width bins of the declared [0, 1e6] put ~97% of both incomes into the first bin: they see little
+    assert fidelity(real, fake, VALUE_SPEC)["tvd_1way"] < m["quantile_tvd_1way"]
+    # 2-way: independent columns, so the joint decile TVD of a resample of the real rows is near 0, of the fake far
+    resample = real.sample(n, replace=True, random_state=0)
+    assert value_fidelity(real, resample, VALUE_SPEC)["quantile_tvd_2way"] < 0.03
+    assert value_fidelity(real, fake, VALUE_SPEC)["quantile_tvd_2way"] > m["quantile_tvd_1way"]
+    assert "column/c/quantile_tvd" not in m  # numeric columns only
+
+
+def test_value_fidelity_ties_worst_column_and_names():
+    from lightning_gpate.evaluation.fidelity import metric_name, value_fidelity, worst_column
+
+    spec = {"columns": [{"name": "Num of pregnancies", "type": "numeric", "min": 0, "max": 15, "dtype": "int64", "categories": []},
+                        {"name": "STDs: (number)", "type": "numeric", "min": 0, "max": 12, "dtype": "int64", "categories": []}],
+            "label": {"name": "y", "type": "binary", "categories": [0, 1], "dtype": "int64"},
+            "column_order": ["Num of pregnancies", "STDs: (number)", "y"]}
+    real = pd.DataFrame({"Num of pregnancies": [0, 0, 0, 1, 1, 2, 2, 3, 4, 9], "STDs: (number)": [0] * 9 + [1], "y": [0, 1] * 5})
+    fake = pd.DataFrame({"Num of pregnancies": [0, 0, 0, 1, 1, 2, 2, 3, 4, 9], "STDs: (number)": [1] * 10, "y": [0, 1] * 5})
+    m = value_fidelity(real, fake, spec)
+    assert m["column/Num of pregnancies/quantile_tvd"] == 0.0
+    # tied deciles merge: bins (-inf, 0) [0, 1) [1, inf) hold 0, .9, .1 real and 0, 0, 1 fake
+    assert m[f"column/{metric_name('STDs: (number)')}/quantile_tvd"] == pytest.approx(0.9)
+    name, figures = worst_column({f"utility/fidelity/{k}": v for k, v in m.items()}, "utility/fidelity/")
+    assert name == "STDs: _number_" and figures["median_real"] == 0.0 and figures["median_synthetic"] == 1.0
+    from callbacks.summary import _metric_lines
+
+    assert any("worst column 'STDs: _number_'" in line and "median real 0 → synthetic 1" in line
+               for line in _metric_lines({f"utility/fidelity/{k}": v for k, v in m.items()}))

@@ -510,6 +510,25 @@ def test_image_mean_anchor_is_the_class_mean_with_noise_of_its_sensitivity_and_p
 # ----------------------------------------------------------------------------- end to end
 
 
+def test_budget_split_reports_the_quantile_edges_by_their_composition_not_their_pure_sum():
+    """Many numeric columns' quantile edges are many exponential mechanisms: their pure-DP sum (the entry's
+    ``epsilon``) can exceed the whole budget, while their composition is well inside it. The split reports what they
+    cost, bounded here independently by zCDP (each ε-exponential mechanism ε²/8-zCDP, Cesar & Rogers 2021; ρ-zCDP is
+    (ρ + 2√(ρ ln 1/δ), δ)-DP, Bun & Steinke 2016, Prop. 1.3), and the total stays below the budget."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({f"x{i}": rng.lognormal(7.0, 1.0, 4000).round(2) for i in range(8)} | {"y": rng.integers(0, 2, 4000)})
+    schema = {f"x{i}": {"min": 0.0, "max": 1e6} for i in range(8)} | {"y": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, quantile_epsilon=0.3, num_teachers=4, metadata_seed=0)
+    quantiles = [c for c in dm.spec["metadata_cost"] if c.get("mechanism") == "exponential"][0]
+    model = former(PATEGAN, dm.spec, epsilon=1.0, **SMALL)
+    split = model.budget_split()
+    reported = next(v for k, v in split.items() if k.startswith("metadata/quantile edges of 8 numeric columns"))
+    rho = quantiles["events"] * quantiles["epsilon_each"] ** 2 / 8
+    assert quantiles["epsilon"] > 1.0  # the pure-DP sum: more than the budget
+    assert 0 < reported <= rho + 2 * math.sqrt(rho * math.log(1 / 1e-5)) < 1.0
+    assert split["metadata_total"] < split["epsilon_budget"] == 1.0
+
+
 def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
     mixed_frame.to_csv("table.csv", index=False)
     config = {
@@ -519,7 +538,9 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
         "model": {"class_path": "lightning_gpate.models.PATEGAN",
                   "init_args": migrate_flat_options(PATEGAN.FLAT_OPTIONS, {  # a config of today: the option groups
                       "epsilon": 1.0, "delta": 1e-5, "planned_queries": 24, "noise_seed": 0,
-                      **{k: v for k, v in SMALL.items() if k != "noise_seed"}}, model="PATEGAN")},
+                      **{k: v for k, v in SMALL.items() if k != "noise_seed"}}, model="PATEGAN")
+                  # the tables' default warm start, shortened (its 2,000 steps are most of this test's time otherwise)
+                  | {"warm_start": {"steps": 20}}},
         "data": {"class_path": "datamodules.TabularDataModule",
                  "init_args": {"path": "table.csv", "label": "outcome", "num_teachers": 4, "teacher_batch_size": 8,
                                "label_ratio_epsilon": 0.05, "metadata_seed": 0,
@@ -537,7 +558,13 @@ def test_cli_fit_then_sample_leaves_epsilon_in_mlflow(tmp_path, mixed_frame):
     assert run.data.metrics["epsilon"] <= 1.0
     assert float(run.data.params["privacy/delta"]) == 1e-5
     assert run.data.tags["privacy_guarantee"] == "false" and "noise_seed" in run.data.tags["not_a_guarantee_because"]
-    assert float(run.data.params["privacy_split/metadata_total"]) == pytest.approx(0.05)
+    # the label ratio's 0.05, the row count that sized the quantile bins and their edges (120 rows: a median at most)
+    from lightning_gpate.release import load_release
+
+    spec = load_release(run.data.tags["release_artifact"])["hyper_parameters"]["data_spec"]
+    what = [c["what"] for c in spec["metadata_cost"]]
+    assert what[0] == "row count sizing the quantile bins (Laplace)" and what[-1] == "class ratio of 'outcome' (Laplace counts)"
+    assert 0 < float(run.data.params["privacy_split/metadata_total"]) <= sum(c["epsilon"] for c in spec["metadata_cost"])
     # the tables' default warm start, built under the CLI (its inner MarginalTree keeps its own hyperparameters)
     assert float(run.data.params["privacy_split/warm_start_epsilon_alone"]) > 0
     assert main(["sample", "--ckpt_path", run.data.tags["release_artifact"], "--num_samples", "30",

@@ -124,3 +124,28 @@ def test_image_evaluation_of_a_private_model_never_trains_on_the_training_split(
             "utility/cnn_accuracy_final"} <= metrics
     assert not any("real_train" in k or k.startswith("private/") for k in metrics), sorted(metrics)
     assert run.data.metrics["utility/cnn_num_train"] < len(dm.model_space("test")[1])  # 90% of a test-sized sample
+
+
+def test_evaluate_rebuilds_the_runs_splits_from_its_released_bins_not_a_new_draw(tmp_path):
+    """``evaluate`` rebuilds a private table's DataModule from the release: with the bins the run released and paid
+    for, not a new quantile draw (fresh noise gives other bins, and the splits, keyed on the transformed records, would
+    put training rows into the test split that every figure is scored on)."""
+    import numpy as np
+
+    from datamodules import TabularDataModule
+    from lightning_gpate.evaluation.store import datamodule_for
+    from lightning_gpate.models import MarginalTree
+    from lightning_gpate.release import build_release
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.lognormal(3.0, 1.0, 600).round(2), "b": rng.normal(50, 10, 600).round(2),
+                          "y": rng.integers(0, 2, 600)})
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    schema = {"a": {"min": 0, "max": 1000}, "b": {"min": 0, "max": 100}, "y": {"categories": [0, 1]}}
+    dm = TabularDataModule(path=str(tmp_path / "t.csv"), label="y", schema=schema, quantile_epsilon=0.5, test_fraction=0.3)
+    model = MarginalTree(dm.spec, epsilon=5.0)
+    release = build_release(model, datamodule=dm)
+    for _ in range(3):  # each new draw would move the split with probability ~1
+        rebuilt = datamodule_for(release, model)
+        assert rebuilt.spec["columns"] == dm.spec["columns"]
+        pd.testing.assert_frame_equal(rebuilt.split_frame("test"), dm.split_frame("test"))

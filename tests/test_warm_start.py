@@ -553,3 +553,47 @@ def test_a_pate_gan_release_saved_before_the_warm_start_existed_loads_without_on
     finally:
         sys.path.remove(str(before))
     assert make_fixtures.generator_digest(model) == make_fixtures.generator_digest(model_from_release(release))
+
+
+def test_the_marginal_warm_start_samples_labels_from_the_class_ratio_it_paid_for(tmp_path):
+    """A table whose class ratio is neither declared nor paid for: PATE-GAN's labels come from the class ratio the
+    marginal model measured with its share (noisy, paid for), not uniformly; kept in the release (a buffer)."""
+    import pandas as pd
+
+    from datamodules import TabularDataModule
+    from lightning_gpate.models import PATEGAN
+    from small_models import HIDDEN, SCHEMA, fit, public_frame
+
+    frame = public_frame(3000)
+    frame = pd.concat([frame[frame.y == 1], frame[frame.y == 0].iloc[:900]], ignore_index=True)  # 70% positive
+    share = float((frame.y == 1).mean())
+    dm = TabularDataModule(frame=frame, label="y", schema=SCHEMA, num_teachers=6, teacher_batch_size=8, batch_size=32, test_fraction=0.0)
+    with pytest.warns(UserWarning, match="class ratio was read from the private data"):
+        model = PATEGAN(dm.spec, epsilon=10.0, delta=1e-5, planned_queries=64, teacher_steps=1, student_steps=1, query_batch_size=16,
+                        z_dim=8, generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8], marginals={"fraction": 0.0},
+                        warm_start=MARGINAL_WARM)
+    assert model.class_ratio.tolist() == [0.5, 0.5]  # before the release: uniform
+    fit(model, dm, steps=1, default_root_dir=tmp_path)
+    assert float(model.class_ratio[1]) == pytest.approx(share, abs=0.05)
+    _, labels = model.generate(4000, seed=0)
+    assert float(labels.float().mean()) == pytest.approx(share, abs=0.05)
+    assert "class_ratio" in dict(model.named_buffers())
+
+
+def test_the_marginal_warm_start_fits_on_private_quantile_bins(tmp_path):
+    """On private quantile bins the data's paid metadata (a row count and the quantile edges, bounded-range events like
+    the tree's selections) is the model's to pay, once: the inner tree records its planned events alone (the release
+    checks it) and the fit stays within the budget."""
+    from datamodules import TabularDataModule
+    from lightning_gpate.models import PATEGAN
+    from lightning_gpate.privacy.quantiles import default_quantile_epsilon
+    from small_models import HIDDEN, SCHEMA, fit, public_frame
+
+    dm = TabularDataModule(frame=public_frame(2000), label="y", schema=SCHEMA, class_ratio=[0.5, 0.5], num_teachers=6,
+                           teacher_batch_size=8, batch_size=32, test_fraction=0.0, quantile_epsilon=default_quantile_epsilon(10.0, 1e-5))
+    assert {c["edges_source"] for c in dm.spec["columns"]} == {"dp_quantiles"}
+    model = PATEGAN(dm.spec, epsilon=10.0, delta=1e-5, planned_queries=64, teacher_steps=1, student_steps=1, query_batch_size=16,
+                    z_dim=8, generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8], marginals={"fraction": 0.0},
+                    warm_start=MARGINAL_WARM)
+    fit(model, dm, steps=1, default_root_dir=tmp_path)
+    assert bool(model.warm_release.measured) and model.guarantee_epsilon() <= 10.0

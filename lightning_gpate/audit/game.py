@@ -43,7 +43,7 @@ WORST_CASE_TARGET = "1,1,1"
 TRAINING_DATA_OPTIONS = ("batch_size", "num_teachers", "teacher_batch_size", "partition_seed", "remainder")
 #: More options a config keeps on a FILE dataset (what its columns are).
 FILE_DATA_OPTIONS = ("label", "schema", "class_ratio", "sep", "na_values", "missing", "drop_columns",
-                     "metadata_epsilon", "label_ratio_epsilon")
+                     "metadata_epsilon", "label_ratio_epsilon", "quantile_epsilon")
 
 
 class AuditError(ValueError):

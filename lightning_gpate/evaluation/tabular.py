@@ -15,7 +15,8 @@ and the synthetic data (Spearman correlation of the two scores, and top-k overla
 
 Given the data spec, the report also measures **fidelity** (:mod:`~lightning_gpate.evaluation.fidelity`):
 the mean total variation distance of the one- and two-way marginals (numeric columns binned on the
-spec's public bounds) and the mean gap of the Pearson correlations, of the synthetic table against the
+spec's public bounds), the value-level figures of the numeric columns (TVD on the real column's deciles,
+Wasserstein-1 over the real spread, medians; the worst column's too) and the mean gap of the Pearson correlations, of the synthetic table against the
 reference split (``fidelity/*``) and, with Setting A, of the other real split against it
 (``A/fidelity/*``: the noise floor a perfect synthesizer would show, read from the training split).
 
@@ -382,7 +383,9 @@ def evaluate_tabular(
         ``_AB``, ``_AC_auprc``) when both settings ran; ``"feature_ranking_spearman"``,
         ``"feature_ranking_top{k}_overlap"``, ``"spearman_corr_mae"``; ``"{S}/single_class_train"``
         is 1 where a training set had a single class; with ``spec``, ``"fidelity/{m}"`` for m in
-        ``tvd_1way``, ``tvd_2way``, ``corr_mae`` (and ``_max``) and, with Setting A, the real
+        ``tvd_1way``, ``tvd_2way``, ``corr_mae`` (and ``_max``), the value-level ``quantile_tvd_1way``,
+        ``quantile_tvd_2way``, ``w1_scaled`` and ``column/<name>/*`` of
+        :func:`~lightning_gpate.evaluation.fidelity.value_fidelity` and, with Setting A, the real
         floor ``"A/fidelity/{m}"``. NaN marks an undefined value.
 
     Raises:

@@ -85,7 +85,7 @@ from torch import nn
 
 from lightning_gpate.models.base import refuse_changed_on_resume
 from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, OptionGroup, flat_options, positive_int
-from lightning_gpate.models.private import NoPrivateStepError, PrivateGenerativeModel
+from lightning_gpate.models.private import DEFAULT_DELTA, NoPrivateStepError, PrivateGenerativeModel
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.nets.discriminators import (
     ConditionalConvDiscriminator, ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator,
@@ -118,17 +118,17 @@ class AdversarialTraining(OptionGroup):
     wasserstein, optimizer: rmsprop, lr: 5e-5, weight_clip: 0.1}``).
 
     Args:
-        loss: ``"wasserstein"`` (WGAN critic: ℓ_real = −D, ℓ_fake = D, generator −D) or ``"nonsaturating"`` (logistic
-            discriminator, ℓ_real = −log σ(D), ℓ_fake = −log(1 − σ(D)), generator −log σ(D); Goodfellow et al. 2014,
-            Bie et al. 2023).
-        optimizer: ``"rmsprop"`` (WGAN) or ``"adam"`` with ``betas`` (Bie et al.: (0.5, 0.999)), for both networks;
-            the critic's is wrapped by the DP optimizer.
+        loss: "nonsaturating" (Bie et al. 2023) or "wasserstein" (WGAN). "wasserstein": a WGAN critic, ℓ_real = −D,
+            ℓ_fake = D, generator −D; "nonsaturating": a logistic discriminator, ℓ_real = −log σ(D), ℓ_fake =
+            −log(1 − σ(D)), generator −log σ(D) (Goodfellow et al. 2014).
+        optimizer: "adam" (with betas) or "rmsprop" (WGAN), for both networks. The critic's is wrapped by the DP
+            optimizer.
         lr: learning rate of both networks (Bie et al. with Adam: 2e-4; WGAN with RMSprop: 5e-5).
-        generator_lr: the generator's own learning rate (``None``: ``lr``); a warm-started generator fine-tunes with a
+        generator_lr: the generator's own learning rate (null: lr). A warm-started generator fine-tunes with a
             smaller one than its critic's.
         betas: Adam's β1, β2.
-        weight_clip: the critic's weights are clipped to ``[−weight_clip, weight_clip]`` after each step (WGAN: 0.1);
-            ``None``: no weight clipping (the non-saturating loss needs none).
+        weight_clip: clip the critic's weights to [−weight_clip, weight_clip] after each step (null: none; WGAN: 0.1).
+            The non-saturating loss needs no weight clipping.
     """
 
     loss: str = "nonsaturating"
@@ -160,27 +160,25 @@ class CriticStep(OptionGroup):
     chosen (a speed choice; checkpoints move between them).
 
     Args:
-        impl: ``"functorch"`` (no hooks: the clipped sums by ``torch.func``'s ``vmap`` of ``grad`` over one
-            fixed-shape padded physical batch, the step one function that ``torch.compile`` can compile once, or by
-            book-keeping eagerly (``per_sample_method``); :meth:`DPGAN.functorch_discriminator_step`; on a CPU,
-            eagerly with book-keeping, 3.6-3.7x faster than opacus per critic step at width 8, 2.7x at the MNIST
-            configs' width 48: ``benchmarks/results/dpgan_mnist_cpu.md``) or ``"opacus"`` (opacus' hooks and
-            ``DPOptimizer``: the reference; :meth:`DPGAN.critic_per_sample_gradients`).
-        physical_batch_size: with ``functorch``, the rows of one physical batch: a Poisson batch is cut into physical
-            batches of this size, the last padded with masked rows (every drawn record is used). ``None``: where the
-            step is compiled, ``B + 3√B`` of this process's expected batch B, rounded up to a multiple of 8 (one
-            physical batch but about once in 700 steps; one shape, one graph); where it runs eagerly, the Poisson
-            batch itself (no padding: on a CPU padding rows cost arithmetic and a new shape costs nothing).
-        compile: with ``functorch``, the ``torch.compile`` mode of the step: ``"auto"`` (``"reduce-overhead"``, i.e.
-            CUDA graphs, on a GPU; eager on a CPU, where the compiled step measured slower), a mode (``"default"``,
-            ``"reduce-overhead"``, ``"max-autotune"``) or ``"none"`` (eager). Where compilation fails the step runs
-            eagerly, with a one-line warning.
-        per_sample_method: with ``functorch``, how the clipped sums are computed (the same sums): ``"vmap"`` (every
-            sample's whole gradient, then clipped and summed; what ``torch.compile`` compiles), ``"bookkeeping"`` (one
-            forward and one backward to the layers' outputs, each sample's norm and the clipped sums from them layer
-            by layer: :func:`~lightning_gpate.privacy.dpsgd.bookkeeping_clipped_sums`; eager only; critics of linear
-            and convolutional layers) or ``"auto"`` (book-keeping where the step runs eagerly and the critic allows
-            it, else vmap).
+        impl: "functorch" (no hooks, faster) or "opacus" (opacus' hooks and DPOptimizer: the reference). "functorch":
+            the clipped sums by torch.func's vmap of grad over one fixed-shape padded physical batch, the step one
+            function that torch.compile can compile once, or by book-keeping eagerly (per_sample_method;
+            DPGAN.functorch_discriminator_step). On a CPU, eagerly with book-keeping, it measured 3.6-3.7x faster
+            than opacus per critic step at width 8, 2.7x at the MNIST configs' width 48.
+        physical_batch_size: functorch: rows of one physical batch, the last padded with masked rows (null: by
+            device). A Poisson batch is cut into physical batches of this size; every drawn record is used. null:
+            where the step is compiled, B + 3√B of this process's expected batch B, rounded up to a multiple of 8
+            (one physical batch but about once in 700 steps; one shape, one graph); where it runs eagerly, the
+            Poisson batch itself (no padding: on a CPU padding rows cost arithmetic and a new shape costs nothing).
+        compile: functorch: the torch.compile mode of the step, "auto", "none" or a mode. "auto": "reduce-overhead"
+            (CUDA graphs) on a GPU, eager on a CPU, where the compiled step measured slower; a mode: "default",
+            "reduce-overhead" or "max-autotune"; "none": eager. Where compilation fails the step runs eagerly, with a
+            one-line warning.
+        per_sample_method: functorch: how the clipped sums are computed, "auto", "vmap" or "bookkeeping" (the same
+            sums). "vmap": every sample's whole gradient, then clipped and summed (what torch.compile compiles);
+            "bookkeeping": one forward and one backward to the layers' outputs, each sample's norm and the clipped
+            sums from them layer by layer (bookkeeping_clipped_sums; eager only; critics of linear and convolutional
+            layers); "auto": book-keeping where the step runs eagerly and the critic allows it, else vmap.
     """
 
     impl: str = "functorch"
@@ -394,76 +392,73 @@ def check_adaptive_d_steps(options: dict[str, float], d_steps: int) -> dict[str,
 
 
 class DPGAN(WarmStartMixin, PrivateGenerativeModel):
-    """Conditional GAN with a DP-SGD critic: *Private GANs, Revisited* by default (Bie et al. 2023: the
-    non-saturating loss, Adam 2e-4, no weight clipping, the all-convolutional nets for images, the adaptive n_D,
-    a weight average; the MNIST rows' recipe, ``configs/mnist/dpgan_eps*_guarantee.yaml``), the 2018 recipe (Xie et
-    al. 2018, Algorithm 1; G-PATE's DP-GAN baseline) with :data:`PAPER_SETTINGS`. On a table the 2018 recipe at lr 5e-4
-    scored better (cervical, three seeds: mean AUROC 0.677 against the defaults' 0.585, ``benchmarks/results/tabular_ladder.md``):
-    the tabular configs state it.
+    """Conditional GAN with a DP-SGD critic: by default the recipe of Private GANs, Revisited (Bie et al. 2023), the
+    2018 recipe of Xie et al. (G-PATE's DP-GAN baseline) with PAPER_SETTINGS.
+
+    Bie et al.'s recipe: the non-saturating loss, Adam 2e-4, no weight clipping, the all-convolutional nets for
+    images, the adaptive n_D, a weight average (the MNIST rows' recipe, ``configs/mnist/dpgan_eps*_guarantee.yaml``);
+    Xie et al. 2018, Algorithm 1, is :data:`PAPER_SETTINGS`. On a table the 2018 recipe at lr 5e-4 scored better
+    (cervical, three seeds: mean AUROC 0.677 against the defaults' 0.585): the tabular configs state it.
 
     Args:
-        data_spec: the DataModule's spec (the DataModule must serve Poisson batches: any
-            :class:`~datamodules.base.GenerativeDataModule` with ``num_teachers: 0`` does).
-        epsilon: privacy budget ε; training stops before a generator step's ``d_steps`` critic steps would
-            exceed it.
-        delta: δ (default 1e-5, as every shipped config).
-        sampling_rate: q, the Poisson rate of each critic batch, **declared public** (e.g. the paper's
-            64 / 60000 for MNIST: an expected batch of 64 from a dataset whose size is public). Required:
-            it is not derived from the private row count. The DataModule's ``batch_size`` is the
-            expected batch size q·N the noisy gradient sum is divided by (a public constant).
-        noise_multiplier: σ of DP-SGD (noise std σ·C on the summed clipped gradients).
-        max_grad_norm: C, the L2 bound of each real record's critic gradient (of ``ℓ_real(D(x_i, y_i))``).
-        budget_accounting: ``"guarantee"`` (DP-SGD's accounting is its only analysis: ``"paper"`` is refused).
-        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
-        training: how both networks are trained (:class:`AdversarialTraining`: loss, optimizer, lr, the generator's
-            own lr, betas, weight clipping); default Bie et al.'s non-saturating loss with Adam 2e-4, (0.5, 0.999).
-        critic_warmup_steps: training steps of critic steps only before the first generator update (each pays
-            its n_D critic steps like any other; Lightning counts none of them, so ``max_steps`` still counts
-            generator updates): a warm-started generator then first moves through a trained critic. Default 0.
-        d_steps: n_D, critic steps per generator step (default 1, the first rung of the adaptive n_D; Xie et al.: 5;
-            Bie et al.: 50 at ε = 10, 200
-            at ε = 1 on MNIST); with ``adaptive_d_steps``, the first n_D, one of :data:`D_STEPS_LADDER`.
-        adaptive_d_steps: Bie et al.'s adaptive n_D (their ``DStepScheduler``), default ``{threshold: 0.6,
-            grace: 200, decay: 0.99}`` (their MNIST ε = 10 setting; ε = 1: threshold 0.7): after every generator step, an average (decay ``decay``) of the
-            fraction of that step's fresh fakes the critic scores as fake (``D < 0``); once ``grace``
-            generator steps have passed at the current n_D and the average is at most ``threshold``, n_D
-            moves to the next value of :data:`D_STEPS_LADDER`. ``None``: n_D stays ``d_steps``. The
-            reported ε is that of the schedule's worst case (:meth:`most_critic_steps`), capped by the budget.
-        architecture: ``"mlp"`` (the baseline's fully connected nets, also for tables), ``"dcgan"``
-            (conditional DCGAN nets, critic with GroupNorm/LayerNorm; images only) or ``"conv"`` (the
-            all-convolutional conditional DCGAN of Bie et al., no normalisation; images only). ``None`` (default):
-            ``"conv"`` for images, ``"mlp"`` for tables (stored resolved).
-        generator_architecture: the generator's net when it is not ``architecture``'s (the critic stays
-            ``architecture``'s): ``"dcgan"`` with ``generator: {upsample: nearest}`` is DP-MERF's generator family
-            (``gf_dim`` 8, ``fc_dim`` 200, ``z_dim`` 5: DP-MERF's MNIST generator), what a warm start trains best.
-            ``None`` (default): ``architecture``'s.
-        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
-            some of its options): z 128 from N(0, I) (the baseline's G FC [128, 256, 512, 784]); the MLP's ``hidden``
-            (256, 512); the DCGAN's and the conv net's ``gf_dim`` 64, the DCGAN's ``fc_dim`` 1,024 and ``upsample``
-            ``transposed`` (``nearest``: ×2 nearest-neighbour, then a 5×5 convolution, no lattice); ``ema_decay``
-            0.995, the weight average that is sampled and released (the MNIST rows'; 0: none). Post-processing.
-        critic: the critic network (:class:`~lightning_gpate.models.options.DiscriminatorNet`): the MLP's ``hidden``
-            (64, 64), no normalisation; the DCGAN's and the conv net's ``df_dim`` 64 (Bie et al.: 128), the DCGAN's
-            ``fc_dim`` 1,024.
-        warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
-            options, e.g. ``{fraction: 0.5, steps: 2400, anchor_weight: 0.1}``): a share of ε buys DP-MERF's one
-            release before the first critic step, the generator trains on it (post-processing), and its pull may
-            stay in every generator step. ``None`` (default): none. Under ``accountant: pld`` its
-            release's PLD is composed with the critic steps'.
-        secure_mode: opacus' noise robust to floating-point attacks (slower).
-        accountant: ``"rdp"`` (the moments accountant of the paper, via RDP) or ``"pld"`` (the privacy
-            loss distribution of the same steps, dp-accounting: also a guarantee, about 30% smaller ε,
-            hence more steps for a budget; :mod:`lightning_gpate.privacy.pld`). The RDP accountant
-            records the steps either way (logged as ``epsilon_final_rdp``).
-        log_private_diagnostics: also log ``mean D(real) − mean D(fake)`` (WGAN: the critic's Wasserstein
-            estimate; non-saturating: the logit gap) on the real batch and the
-            Poisson batch size (functions of the private data without noise) under ``private/*`` (under DDP:
-            the estimate on rank 0's shard, the size of the whole batch).
-        critic_step: how a critic step computes its clipped per-sample gradients (:class:`CriticStep`: a speed
-            choice, the same mechanism and accounting).
-        noise_seed: seed of the DP-SGD noise and of the Poisson sampling. ``None`` (default) seeds
-            both from the OS at every start; a fixed seed lets anyone who knows it replay the noise
-            and the batches: for tests only.
+        data_spec: the DataModule's spec (the DataModule must serve Poisson batches: any GenerativeDataModule with
+            num_teachers: 0 does).
+        epsilon: the privacy budget ε; training stops before a generator step's critic steps would exceed it.
+        delta: δ of the (ε, δ) guarantee.
+        sampling_rate: q, the Poisson rate of each critic batch, declared public (required). For example the paper's
+            64 / 60000 for MNIST: an expected batch of 64 from a dataset whose size is public. It is not derived from
+            the private row count. The DataModule's batch_size is the expected batch size q·N the noisy gradient sum
+            is divided by (a public constant).
+        noise_multiplier: σ of DP-SGD, the noise std σ·C on the summed clipped gradients.
+        max_grad_norm: C, the L2 bound of each real record's critic gradient (of ℓ_real(D(x_i, y_i))).
+        budget_accounting: "guarantee", the only analysis of DP-SGD ("paper" is refused).
+        conversion: RDP to (ε, δ) conversion, "improved" or "classic".
+        training: how both networks are trained: loss, optimizer, learning rates, betas, weight clipping. The default
+            is Bie et al.'s non-saturating loss with Adam 2e-4, (0.5, 0.999).
+        critic_warmup_steps: training steps of critic steps only, before the first generator update. Each pays its
+            n_D critic steps like any other; Lightning counts none of them, so max_steps still counts generator
+            updates. A warm-started generator then first moves through a trained critic.
+        d_steps: n_D, critic steps per generator step; with adaptive_d_steps the first n_D. 1 is the first rung of
+            the adaptive n_D (Xie et al.: 5; Bie et al.: 50 at ε = 10, 200 at ε = 1 on MNIST); with adaptive_d_steps
+            it is one of D_STEPS_LADDER.
+        adaptive_d_steps: Bie et al.'s adaptive n_D (null: n_D stays d_steps). The default {threshold: 0.6, grace:
+            200, decay: 0.99} is their MNIST ε = 10 setting (ε = 1: threshold 0.7). After every generator step, an
+            average (decay "decay") of the fraction of that step's fresh fakes the critic scores as fake (D < 0);
+            once "grace" generator steps have passed at the current n_D and the average is at most "threshold", n_D
+            moves to the next value of D_STEPS_LADDER. The reported ε is that of the schedule's worst case
+            (most_critic_steps), capped by the budget.
+        architecture: "conv", "dcgan" or "mlp" (null: "conv" for images, "mlp" for tables). "mlp": the baseline's
+            fully connected nets, also for tables; "dcgan": conditional DCGAN nets, critic with GroupNorm/LayerNorm
+            (images only); "conv": the all-convolutional conditional DCGAN of Bie et al., no normalisation (images
+            only). Stored resolved.
+        generator_architecture: the generator's net if not architecture's (null: architecture's). The critic stays
+            architecture's. "dcgan" with generator: {upsample: nearest} is DP-MERF's generator family (gf_dim 8,
+            fc_dim 200, z_dim 5: DP-MERF's MNIST generator), what a warm start trains best.
+        generator: the generator network (a mapping of its options overrides some). z 128 from N(0, I) (the
+            baseline's G FC [128, 256, 512, 784]); the MLP's hidden (256, 512); the DCGAN's and the conv net's gf_dim
+            64, the DCGAN's fc_dim 1,024 and upsample transposed (nearest: ×2 nearest-neighbour, then a 5×5
+            convolution, no lattice); ema_decay 0.995, the weight average that is sampled and released (the MNIST
+            rows'; 0: none). Post-processing.
+        critic: the critic network (a mapping of its options overrides some). The MLP's hidden (64, 64), no
+            normalisation; the DCGAN's and the conv net's df_dim 64 (Bie et al.: 128), the DCGAN's fc_dim 1,024.
+        warm_start: a private warm start (a mapping of its options; default: none). For example {fraction: 0.5,
+            steps: 2400, anchor_weight: 0.1}: a share of ε buys DP-MERF's one release before the first critic step,
+            the generator trains on it (post-processing), and its pull may stay in every generator step. Under
+            accountant: pld its release's PLD is composed with the critic steps'. Its options:
+            --model.warm_start.help.
+        secure_mode: opacus' noise, robust to floating-point attacks (slower).
+        accountant: "rdp" (the moments accountant) or "pld" (privacy loss distributions, about 30% smaller ε). Both
+            are guarantees of the same steps: "pld" (dp-accounting) buys more steps for a budget
+            (lightning_gpate.privacy.pld). The RDP accountant records the steps either way (logged as
+            epsilon_final_rdp).
+        log_private_diagnostics: also log the critic's gap and the batch size (unnoised); debugging only. That is mean
+            D(real) − mean D(fake) (WGAN: the critic's Wasserstein estimate; non-saturating: the logit gap) on the real
+            batch and the Poisson batch size, functions of the private data without noise, under private/* (under
+            DDP: the estimate on rank 0's shard, the size of the whole batch).
+        critic_step: how a critic step computes its clipped per-sample gradients (a speed choice). The same mechanism
+            and accounting whichever is chosen.
+        noise_seed: seed of the DP-SGD noise and the Poisson sampling, for tests only (null: secret, from the OS). A
+            fixed seed lets anyone who knows it replay the noise and the batches.
     """
 
     HAS_PAPER_ANALYSIS = False  # DP-SGD's RDP / PLD bounds are guarantees: there is no paper-style analysis
@@ -479,7 +474,7 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float = 1e-5,
+        delta: float = DEFAULT_DELTA,
         sampling_rate: float | None = None,
         noise_multiplier: float = 1.1,
         max_grad_norm: float = 1.0,
@@ -1117,10 +1112,9 @@ class DPGAN(WarmStartMixin, PrivateGenerativeModel):
         """ε by opacus' RDP analysis, on this model's order grid, of the most critic steps the generator steps
         paid could have taken (:meth:`critic_steps_worst_case`; with a fixed n_D, those taken) and of the warm start's
         release once made (:func:`opacus_history`): a cross-check, outside this project's accountant, of the
-        guarantee's worst-case curve — a bound itself, not capped by the budget, the DP metadata aside. It used to be
-        the ε of the critic steps taken (logged as ``epsilon_opacus``), no bound under an adaptive n_D (1.929 logged
-        where the guarantee was 2.801); opacus' own hook still counts those (``opacus_accountant.history``: that the DP
-        optimizer stepped as charged)."""
+        guarantee's worst-case curve — a bound itself, not capped by the budget, the DP metadata aside. The ε of the
+        critic steps *taken* is no bound under an adaptive n_D; opacus' own hook still counts those
+        (``opacus_accountant.history``: that the DP optimizer stepped as charged)."""
         from opacus.accountants import RDPAccountant
 
         steps = self.critic_steps_worst_case()

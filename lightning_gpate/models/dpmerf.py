@@ -44,7 +44,7 @@ from torch import nn
 
 from lightning_gpate.models.anchor import balanced_labels, class_gap
 from lightning_gpate.models.options import GeneratorNet, flat_options, group_from
-from lightning_gpate.models.private import ConfigError, PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.models.private import ConfigError, DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.models.warm_start import default_length_scale, release_event
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.feature_maps import FEATURE_MAPS, FOURIER_MAPS, FeatureMap, build_feature_map
@@ -148,7 +148,9 @@ gaussian_release_event = release_event
 
 
 class DPMERF(PrivateGenerativeModel):
-    """DP-MERF: a conditional generator matched to one noisy random-feature mean embedding (module doc).
+    """DP-MERF: a conditional generator trained to match one noisy release of the data's random-feature mean embedding
+    (Harder, Adamczewski & Park, AISTATS 2021); images or tables. The release is the run's only privacy cost: every
+    generator step after it is post-processing (module doc).
 
     The defaults are the best configuration found under a guarantee on MNIST (chosen on a validation split of the
     training digits, not accounted: ``benchmarks/results/dpmerf_mnist_tuning.md``): length scale 10, 1,000 generated
@@ -158,50 +160,46 @@ class DPMERF(PrivateGenerativeModel):
     differ: ``PAPER_SETTINGS`` (``configs/mnist/dpmerf_paper_eps1_guarantee.yaml``).
 
     Args:
-        data_spec: the DataModule's spec (images or tables); the DataModule serves the whole training
-            split once per step (``num_teachers: 0``).
-        epsilon: privacy budget ε; the one release spends it (the noise is calibrated to it).
-        delta: δ.
-        budget_accounting: ``"guarantee"`` (the Gaussian mechanism's RDP, its only analysis: ``"paper"`` is refused).
-        conversion: RDP → (ε, δ) conversion.
-        noise_multiplier: σ of the release (noise std on every entry of the summed embedding, whose
-            sensitivity is 1). ``None`` (default): the smallest σ whose ε fits the budget.
-        num_features: random Fourier features 2M (M cosines and M sines; the paper: 10,000).
-        length_scale: ℓ of the Gaussian kernel in the generator's space ([-1, 1] per pixel or column), or
-            a list of length scales (the kernel is then the mean of their Gaussian kernels, the features
-            shared among them: :func:`~lightning_gpate.privacy.merf.fourier_frequencies`). ``None`` (default): by data
-            kind (:func:`default_length_scale`): images 10 at MNIST's 784 pixels (chosen on a validation split), scaled
-            with √d; tables ``√(2d/3)``, the root-mean-square distance of two uniform points of ``[-1, 1]^d`` (22.9 for
-            d = 784). The paper's MNIST choice, ℓ² = 105 for pixels in [0, 1], is ℓ ≈ 20.5 here (``PAPER_SETTINGS``).
-        feature_seed: public seed of the frequencies (``None``: drawn from the public random state of
-            ``seed_everything``). The value used, given or drawn, is stored in the hyperparameters, hence in
-            the training checkpoints and the release, as is the length scale used.
-        count_weight: b, the share of each record's unit norm given to its class count (the rest,
-            ``a = √(1 − b²)``, to its features): the counts get noise σ/b, the features σ/a.
-        generator_batch_size: fakes per step, in equal numbers per class (default 1,000, G-PATE's anchor's and the
-            MNIST validation's choice; the paper: 500). More fakes a class measure each class's generated mean
-            embedding with less sampling noise, at a cost per step proportional to the batch.
-        unbiased: subtract from each class's squared gap its bias, the spread of the class's fakes over their
-            count (:func:`~lightning_gpate.models.anchor.class_mean_gap`: the U-statistic; needs 2 fakes a class).
-        lr: Adam learning rate of the generator (the paper: 0.01).
-        lr_decay: the learning rate is multiplied by it every ``lr_decay_steps`` steps (the paper:
-            0.9 per epoch of 120 steps).
-        lr_decay_steps: see ``lr_decay``.
-        generator_betas: Adam's betas (G-PATE's generator: ``(0.5, 0.999)``).
-        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
-            some of its options). Images: the paper's small generator at its own width, z 5, its 5×5 convolutions
-            after nearest upsampling with 16 and 8 channels (``gf_dim: 8``), a first dense layer of 200 (``fc_dim``);
-            G-PATE's is ``gf_dim: 64, fc_dim: 1024``. Tables: an MLP of (256, 256). ``ema_decay`` 0: no weight
-            average (the paper).
+        data_spec: the DataModule's spec (images or tables); the DataModule serves the whole training split once per
+            step (num_teachers: 0).
+        epsilon: the privacy budget ε, which the one release spends (its noise is calibrated to it).
+        delta: δ of the (ε, δ) guarantee.
+        budget_accounting: "guarantee", the Gaussian mechanism's RDP, its only analysis ("paper" is refused).
+        conversion: RDP to (ε, δ) conversion.
+        noise_multiplier: σ of the release (null, the default: the smallest σ whose ε fits the budget). The noise std
+            on every entry of the summed embedding, whose sensitivity is 1.
+        num_features: random Fourier features 2M, M cosines and M sines (the paper: 10,000).
+        length_scale: ℓ of the Gaussian kernel, or a list of them (null: by data kind). ℓ lives in the generator's
+            space ([-1, 1] per pixel or column); a list's kernel is the mean of their Gaussian kernels, the features
+            shared among them (fourier_frequencies). null (default_length_scale): images 10 at MNIST's 784 pixels
+            (chosen on a validation split), scaled with √d; tables √(2d/3), the root-mean-square distance of two
+            uniform points of [-1, 1]^d (22.9 for d = 784). The paper's MNIST choice, ℓ² = 105 for pixels in [0, 1],
+            is ℓ ≈ 20.5 here (PAPER_SETTINGS).
+        feature_seed: public seed of the frequencies (null: drawn from the public random state of seed_everything).
+            The value used, given or drawn, is stored in the hyperparameters, hence in the training checkpoints and
+            the release, as is the length scale used.
+        count_weight: b, the share of each record's unit norm given to its class count. The rest, a = √(1 − b²), goes
+            to its features: the counts get noise σ/b, the features σ/a.
+        generator_batch_size: fakes per step, in equal numbers per class (the paper: 500). 1,000 was G-PATE's anchor's
+            and the MNIST validation's choice: more fakes a class measure each class's generated mean embedding with
+            less sampling noise, at a cost per step proportional to the batch.
+        unbiased: subtract from each class's squared gap its bias (needs 2 fakes a class). The bias is the spread of
+            the class's fakes over their count (class_mean_gap: the U-statistic).
+        lr: Adam's learning rate of the generator (the paper: 0.01).
+        lr_decay: the factor of the learning rate every lr_decay_steps steps (the paper: 0.9 per epoch of 120 steps).
+        lr_decay_steps: steps between two decays of the learning rate.
+        generator_betas: Adam's betas (G-PATE's generator: (0.5, 0.999)).
+        generator: the generator network (a mapping of its options overrides some). Images: the paper's small
+            generator at its own width, z 5, its 5×5 convolutions after nearest upsampling with 16 and 8 channels
+            (gf_dim: 8), a first dense layer of 200 (fc_dim); G-PATE's is gf_dim: 64, fc_dim: 1024. Tables: an MLP of
+            (256, 256). ema_decay 0: no weight average (the paper).
         chunk_size: records embedded at a time in the release (memory only).
-        noise_seed: seed of the release's noise (``None``: OS entropy at every start; tests only otherwise).
+        noise_seed: seed of the release's noise, for tests only (null: secret, from the OS at every start).
         log_private_diagnostics: accepted for a uniform interface; DP-MERF logs nothing private.
-        feature_maps: the release's blocks (:class:`FeatureBlock`, or mappings of their options), each a
-            data-independent feature map released once with its own share of the budget and matched by the generator:
-            ``"pixels"`` (the paper's random Fourier features), ``"dct"``, ``"scattering"`` or ``"scattering_rff"``
-            (:mod:`lightning_gpate.privacy.feature_maps`). ``None`` (default): one block of the pixels' random Fourier
-            features with ``num_features`` and ``length_scale`` (the paper's release, as before the blocks). Block ``i``
-            draws its frequencies from ``feature_seed + i``; stored resolved.
+        feature_maps: the release's blocks (null, the default: one block of the pixels' random Fourier features, the
+            paper's release). Each block is a data-independent feature map released once with its own share of the
+            budget and matched by the generator: pixels, dct, scattering or scattering_rff (FeatureBlock); block i
+            draws its frequencies from feature_seed + i; stored resolved.
     """
 
     FLAT_OPTIONS = flat_options()
@@ -213,7 +211,7 @@ class DPMERF(PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         noise_multiplier: float | None = None,

@@ -25,13 +25,12 @@ class GAN(GenerativeModel):
 
     Args:
         data_spec: the DataModule's spec.
-        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
-            some of its options): z 100 from N(0, I); images a DCGAN of ``gf_dim`` 64 and ``fc_dim`` 1,024; tables an
-            MLP of (256, 256); ``ema_decay`` 0: no weight average.
-        discriminator: the discriminator network (:class:`~lightning_gpate.models.options.DiscriminatorNet`): images
-            a DCGAN discriminator of ``df_dim`` 64 and ``fc_dim`` 1,024; tables an MLP of (256, 256).
-        lr: Adam learning rate of both networks.
-        betas: Adam betas.
+        generator: the generator network (a mapping of its options overrides some). z 100 from N(0, I); images a
+            DCGAN of gf_dim 64 and fc_dim 1,024; tables an MLP of (256, 256); ema_decay 0: no weight average.
+        discriminator: the discriminator network (a mapping of its options overrides some). Images a DCGAN
+            discriminator of df_dim 64 and fc_dim 1,024; tables an MLP of (256, 256).
+        lr: Adam's learning rate of both networks.
+        betas: Adam's betas.
         d_steps: discriminator steps per generator step.
     """
 

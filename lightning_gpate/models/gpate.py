@@ -16,7 +16,7 @@ from torch.profiler import record_function
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_feature_means, noisy_class_means
 from lightning_gpate.models.aggregators import Aggregator, GaussAgg, aggregator_from, flat_aggregator_place, migrate_flat_aggregator
 from lightning_gpate.models.options import GeneratorNet, OptionGroup, Teachers, flat_options, positive_int
-from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel
 from lightning_gpate.models.sharding import owned_members, shared_seed
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble, TeacherEnsemble
@@ -61,27 +61,27 @@ class ClassAnchor(OptionGroup):
     vector, as the teachers see it) under ``budget_accounting: guarantee`` only.
 
     Args:
-        fraction: the share of ε (the ε of that release alone); the aggregations get the rest. ``None``: 0.5 under
-            ``budget_accounting: guarantee`` (the anchor is what makes a guaranteed G-PATE useful on MNIST and the 8×8
-            digits, ``docs/results.md``, and what lifts it above chance on tables at ε = 1 with the other defaults,
-            ``benchmarks/results/tabular_utility_notes.md``), else 0; 0: none, the paper.
-        weight: weight of the generator's term towards the anchor, ``½·Σ_pixels (class mean − anchor)²`` averaged over
-            classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
-        batch_size: generated images (every class equally often) per generator step for that term (1,000: the peak of
-            the MNIST sweep, ``gpate_mnist_cpu.md`` rows 48-50).
-        unbiased: subtract from that term its bias, the spread of each class's generated images over their count
-            (:func:`~lightning_gpate.models.anchor.class_mean_gap`), which otherwise pulls a class's images together
-            (post-processing; needs ``batch_size`` of at least 2 a class). ``False``: the plain gap.
-        features: ``None``: where there is an anchor 10,000 on images (the MNIST ladders' choice) and 1,000 on tables
-            (issue 59), else 0. 0: the anchor is each class's mean image. An even number ``2M``: each class's mean
-            embedding under ``2M`` random Fourier features of a Gaussian kernel instead (DP-MERF's release, Harder et
-            al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the same z), whose higher orders carry the spread within a
-            class; the term is then ``½·ℓ²·‖mean embedding − anchor‖²``, the mean-image term to first order.
-        length_scale: ℓ of that kernel (public); ``None``: ``√(2d/3)``, the distance of two uniform points of
-            ``[-1, 1]^d``; a list ``[ℓ_1, …, ℓ_k]``: the mean of k such kernels, the features shared equally
-            (:func:`~lightning_gpate.privacy.merf.fourier_frequencies`).
-        feature_seed: public seed of the features' frequencies (``None``: drawn from the seeded RNG; the value used,
-            like the length scale used, is stored in the hyperparameters, checkpoints and release).
+        fraction: the share of ε the anchor spends (null: 0.5 under the guarantee, else 0). The aggregations get the
+            rest. The anchor is what makes a guaranteed G-PATE useful on MNIST and the 8×8 digits (docs/results.md), and
+            what lifts it above chance on tables at ε = 1 with the other defaults; 0 is the paper.
+        weight: weight of the generator's term towards the anchor. The term is ½·Σ_pixels (class mean − anchor)²
+            averaged over classes: 1 pulls a class's mean image as hard as the aggregation pulls one fake.
+        batch_size: generated images per generator step for the pull, every class equally. 1,000 was the peak of the
+            MNIST sweep.
+        unbiased: subtract the term's bias, the spread of a class's generated images. That bias otherwise pulls a
+            class's images together (class_mean_gap; post-processing; needs batch_size of at least 2 a class). false:
+            the plain gap.
+        features: random features of the anchor (null: images 10,000, tables 1,000; 0: none). null gives those where
+            there is an anchor (the MNIST ladders' and the tables' choices), else 0. 0: the anchor is each class's mean
+            image. An even number 2M: each class's mean embedding under 2M random Fourier features of a Gaussian kernel
+            instead (DP-MERF's release, Harder et al., AISTATS 2021, Eq. 6; L2 sensitivity 1, the same z), whose higher
+            orders carry the spread within a class; the term is then ½·ℓ²·‖mean embedding − anchor‖², the mean-image
+            term to first order.
+        length_scale: ℓ of that kernel, public (null: √(2d/3); a list: the mean of kernels). √(2d/3) is the distance of
+            two uniform points of [-1, 1]^d; a list [ℓ_1, …, ℓ_k] is the mean of k kernels, the features shared equally
+            (fourier_frequencies).
+        feature_seed: public seed of the features' frequencies (null: from the seeded RNG). The value used, like the
+            length scale used, is stored in the hyperparameters, checkpoints and release.
     """
 
     fraction: float | None = None
@@ -189,60 +189,54 @@ class GPATE(WarmStartMixin, PrivateGenerativeModel):
     last-bit differences into visibly different generators (1e-2 in running means after one step).
 
     Args:
-        data_spec: the DataModule's spec (``num_teachers`` > 0: set ``data.num_teachers``).
-        epsilon: privacy budget ε.
-        delta: δ.
-        budget_accounting: ``"guarantee"`` (data-independent, default), ``"paper"`` (data-dependent,
-            not a guarantee) or ``"smooth_sensitivity"`` (the data-dependent ε released with smooth
-            sensitivity at the end of a run of ``trainer.max_steps``; see the private base).
-        epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity`` (private base).
-        conversion: RDP → (ε, δ) conversion.
-        aggregator: the private aggregator, by class (:mod:`~lightning_gpate.models.aggregators`): ``GaussAgg``
-            (default, σ 40: the MNIST ladders' choice under a guarantee), ``DPGradAgg`` (G-PATE's paper: projection,
-            clipping, bins, Confident-GNMax) or ``TopAgg`` (DataLens), each with its own parameters
-            (``--model.aggregator.help DPGradAgg``); a name (``dpgradagg``, ``topagg``, ``gaussian``) is that class
-            with its defaults.
-        fake_batch_size: fakes per aggregation ``m`` (DPGradAgg: ``m · projection_dim`` queries).
-        teachers: the teacher ensemble (:class:`~lightning_gpate.models.options.Teachers`; a mapping overrides some of
-            its options): how its fakes are labelled, its steps (and warm-up steps, free), precision, Adam settings,
-            widths, chunking, kernels and seed.
-        own_label_votes: a teacher votes on a fake only if the fake's label occurs in its current real
-            batch, and abstains otherwise (default; ``False``: every teacher votes on every fake, the paper).
-            With few images per teacher most teachers have never seen a fake's class; the
-            abstention depends on the teacher's own data only, so the sensitivity is unchanged.
-            The threshold (``threshold_fraction`` × all teachers) then counts only voters.
-        group_fakes_by_label: aggregate one direction per label of the fake batch instead of one per
-            fake: each teacher averages its directions over the fakes of a label, the aggregation runs
-            on these averages (one query set per label, so fewer queries per step), and every fake of
-            the label moves by its label's released direction (default; ``False``: one per fake, the paper).
-            Under heavy noise the generator then learns class templates instead of fitting each
-            fake's noise. A teacher's average depends on its own data only: the sensitivity holds.
-        generator_lr: generator's Adam learning rate; generator_betas: its betas.
-        target_scale: ``x̂ = x + target_scale · Δx`` (1 in the paper; TopAgg's α; any value is
-            post-processing).
-        generator_steps: generator steps per aggregation towards the same ``x̂`` (post-processing). ``None``
-            (default): 10 on tables (:data:`DEFAULT_TABLE_GENERATOR_STEPS`, where the budget buys few aggregations),
-            1 on images (the paper).
-        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
-            some of its options): z 100 from U(-1, 1) as in the paper; images a DCGAN of ``gf_dim`` 64 and ``fc_dim``
-            1,024 with ``upsample: nearest`` (nearest ×2 then a convolution, no checkerboard lattice; the paper's
-            ``transposed`` draws lattices at 28×28, see :class:`~lightning_gpate.nets.generators.ConditionalDCGANGenerator`);
-            tables an MLP of (256, 256); ``ema_decay`` 0.99, the weight average that samples (the MNIST ladders'
-            choice, ``benchmarks/results/gpate_mnist_cpu.md`` rows 15 and 23; 0: none, the paper).
-        anchor: the class anchor (:class:`ClassAnchor`): by default, under the guarantee (images and tables), half of ε
-            buys each class's mean embedding under random features (10,000 on images, 1,000 on tables) once and every
-            generator step pulls towards it.
-            With a ``warm_start`` its default is none (the warm start's release takes its place).
-        warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
-            options; issue 56), the one every private GAN takes: its share of ε buys DP-MERF's release once before the
-            first aggregation, the generator takes its steps on it (post-processing), and every generator step may keep
-            its pull (``anchor_weight``). ``None`` (default): none. Not together with an ``anchor`` of its own: one
-            release of the classes.
-        noise_seed: seed of the projection and aggregation noise. ``None`` (default) draws a secret
-            seed from the OS at every start; a fixed seed makes the noise reproducible by anyone who
-            knows it — for tests only.
-        log_private_diagnostics: also log the teachers' loss (a function of the private data without
-            noise) as ``private/teacher_loss``; debugging only.
+        data_spec: the DataModule's spec (num_teachers > 0: set data.num_teachers).
+        epsilon: the privacy budget ε.
+        delta: δ of the (ε, δ) guarantee, well below 1/n (1e-5: up to 100,000 records).
+        budget_accounting: "guarantee" (default), "paper" or "smooth_sensitivity". "guarantee" is the data-independent
+            bound; "paper" the data-dependent one, not a guarantee; "smooth_sensitivity" releases the data-dependent ε
+            with smooth sensitivity at the end of a run of trainer.max_steps (see the private base).
+        epsilon_hard_cap, smooth_sensitivity: for budget_accounting: smooth_sensitivity (private base).
+        conversion: RDP to (ε, δ) conversion.
+        aggregator: the private aggregator by class: GaussAgg, DPGradAgg or TopAgg. GaussAgg (σ 40, the MNIST ladders'
+            choice under a guarantee), DPGradAgg (G-PATE's paper: projection, clipping, bins, Confident-GNMax) and
+            TopAgg (DataLens) each take their own parameters (--model.aggregator.help DPGradAgg); a name (dpgradagg,
+            topagg, gaussian) is that class with its defaults.
+        fake_batch_size: fakes per aggregation m (DPGradAgg: m × projection_dim queries).
+        teachers: the teacher ensemble (a mapping of its options overrides some). How its fakes are labelled, its
+            steps (and warm-up steps, free), precision, Adam settings, widths, chunking, kernels and seed
+            (lightning_gpate.models.options.Teachers).
+        own_label_votes: teachers vote only on fakes of labels in their real batch (the paper: false). With few images
+            per teacher most teachers have never seen a fake's class; the abstention depends on the teacher's own data
+            only, so the sensitivity is unchanged. The threshold (threshold_fraction × all teachers) then counts only
+            voters.
+        group_fakes_by_label: one aggregated direction per label, not per fake (the paper: false). Each teacher averages
+            its directions over the fakes of a label, the aggregation runs on these averages (one query set per label,
+            so fewer queries per step), and every fake of the label moves by its label's released direction. Under heavy
+            noise the generator then learns class templates instead of fitting each fake's noise. A teacher's average
+            depends on its own data only: the sensitivity holds.
+        generator_lr: the generator's Adam learning rate.
+        generator_betas: the generator's Adam betas.
+        target_scale: the step towards the votes, x̂ = x + target_scale · Δx (the paper: 1). TopAgg's α; any value is
+            post-processing.
+        generator_steps: generator steps per aggregation (null: 10 on tables, 1 on images). Each steps towards the same
+            x̂ (post-processing); tables get more because their budget buys few aggregations
+            (DEFAULT_TABLE_GENERATOR_STEPS).
+        generator: the generator network (a mapping of its options overrides some). z 100 from U(-1, 1) as in the
+            paper; images a DCGAN of gf_dim 64 and fc_dim 1,024 with upsample: nearest (nearest ×2 then a
+            convolution, no checkerboard lattice; the paper's transposed draws lattices at 28×28); tables an MLP of
+            (256, 256); ema_decay 0.99, the weight average that samples (the MNIST ladders' choice; 0: none, the
+            paper).
+        anchor: the class anchor, bought once with a share of ε. By default, under the guarantee (images and tables),
+            half of ε buys each class's mean embedding under random features (10,000 on images, 1,000 on tables) once
+            and every generator step pulls towards it. With a warm_start its default is none (the warm start's release
+            takes its place).
+        warm_start: a private warm start, a mapping of its options (null: none). Its share of ε buys DP-MERF's release
+            once before the first aggregation, the generator takes its steps on it (post-processing), and every
+            generator step may keep its pull (anchor_weight); the one every private GAN takes. Not together with an
+            anchor of its own: one release of the classes.
+        noise_seed: seed of the mechanisms' noise, for tests only (null: secret, from the OS). A fixed seed makes the
+            noise reproducible by anyone who knows it.
+        log_private_diagnostics: also log the teachers' loss, unnoised (debugging only).
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Confident-GNMax: threshold and GNMax steps
@@ -275,7 +269,7 @@ class GPATE(WarmStartMixin, PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float = 1.0,
-        delta: float = 1e-5,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         epsilon_hard_cap: float | None = None,

@@ -75,7 +75,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
 from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, OptionGroup, positive_widths, flat_options, positive_int
-from lightning_gpate.models.private import PrivateGenerativeModel
+from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.models.sharding import (gather_members, local_backward, owned_members, rank_and_world,
                                               replicated_backward, select_members, shared_seed)
@@ -95,12 +95,15 @@ class WGANTraining(OptionGroup):
     """How GS-WGAN's networks are trained (Chen et al. 2020: WGAN-GP, Gulrajani et al. 2017).
 
     Args:
-        lr: Adam learning rate of every network (the paper's 1e-4); betas: Adam betas ((0.5, 0.9)).
-        generator_lr, generator_betas: the generator's own Adam settings (``None``: ``lr``, ``betas``, the paper's).
-            Under the sound analysis every step carries a noise of std 2Cσ per sample coordinate: a larger rate and
-            momentum (e.g. 1e-3, (0.9, 0.999)) average it over steps.
-        critic_steps: critic steps per generator step (5).
-        gp_weight: λ of the gradient penalty (10); drift_weight: weight of mean D(real)² (0.001).
+        lr: Adam's learning rate of every network (the paper's 1e-4).
+        betas: Adam's betas (the paper's (0.5, 0.9)).
+        generator_lr: the generator's own Adam learning rate (null: lr, the paper). Under the sound analysis every
+            step carries a noise of std 2Cσ per sample coordinate: a larger rate and momentum (e.g. 1e-3,
+            (0.9, 0.999)) average it over steps.
+        generator_betas: the generator's own Adam betas (null: betas, the paper).
+        critic_steps: critic steps per generator step (the paper's 5).
+        gp_weight: λ of the gradient penalty (the paper's 10).
+        drift_weight: weight of mean D(real)² (the paper's 0.001).
     """
 
     lr: float = 1e-4
@@ -132,11 +135,11 @@ class Pretraining(OptionGroup):
     ``train``, which loads them from ``pretrained_checkpoint``).
 
     Args:
-        iterations: the stage stops after this many iterations (each: ``training.critic_steps`` steps of every
-            discriminator, one step of every throwaway generator; 2000 in the paper). ``trainer.max_steps`` may
-            stop it earlier; resume with ``ckpt_path``.
-        generator_hidden: hidden widths of small MLP throwaway generators; ``None``: the main generator's network
-            (N_D copies of it are held at once).
+        iterations: iterations of stage pretrain (the paper's 2,000); trainer.max_steps may stop it earlier. Each is
+            training.critic_steps steps of every discriminator and one step of every throwaway generator; resume with
+            ckpt_path.
+        generator_hidden: hidden widths of small MLP throwaway generators (null: the main generator's network). N_D
+            copies of it are held at once.
     """
 
     iterations: int = 2000
@@ -306,10 +309,10 @@ def wgan_gp_critic_loss(
 
 # ============================================================================ model
 class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
-    """GS-WGAN: generator trained through N_D disjointly trained discriminators with a sanitised
-    gradient (Chen et al. 2020, Algorithm 1); conditional, images (DCGAN nets) or tables (MLP nets).
+    """GS-WGAN: a generator trained through N_D disjointly trained discriminators with a sanitised gradient (Chen et
+    al. 2020, Algorithm 1); conditional, images (DCGAN nets) or tables (MLP nets).
 
-    The defaults (issue 47) plan σ from the budget (the paper's σ is no guarantee) and sample a weight average; the
+    The defaults plan σ from the budget (the paper's σ is no guarantee) and sample a weight average; the
     paper's settings are :data:`PAPER_SETTINGS`.
 
     N_D is the DataModule's ``num_teachers`` (its fixed disjoint partition gives each discriminator
@@ -317,51 +320,50 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
 
     Args:
         data_spec: the DataModule's spec.
-        epsilon: privacy budget ε; training stops before a generator step would exceed it.
-        delta: δ (default 1e-5, as every shipped config).
-        noise_multiplier: σ of the sanitiser (noise std 2Cσ per sample). ``None`` (default): the smallest σ for
-            which ``planned_steps`` generator steps fit the budget under ``budget_accounting`` (a public function of
-            ε, δ, N_D and B; stored resolved). The paper's 1.07 (:data:`PAPER_SETTINGS`) is no guarantee.
-        planned_steps: generator steps to plan σ for when ``noise_multiplier`` is ``None`` (the budget then stops
-            training after them; default 1,000: on the 8×8 digits with 20 discriminators, σ ≈ 10 at ε = 10).
-        clip_bound: C, per-sample L2 bound of the gradient from the discriminator into a sample.
+        epsilon: the privacy budget ε; training stops before a generator step would exceed it.
+        delta: δ of the (ε, δ) guarantee.
+        noise_multiplier: σ of the sanitiser, noise std 2Cσ per sample (null: planned for planned_steps). null: the
+            smallest σ for which planned_steps generator steps fit the budget under budget_accounting (a public
+            function of ε, δ, N_D and B; stored resolved). The paper's 1.07 (PAPER_SETTINGS) is no guarantee.
+        planned_steps: generator steps σ is planned for when noise_multiplier is null. The budget then stops training
+            after them; 1,000 on the 8×8 digits with 20 discriminators is σ ≈ 10 at ε = 10.
+        clip_bound: C, the per-sample L2 bound of the gradient from the discriminator into a sample.
         generator_batch_size: B, generated samples per generator step (enters ε: σ/√B in the sound analysis).
-        stage: ``"pretrain"`` (non-private discriminator pretraining) or ``"train"``.
-        pretrained_checkpoint: private training checkpoint of a ``pretrain`` run on the same data and partition
-            (stage ``train``; without it the discriminators start untrained, with a warning).
-        budget_accounting: ``"guarantee"`` (sound GS-WGAN analysis) or ``"paper"`` (per-sample
-            composition of the official code: not a guarantee).
-        conversion: RDP → (ε, δ) conversion.
-        training: how the networks are trained (:class:`WGANTraining`: the paper's Adam 1e-4, (0.5, 0.9) for every
-            network, 5 critic steps a generator step, the gradient penalty 10 and drift 0.001).
-        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
-            some of its options): z 100 from N(0, I); tables an MLP of (256, 256) (ReLU, BatchNorm, tanh/softmax
-            outputs); images a DCGAN of ``gf_dim`` 64 and ``fc_dim`` 256 with ``upsample: transposed`` (``nearest``:
-            ×2 then a convolution, as the official code's ResNet generator upsamples and as G-PATE's and PATE-GAN's
-            MNIST rows chose; not the default: on the 8×8 digits, ε = 10, both at chance, FID 341 against
-            transposed's 204, one run each); ``ema_decay`` 0.99 (the CPU configs'): an exponential moving average of
-            the generator (after the official code's warm-up: ``min(1 − 1/t, ema_decay)`` at generator step t) samples
-            (post-processing: free); ``null`` or 0: the generator itself, the paper.
-        discriminator: the discriminators' network (:class:`~lightning_gpate.models.options.DiscriminatorNet`):
-            tables an MLP of (128,) (LeakyReLU 0.2, no normalisation: the gradient penalty is per sample); images a
-            DCGAN discriminator of ``df_dim`` 32 and ``fc_dim`` 256 (no normalisation).
-        pretraining: stage ``pretrain``'s length and throwaway generators (:class:`Pretraining`; the paper's 2,000
-            iterations, the main generator's network).
-        discriminator_state: ``"reset"`` (default: every draw starts the discriminator from its state at
-            the start of training, with a fresh Adam state; see the module docstring) or ``"kept"``
-            (it continues from its last draw, as the official code: ``budget_accounting: paper`` only).
-        log_private_diagnostics: also log what is computed from the private data without noise: the
-            discriminator drawn (the secret GS-WGAN's subsampling rests on), the critic and generator
-            losses through non-private discriminators, pretraining losses; under ``private/*``.
-        warm_start: a private warm start of the private stage (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a
-            mapping of its options): a share of ε buys DP-MERF's one release before the first sanitised step, the
-            generator trains on it (post-processing) and may keep its pull; σ is planned for what the budget leaves.
-            Ignored by ``stage: pretrain`` (nothing private is released there). ``None`` (default): none.
-        secure_mode: draw the sanitiser's noise as opacus' ``secure_mode`` does (robust to
-            floating-point attacks, 4× the draws).
-        noise_seed: seed of the sanitiser's noise and of the choice of discriminator (and its real
-            batches). ``None`` (default) seeds both from the OS at every start, never from
-            ``seed_everything``; a fixed seed lets anyone who knows it replay them: for tests only.
+        stage: "pretrain" (non-private discriminator pretraining) or "train".
+        pretrained_checkpoint: stage train: the private training checkpoint of a pretrain run on the same data. Its
+            partition must be the same; without one the discriminators start untrained, with a warning.
+        budget_accounting: "guarantee" (the sound GS-WGAN analysis) or "paper" (not a guarantee). "paper" is the
+            per-sample composition of the official code.
+        conversion: RDP to (ε, δ) conversion.
+        training: how the networks are trained (the paper's WGAN-GP settings). Adam 1e-4, (0.5, 0.9) for every
+            network, 5 critic steps a generator step, the gradient penalty 10 and drift 0.001.
+        generator: the generator network (a mapping of its options overrides some). z 100 from N(0, I); tables an MLP
+            of (256, 256) (ReLU, BatchNorm, tanh/softmax outputs); images a DCGAN of gf_dim 64 and fc_dim 256 with
+            upsample: transposed (nearest: ×2 then a convolution, as the official code's ResNet generator upsamples
+            and as G-PATE's and PATE-GAN's MNIST rows chose; not the default: on the 8×8 digits, ε = 10, both at
+            chance, FID 341 against transposed's 204, one run each); ema_decay 0.99 (the CPU configs'): an
+            exponential moving average of the generator (after the official code's warm-up: min(1 − 1/t, ema_decay)
+            at generator step t) samples (post-processing: free); null or 0: the generator itself, the paper.
+        discriminator: the discriminators' network (a mapping of its options overrides some). Tables an MLP of (128,)
+            (LeakyReLU 0.2, no normalisation: the gradient penalty is per sample); images a DCGAN discriminator of
+            df_dim 32 and fc_dim 256 (no normalisation).
+        pretraining: stage pretrain's length and throwaway generators. The paper's 2,000 iterations, the main
+            generator's network.
+        discriminator_state: "reset" (default) or "kept" (the official code; budget_accounting: paper only). "reset":
+            every draw starts the discriminator from its state at the start of training, with a fresh Adam state
+            (see the module docstring); "kept": it continues from its last draw.
+        log_private_diagnostics: also log unnoised values of the private data under private/*; debugging only. The
+            discriminator drawn (the secret GS-WGAN's subsampling rests on), the critic and generator losses through
+            non-private discriminators, pretraining losses.
+        warm_start: a private warm start of the private stage (a mapping of its options; default: none). A share of
+            ε buys DP-MERF's one release before the first sanitised step, the generator trains on it
+            (post-processing) and may keep its pull; σ is planned for what the budget leaves. Ignored by stage:
+            pretrain (nothing private is released there). Its options: --model.warm_start.help.
+        secure_mode: draw the sanitiser's noise as opacus' secure_mode does (robust to floating-point attacks, 4×
+            the draws).
+        noise_seed: seed of the sanitiser's noise and of the discriminators drawn, for tests only (null: secret, from
+            the OS). The seed also draws each discriminator's real batches; it never comes from seed_everything, and a
+            fixed seed lets anyone who knows it replay them.
     """
 
     #: Options whose ``None`` the constructor resolves (σ, planned from the budget) and stores resolved
@@ -377,7 +379,7 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float = 1e-5,
+        delta: float = DEFAULT_DELTA,
         noise_multiplier: float | None = None,
         planned_steps: int = 1000,
         clip_bound: float = 1.0,

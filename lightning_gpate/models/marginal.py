@@ -60,15 +60,18 @@ order of the cliques (:class:`CliqueSampler`). ``clique_size: 2`` is the tree, t
 
 **The default, ``clique_size: "auto"``**, grows cliques of three columns when the noisy row count ``N̂`` (from the
 one-way measurements already paid for: post-processing) reaches ``AUTO_ROWS_PER_CELL`` rows per cell of a
-3-way table of three numeric columns (``2·num_bins³``: 2,000 rows at 10 bins), and the tree below it. Both
+3-way table of three numeric columns (``2·B³`` for the most bins ``B`` of a numeric column: 2,000 rows at 10 bins), and the tree below it. Both
 structures record the same planned events, so the choice costs no privacy and the reported ε is the same.
 Chosen on a validation split of the training data of issue 59's five development tables (unaccounted tuning;
 ``benchmarks/results/tabular_utility_notes.md``): cliques of three lowered the 2-way TVD on every (table, ε)
 cell of the three tables of 4,000 rows and more (cardio, fair, randhie) and raised it, or the AUROC's spread,
 on the two of fewer than 500 (cervical, breast cancer).
 
-Numeric columns are cut into ``num_bins`` equal-width bins of their declared (public) range in the
-generator's space [-1, 1]; a sampled bin is filled uniformly. Binary and categorical columns keep their
+Numeric columns are binned on their edges (the DataModule's preprocessing: declared, or private quantiles paid
+from the budget, :mod:`lightning_gpate.privacy.quantiles`), each bin an equal part of the generator's space [-1, 1];
+a sampled bin is filled evenly there, which the DataModule's decoder turns into its own within-bin scale (log-like
+where bins widen: a skewed column's tail). A column without edges is cut into ``num_bins`` equal-width bins of its
+declared (public) range. Binary and categorical columns keep their
 categories. The generator is a :class:`TreeSampler`: a deterministic function of a uniform latent vector
 and the label, so ``generate``/``sample``/checkpoints work as for every other model.
 """
@@ -84,7 +87,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.privacy import ExponentialMechanismEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
 
@@ -238,33 +241,36 @@ class CliqueSampler(TreeSampler):
 
 # ============================================================================ the model
 class MarginalTree(PrivateGenerativeModel):
-    """DP synthesizer of every column's noisy marginals on a spanning tree (see the module doc).
+    """DP synthesizer of tables: every column's noisy marginals on a spanning tree, sampled as a graphical model (MST's
+    recipe, McKenna, Miklau & Sheldon 2021). Tables only; one fit reads the data once and takes about a second.
 
-    Tables only. The DataModule serves the whole training split as one batch (``num_teachers: 0``); the
+    The DataModule serves the whole training split as one batch (``num_teachers: 0``); the
     fit reads it once, records its planned events, and stops: the budget is then spent (a second fit
-    refuses, as for every private model).
+    refuses, as for every private model). The module doc has the algorithm.
 
     Args:
         data_spec: the DataModule's spec (tabular).
-        epsilon: privacy budget ε.
-        delta: δ.
-        budget_accounting: ``"guarantee"`` (the only analysis: Gaussian and exponential mechanisms; ``"paper"`` is refused).
-        conversion: RDP → (ε, δ) conversion.
-        num_bins: equal-width bins of a numeric column's declared range.
-        label_edges: the tree's first edges, chosen among the label's pairs (the rest of the tree
-            among all pairs); more than the number of features means every feature.
+        epsilon: the privacy budget ε.
+        delta: δ of the (ε, δ) guarantee.
+        budget_accounting: "guarantee", the only analysis of its Gaussian and exponential mechanisms ("paper" is
+            refused).
+        conversion: RDP to (ε, δ) conversion.
+        num_bins: equal-width bins of the declared range of a numeric column without edges. A column with edges
+            (declared, or the DataModule's private quantiles) is binned on them.
+        label_edges: the tree's first edges, chosen among the label's pairs. The rest of the tree is chosen among all
+            pairs; more than the number of features means every feature.
         label_fraction: share of the planned ρ for the label's one-way marginal (the class ratio).
-        label_edge_fraction: share of the planned ρ for the ``label_edges``, half for their
-            selections and half for their measurements (split equally among them).
+        label_edge_fraction: share of the planned ρ for the label_edges. Half for their selections and half for their
+            measurements, split equally among them.
         one_way_fraction: share of the planned ρ for the features' one-way marginals.
-        selection_fraction: share of the planned ρ for the other edges' selections (split equally);
-            the rest measures their two-way marginals.
+        selection_fraction: share of the planned ρ for the other edges' selections (split equally). The rest measures
+            their two-way marginals.
         compress: merge the values of a column whose noisy one-way count is below 3σ (MST).
-        clique_size: 2, the spanning tree (two-way marginals); 3, a junction tree whose cliques hold up to
-            three columns (three-way marginals where they pay for their noise; :meth:`_select_cliques`);
-            ``"auto"`` (default), 3 when the noisy row count reaches ``2·num_bins³``, else 2 (the module doc).
-            The width a fit used is the buffer ``clique_size_chosen``.
-        noise_seed: seed of the mechanisms' randomness (``None``: OS entropy; tests only otherwise).
+        clique_size: 2 (a spanning tree), 3 (a junction tree) or "auto". 2: two-way marginals; 3: cliques of up to
+            three columns (three-way marginals where they pay for their noise; _select_cliques); "auto" (default): 3
+            when the noisy row count reaches 2·B³ (B: a numeric column's most bins), else 2 (the module doc). The
+            width a fit used is the buffer clique_size_chosen.
+        noise_seed: seed of the mechanisms' randomness, for tests only (null: secret, from the OS).
     """
 
     single_process_only = "it reads the whole training split once, in one step: more processes would not speed it up"
@@ -277,7 +283,7 @@ class MarginalTree(PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         num_bins: int = 10,
@@ -396,7 +402,7 @@ class MarginalTree(PrivateGenerativeModel):
 
     # ----------------------------------------------------------------- training
     def configure_optimizers(self):
-        return None
+        return []  # it fits by measuring, not by steps: no optimizer (None would make Lightning warn of a mistake)
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -504,11 +510,12 @@ class MarginalTree(PrivateGenerativeModel):
 
     def clique_width(self, n_hat: float) -> int:
         """The cliques' width of a fit: ``clique_size``, or for ``"auto"`` 3 when the noisy row count ``n_hat``
-        reaches ``AUTO_ROWS_PER_CELL·num_bins³`` and 2 below (a function of a released count: post-processing)."""
+        reaches ``AUTO_ROWS_PER_CELL·B³`` (``B``: a numeric column's most bins) and 2 below (a function of a released count: post-processing)."""
         size = self.hparams.clique_size
         if size != "auto":
             return int(size)
-        return 3 if n_hat >= AUTO_ROWS_PER_CELL * int(self.hparams.num_bins) ** 3 else 2
+        bins = [numeric_bins(c, int(self.hparams.num_bins)) for c in self.data_spec["columns"] if c["type"] == "numeric"]
+        return 3 if n_hat >= AUTO_ROWS_PER_CELL * max(bins, default=int(self.hparams.num_bins)) ** 3 else 2
 
     def _select_tree(self, cdata: np.ndarray, ccards: list[int], p_hat: list[np.ndarray], n_hat: float,
                      events: dict[str, Any], gen: torch.Generator) -> list[tuple[int, int]]:
@@ -641,6 +648,16 @@ class MarginalTree(PrivateGenerativeModel):
         return torch.cat(out), labels.cpu()
 
     # ----------------------------------------------------------------- reporting
+    def work_done(self) -> str | None:
+        """What a fit did, for its summary in place of a count of steps (it takes none): public facts only (the
+        schema's columns, the structure's width, a function of the noisy row count). ``None`` before the fit."""
+        if not self.budget_exhausted:
+            return None
+        width = int(self.clique_size_chosen)
+        structure = "a tree of two-way marginals" if width == 2 else "a junction tree of up to three-way marginals"
+        return (f"measured the marginals of {len(self.data_spec['columns']) + 1} columns (the label included) "
+                f"on {structure}, reading the data once,")
+
     def tree_edges(self) -> list[tuple[str, str]]:
         """The tree's edges as (parent, child) column names (the label's name for the root)."""
         names = [c["name"] for c in self.data_spec["columns"]]
@@ -758,20 +775,28 @@ def _conditional(table: np.ndarray, counts: np.ndarray, separator_merges: list[n
     return expanded.reshape(-1, expanded.shape[-1])
 
 
+def numeric_bins(column: dict[str, Any], num_bins: int) -> int:
+    """A numeric column's bins: those of its edges (the DataModule's preprocessing: bin ``k`` of ``K`` is the ``k``-th
+    equal part of [-1, 1]), else ``num_bins`` equal-width bins of its declared range."""
+    edges = column.get("edges")
+    return len(edges) - 1 if edges else int(num_bins)
+
+
 def column_cards(data_spec: dict[str, Any], num_bins: int) -> list[int]:
     """Per feature column, its number of codes in :func:`column_codes`."""
-    return [num_bins if c["type"] == "numeric" else 2 if c["type"] == "binary" else len(c["categories"])
+    return [numeric_bins(c, num_bins) if c["type"] == "numeric" else 2 if c["type"] == "binary" else len(c["categories"])
             for c in data_spec["columns"]]
 
 
 def column_codes(x: torch.Tensor, data_spec: dict[str, Any], num_bins: int) -> np.ndarray:
-    """Rows in the generator's space → ``[n, d]`` category codes: a numeric column's equal-width bin of
-    its declared range ([-1, 1] here), a binary column 0/1, a categorical column its category."""
+    """Rows in the generator's space → ``[n, d]`` category codes: a numeric column's bin (:func:`numeric_bins`: an
+    equal part of [-1, 1]), a binary column 0/1, a categorical column its category."""
     x = x.detach().double().cpu().numpy()
     codes = np.zeros((x.shape[0], len(data_spec["columns"])), dtype=np.int64)
     for i, (column, (start, end, _)) in enumerate(zip(data_spec["columns"], data_spec["spans"])):
         if column["type"] == "numeric":  # + BIN_TOLERANCE: a value on a bin edge, rounded in float32, stays in the upper bin
-            codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * num_bins + BIN_TOLERANCE), 0, num_bins - 1)
+            bins = numeric_bins(column, num_bins)
+            codes[:, i] = np.clip(np.floor((x[:, start] + 1.0) / 2.0 * bins + BIN_TOLERANCE), 0, bins - 1)
         elif column["type"] == "binary":
             codes[:, i] = (x[:, start] >= 0).astype(np.int64)
         else:
@@ -791,8 +816,8 @@ def _integer_grid(column: dict[str, Any], num_bins: int) -> dict[str, Any] | Non
     the bin's first integer and their number (the last bin holds its upper bound), and one integer's
     width in generator space; ``None`` for other columns."""
     lo, hi = float(column["min"]), float(column["max"])
-    if not str(column.get("dtype", "")).startswith(("int", "uint", "Int", "UInt")) or hi <= lo:
-        return None
+    if not str(column.get("dtype", "")).startswith(("int", "uint", "Int", "UInt")) or hi <= lo or column.get("edges"):
+        return None  # an integer column with edges: its bins end on half-integers, the decoder's rounding keeps them
     width = (hi - lo) / num_bins
     bins = []
     for k in range(num_bins):

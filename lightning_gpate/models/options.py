@@ -109,15 +109,15 @@ class GeneratorNet(OptionGroup):
     the one its docs state (``fit --help`` shows it).
 
     Args:
-        z_dim: latent size (``None``: the model's rule, e.g. PATE-GAN's: the data's dimension for tables).
-        latent_prior: ``"normal"`` (N(0, I)) or ``"uniform"`` (U(-1, 1)), the same in training and sampling.
-        gf_dim: images: channels of the last upsampling stage (twice as many in the one before).
+        z_dim: latent size (null: the model's rule, e.g. the data's dimension).
+        latent_prior: "normal", N(0, I), or "uniform", U(-1, 1), in training and sampling.
+        gf_dim: images: channels of the last upsampling stage (twice that before it).
         fc_dim: images: width of the first dense layer.
-        upsample: images: ``"transposed"`` (strided transposed convolutions) or ``"nearest"`` (×2 nearest
-            neighbour, then a 5×5 convolution: no checkerboard artefacts).
-        hidden: tables: hidden widths of the MLP (``None``: the model's rule).
-        ema_decay: decay of an exponential moving average of the generator's weights, which is what samples and is
-            released (post-processing: free); ``0`` or ``None``: none.
+        upsample: images: "transposed" (strided) or "nearest" (×2, then a convolution). Nearest upsampling draws no
+            checkerboard artefacts.
+        hidden: tables: hidden widths of the MLP (null: the model's rule).
+        ema_decay: decay of a weight average that then samples (0 or null: none). The average is what samples and is
+            released (post-processing: free).
     """
 
     z_dim: int | None = 100
@@ -155,7 +155,7 @@ class DiscriminatorNet(OptionGroup):
     Args:
         df_dim: images: channels of the first convolution (doubled in the next).
         fc_dim: images: width of the dense layer.
-        hidden: tables: hidden widths of the MLP (``None``: the model's rule).
+        hidden: tables: hidden widths of the MLP (null: the model's rule).
     """
 
     df_dim: int = 64
@@ -184,11 +184,11 @@ class TeacherEnsemble(OptionGroup):
 
     Args:
         steps: Adam steps per iteration.
-        lr: Adam's learning rate (``None``: the model's rule).
-        hidden: tables: hidden widths of the MLP teachers (``None``: the model's rule).
-        channels: images: conv widths ``(c0, c1)`` (``None``: the paper's).
+        lr: Adam's learning rate (null: the model's rule).
+        hidden: tables: hidden widths of the MLP teachers (null: the model's rule).
+        channels: images: conv widths [c0, c1] (null: the paper's).
         fc: images: dense width.
-        chunk_size: teachers processed at once in a backward pass (bounds memory; ``None``: all).
+        chunk_size: teachers a backward pass takes at once, to bound memory (null: all).
         seed: seed of the teachers' initialisation (per global teacher id).
     """
 
@@ -216,15 +216,17 @@ class Teachers(TeacherEnsemble):
     the same real batch), and how it is trained.
 
     Args:
-        fake_labels: ``"teacher"`` (each teacher's fakes carry its real batch's labels, as the official code) or
-            ``"class_ratio"`` (one fake batch, labels from the class ratio, shared by all teachers).
-        warmup_steps: steps before the first aggregation, against the untrained generator's fakes (no privacy cost).
-        precision: ``"32"`` or ``"bf16"`` (autocast of the forward and backward; votes compared with fp32 by
-            ``benchmarks/results/teacher_throughput_cpu.md``).
+        fake_labels: the labels of a teacher's fakes: "teacher" or "class_ratio". "teacher": each teacher's fakes
+            carry its real batch's labels, as the official code; "class_ratio": one fake batch, labels from the class
+            ratio, shared by all teachers.
+        warmup_steps: teacher steps before the first aggregation (no privacy cost). They train against the untrained
+            generator's fakes, whose weights do not depend on the data.
+        precision: "32" or "bf16" (autocast of the forward and backward). bf16's votes were compared with fp32's in
+            the teacher throughput benchmark.
         betas: Adam's betas.
-        conv_impl: images: kernels (``"auto"``: by device; ``"cpu"``: im2col + batched matmuls and channels-last grouped
-            convolutions; ``"gpu"``: grouped convolutions; ``"bmm"``: im2col + batched matmuls for every convolution;
-            the same maths).
+        conv_impl: images: the convolution kernels, "auto", "cpu", "gpu" or "bmm" (same maths). "cpu": im2col + batched
+            matmuls and channels-last grouped convolutions; "gpu": grouped convolutions; "bmm": im2col + batched matmuls
+            for every convolution.
     """
 
     fake_labels: str = "teacher"

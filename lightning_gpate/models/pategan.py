@@ -24,7 +24,8 @@ vote the teachers call every generated row fake; a relative vote only ranks gene
 other, so the generator follows its direction past the data to the bounds of the declared domain, even
 without noise. With ``marginals.fraction > 0`` a share of ε buys every column's one-way marginal per
 class, once, before training (the Gaussian mechanism on the ``d`` tables class × value, numeric
-columns in ``marginals.bins`` equal-width bins of their declared range: a record adds one to one cell of
+columns in their own bins (declared, ``scale: log`` or private quantile edges), else ``marginals.bins`` equal-width
+bins of their declared range: a record adds one to one cell of
 each, L2 sensitivity √d), and the generator's loss adds ``marginals.weight`` times the KL divergence of
 each measured conditional marginal from the generator's (soft) marginal on a batch of its rows: the
 marginals anchor the generator, the teachers' votes shape the rest. The measured tables are noisy
@@ -71,14 +72,14 @@ import torch.nn.functional as F
 
 from lightning_gpate.models.options import (DiscriminatorNet, GeneratorNet, OptionGroup, TeacherEnsemble, flat_options,
                                             positive_int)
-from lightning_gpate.models.private import PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits
 from lightning_gpate.nets.discriminators import ConditionalDCGANDiscriminator, ConditionalMLPDiscriminator
 from lightning_gpate.nets.ensemble import ConvTeacherEnsemble, MLPTeacherEnsemble
 from lightning_gpate.models.sharding import (gather_members, owned_members, replicated_backward,
                                               select_members, shared_seed)
 from lightning_gpate.privacy.distributed import is_distributed
 from lightning_gpate.models.anchor import class_mean_gap, noisy_class_means
-from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares
+from lightning_gpate.models.marginal import column_cards, column_codes, noisy_shares, numeric_bins
 from lightning_gpate.models.warm_start import AUTO_WARM_START, WarmStart, WarmStartMixin
 from lightning_gpate.privacy import LaplaceVoteEvent, SubsampledGaussianEvent
 from lightning_gpate.privacy.randomness import mechanism_generator
@@ -95,16 +96,15 @@ class VotingTeachers(TeacherEnsemble):
     ``None``: ``[d]``) and how they vote.
 
     Args:
-        vote: ``"logit"`` (the paper: a teacher votes "real" when its logit is positive) or ``"relative"``: it votes
-            "real" when its logit exceeds its own median logit on a fresh batch of generated samples of the same class
-            ("more real than the generator's typical output for this label"). Teachers trained on a few rows each
-            call every generated sample fake, so paper votes are unanimous and teach the student nothing
-            (``benchmarks/results/pategan_vote_signal.md``); relative votes keep a signal. Each vote still depends
-            on one teacher's partition only: the analysis is unchanged.
-        relative_reference: fresh generated samples per class on which a teacher's median is taken for ``vote:
-            relative`` (at least the queries voted on). Its forward through every teacher is most of a vote's cost
-            on images.
-        vote_chunk_size: generated samples per teacher forward when voting (bounds memory).
+        vote: "relative" or "logit" (the paper): when a teacher votes "real". "logit": when its logit is positive;
+            "relative": when its logit exceeds its own median logit on a fresh batch of generated samples of the same
+            class ("more real than the generator's typical output for this label"). Teachers trained on a few rows
+            each call every generated sample fake, so paper votes are unanimous and teach the student nothing;
+            relative votes keep a signal. Each vote still depends on one teacher's partition only: the analysis is
+            unchanged.
+        relative_reference: generated samples per class for a teacher's median (vote: relative). At least the queries
+            voted on; its forward through every teacher is most of a vote's cost on images.
+        vote_chunk_size: generated samples per teacher forward when voting, to bound memory.
     """
 
     vote: str = "relative"
@@ -126,21 +126,18 @@ class Student(DiscriminatorNet):
     it post-processing of the paid-for labels.
 
     Args:
-        steps: n_S student steps per generator step (each one batch of ``query_batch_size`` vote queries).
-        batch_size: samples per student step when replaying (``None``: ``query_batch_size``).
-        replay_capacity: ``None``: ``planned_queries`` for images (every paid-for label replayed, the MNIST rows'), 0
-            for tables (replay did not help there: ``tabular_ladder.md`` rung 13). 0 (the paper): each student step
-            trains on the samples just labelled. ``> 0``: keep the last ``student.replay_capacity`` labelled samples and train
-            each student step on a draw of ``batch_size`` of them (the student fits the few labels a small budget can
-            buy better, and queries can be fewer per generator step).
-        labels: what the student is trained on for each voted sample (``None``: ``"share"`` for images under
-            ``budget_accounting: guarantee``, the MNIST rows', else ``"argmax"``): ``"argmax"`` (the paper: the noisy
-            majority, 1 = real) or ``"share"``: the noisy share of "real" votes, ``clip(½ + (ñ_real − ñ_fake)/(2T), 0,
-            1)`` with ñ the noisy counts, as a soft target. The guarantee already covers the whole noisy histogram
-            (the Laplace mechanism on a vector of L1 sensitivity 2), so the share costs nothing more than its argmax;
-            a graded label tells the student how far a sample is from the teachers' verdict, not a coin flip near the
-            middle. Under the data-dependent analyses (``paper``, ``smooth_sensitivity``), which bound the argmax
-            only, it is refused.
+        steps: n_S, student steps per generator step.
+        batch_size: samples per student step when replaying (null: query_batch_size).
+        replay_capacity: labelled samples kept to replay (null: all on images, 0 on tables). 0: each student step trains
+            on the samples just labelled (replay did not help on tables). > 0: keep the last replay_capacity labelled
+            samples and train each student step on a draw of batch_size of them (the student fits the few labels a small
+            budget can buy better, and queries can be fewer per generator step).
+        labels: the student's target, "argmax" or "share" (null: by data kind). "argmax" (the paper): the noisy
+            majority, 1 = real. "share": the noisy share of "real" votes, clip(½ + (ñ_real − ñ_fake)/(2T), 0, 1) with ñ
+            the noisy counts, as a soft target. The guarantee already covers the whole noisy histogram (the Laplace
+            mechanism on a vector of L1 sensitivity 2), so the share costs nothing more than its argmax; a graded label
+            tells the student how far a sample is from the teachers' verdict, not a coin flip near the middle. Under the
+            data-dependent analyses (paper, smooth_sensitivity), which bound the argmax only, it is refused.
     """
 
     steps: int = 1
@@ -164,20 +161,18 @@ class ClassMarginals(OptionGroup):
     ε buys every column's one-way marginal per class (tables) or each class's mean image (images).
 
     Args:
-        fraction: the share of ε (the ε of that measurement alone); ``None``: 0.5 under ``budget_accounting:
-            guarantee`` (the anchor is what makes a guaranteed PATE-GAN useful: ``pategan_mnist_cpu.md``,
-            ``tabular_ladder.md``) except for images with a ``warm_start`` (its release replaces the class means),
-            else 0; 0 is the paper. Needs ``budget_accounting: guarantee`` and a DataModule (the whole training split
-            is read once).
-        weight: weight of the generator's term to the measured marginals (tables: KL divergence; images: mean over
-            classes of the mean squared pixel difference, in [-1, 1]); ``None``: 10 for images, 30 for tables (the
-            MNIST and cervical rows').
-        bins: equal-width bins of a numeric column's declared range for those marginals.
-        batch_size: generated rows or images (every class equally often) per generator step for the term.
-        threshold: tables: a class's measured deviation from the pooled marginal is kept beyond this many noise stds
-            of a share (soft thresholding; 0 keeps it all). On cervical (35 positive rows) 1 gave the better tables
-            and AUROC at ε = 10; at ε = 1, where that threshold erases the positive class's deviations entirely, 0
-            scored better (its noisy marginals make its rows unlike the negatives'; ``tabular_ladder.md``).
+        fraction: the share of ε the measurement spends (null: 0.5 under the guarantee). Images with a warm_start get 0
+            (its release replaces the class means). The measured marginals are what make a guaranteed PATE-GAN useful.
+            Needs budget_accounting: guarantee and a DataModule (the whole training split is read once).
+        weight: weight of the pull towards the marginals (null: images 10, tables 30). Tables: KL divergence; images:
+            mean over classes of the mean squared pixel difference, in [-1, 1].
+        bins: equal-width bins of the declared range of a numeric column without bins of its own (declared, log or
+            private quantile edges: those are used as they are).
+        batch_size: generated samples per generator step for the pull. Every class equally often.
+        threshold: tables: noise stds a class's deviation must exceed to be kept (0: all). Soft thresholding of the
+            deviation of a share. On cervical (35 positive rows) 1 gave the better tables and AUROC at ε = 10; at ε = 1,
+            where that threshold erases the positive class's deviations entirely, 0 scored better (its noisy marginals
+            make its rows unlike the negatives').
     """
 
     fraction: float | None = None
@@ -272,61 +267,58 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
     (``data.num_teachers``, ``data.teacher_batch_size``).
 
     Args:
-        data_spec: the DataModule's spec (needs ``num_teachers > 0``).
-        epsilon: privacy budget ε (pure-DP metadata costs in ``data_spec["metadata_cost"]`` included).
-        delta: δ of the guarantee (used in every ε reported).
-        budget_accounting: ``"guarantee"`` (data-independent: each query is 2λ-DP), ``"paper"``
-            (the data-dependent moments accountant of Papernot et al. 2017, Theorem 3, as PATE-GAN
-            uses it: NOT a guarantee, the run is tagged so) or ``"smooth_sensitivity"`` (those
-            data-dependent moments released with smooth sensitivity at the end of a run of
-            ``trainer.max_steps``: the bound depends on a query's vote gap alone, so its local
-            sensitivity is a maximum over a table; see the private base).
-        epsilon_hard_cap, smooth_sensitivity: for ``budget_accounting: smooth_sensitivity``.
-        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"`` (``classic`` on the
-            integer orders is exactly the moments accountant's ε̂ = min_l (α(l) + ln(1/δ))/l).
-        lam: λ, the inverse scale of the Laplace vote noise; ``None`` picks the largest λ for which
-            ``planned_queries`` labelled samples fit the budget under the guarantee.
-        planned_queries: labelled samples to plan the budget for when ``lam`` is ``None`` (default 16,000: the MNIST
-            and cervical rows'; paper: 10,000).
-        query_batch_size: generated samples per student step (= vote queries) and per generator step (default 16:
-            few queries a step, so the budget pays for many generator steps; paper: 64).
-        lr: Adam learning rate of generator and student; ``None`` (default): 2e-4 for images, 1e-3 for tables
-            (:func:`resolved_defaults`; paper: 1e-4).
-        betas: Adam betas; ``None`` (default): (0.5, 0.999) for images, (0.9, 0.999) for tables (the paper's).
-        generator: the generator network (:class:`~lightning_gpate.models.options.GeneratorNet`; a mapping overrides
-            some of its options): z from N(0, I), its size ``None``: the data dimension d for tables, 100 for images;
-            tables an MLP of ``[d, d/2]`` (``hidden: null``); images a DCGAN of ``gf_dim`` 64, ``fc_dim`` 1,024 with
-            ``upsample: nearest`` (the MNIST rows': no checkerboard lattice; the paper's ``transposed``); ``ema_decay``
-            ``null`` (the paper): no weight average; if set, the average (after a warm-up,
-            :meth:`~lightning_gpate.models.base.GenerativeModel.update_generator_average`) samples and is released.
-        student: the student (:class:`Student`: its network and its training on the noisy votes; a mapping overrides
-            some of its options): tables an MLP of ``[d, d/2]`` (``hidden: null``), images a DCGAN discriminator of
-            ``df_dim`` 64 and ``fc_dim`` 1,024; one step a generator step (paper: 5), replay and soft labels by data kind.
-        teachers: the teachers (:class:`VotingTeachers`): one step a generator step (the MNIST and cervical rows';
-            paper: 5), Adam at ``lr`` ``None``: 1e-4 for images, 1e-3 for tables (paper: 1e-4; teachers that separate
-            real from fake perfectly vote "fake" unanimously and teach the student nothing), tables an MLP of ``[d]``
-            (``hidden: null``), relative votes (paper: logit).
-        marginals: the measured marginals (:class:`ClassMarginals`): half of ε under the guarantee by default.
-        query_labels: labels of the generated samples the teachers vote on and the generator trains
-            on: ``"ratio"`` (the sampling class ratio, the paper) or ``"uniform"`` (default: every class equally often, so
-            that a rare class gets its share of the queries; sampling still uses the class ratio).
-        discrete_samples: tables only (``None``, default: ``True`` for tables): the teachers (training and voting) and the student see generated
-            rows as they are released: binary columns at ±1 (the sign), categorical ones one-hot (the
-            argmax), with straight-through gradients to the generator. Real rows are exactly ±1 and
-            one-hot, so soft generated values are a giveaway that lets every teacher call every
+        data_spec: the DataModule's spec (needs num_teachers > 0).
+        epsilon: the privacy budget ε, metadata costs included. Pure-DP metadata costs in
+            data_spec["metadata_cost"] count towards it.
+        delta: δ of the (ε, δ) guarantee, used in every ε reported.
+        budget_accounting: "guarantee" (default), "paper" or "smooth_sensitivity". "guarantee": data-independent, each
+            query 2λ-DP. "paper": the data-dependent moments accountant of Papernot et al. 2017, Theorem 3, as PATE-GAN
+            uses it: NOT a guarantee, the run is tagged so. "smooth_sensitivity": those data-dependent moments released
+            with smooth sensitivity at the end of a run of trainer.max_steps (the bound depends on a query's vote gap
+            alone, so its local sensitivity is a maximum over a table; see the private base).
+        epsilon_hard_cap, smooth_sensitivity: for budget_accounting: smooth_sensitivity.
+        conversion: RDP to (ε, δ) conversion, "improved" or "classic". "classic" on the integer orders is exactly the
+            moments accountant's ε̂ = min_l (α(l) + ln(1/δ))/l.
+        lam: λ, the inverse scale of the vote noise (null: the largest that fits). null picks the largest λ for which
+            planned_queries labelled samples fit the budget under the guarantee.
+        planned_queries: labelled samples the budget plans for if lam is null (paper: 10,000). 16,000 are the MNIST and
+            cervical rows' choice.
+        query_batch_size: vote queries per student and generator step (the paper: 64). 16, few queries a step, lets the
+            budget pay for many generator steps.
+        lr: Adam's learning rate (null: images 2e-4, tables 1e-3; paper: 1e-4).
+        betas: Adam's betas (null: images (0.5, 0.999), tables (0.9, 0.999)).
+        generator: the generator network (a mapping of its options overrides some). z from N(0, I), its size null: the
+            data dimension d for tables, 100 for images; tables an MLP of [d, d/2] (hidden: null); images a DCGAN of
+            gf_dim 64, fc_dim 1,024 with upsample: nearest (no checkerboard lattice; the paper's: transposed);
+            ema_decay null (the paper): no weight average; if set, the average (after a warm-up,
+            update_generator_average) samples and is released.
+        student: the student: its network and how it learns from the noisy votes (a mapping overrides some). Tables an
+            MLP of [d, d/2] (hidden: null), images a DCGAN discriminator of df_dim 64 and fc_dim 1,024; one step a
+            generator step (the paper: 5), replay and soft labels by data kind.
+        teachers: the teachers and how they vote (a mapping overrides some). One step a generator step (the MNIST and
+            cervical rows'; the paper: 5), Adam at lr null: 1e-4 for images, 1e-3 for tables (the paper: 1e-4;
+            teachers that separate real from fake perfectly vote "fake" unanimously and teach the student nothing),
+            tables an MLP of [d] (hidden: null), relative votes (the paper: logit).
+        marginals: the class marginals, measured once with a share of ε.
+        query_labels: labels of the voted samples, "uniform" or "ratio" (the paper). The generator trains on the same
+            labels. "uniform" gives a rare class its share of the queries; "ratio" is the sampling class ratio. Sampling
+            uses the class ratio either way.
+        discrete_samples: tables: the teachers see generated rows as released (null: true). Binary columns at ±1 (the
+            sign), categorical ones one-hot (the argmax), with straight-through gradients to the generator. Real rows
+            are exactly ±1 and one-hot, so soft generated values are a giveaway that lets every teacher call every
             generated row fake without learning anything about the data.
-        warm_start: a private warm start (:class:`~lightning_gpate.models.warm_start.WarmStart`, or a mapping of its
-            options): a share of ε buys a release before the first vote (DP-MERF's, or on tables MarginalTree's fit), the
-            generator trains on it (post-processing) and may keep its pull; λ is planned for what the budget leaves. For
-            images, and from the marginal model, it replaces the class marginals (``marginals.fraction`` then defaults to
-            0). ``"auto"`` (default): :data:`TABLE_WARM_START` for tables under the guarantee, none for images (and under
-            the data-dependent accountings); ``None``: none. On a table under the guarantee a mapping changes the options
-            it names of :data:`TABLE_WARM_START` and keeps the rest (``--model.warm_start.steps 100``: the table warm
-            start with 100 steps; the fit summary says so); elsewhere the rest are DP-MERF's release's.
-        noise_seed: seed of the vote noise. ``None`` (default) draws it from OS entropy: anyone who
-            knows the seed can subtract the noise, so a fixed seed is for tests only.
-        log_private_diagnostics: also log teacher losses and mean vote margins. These are computed
-            from the private data WITHOUT noise: for debugging only, never for a released run.
+        warm_start: a warm start: "auto" (tables: from MarginalTree), a mapping or null. A share of ε buys a release
+            before the first vote (DP-MERF's, or on tables MarginalTree's fit), the generator trains on it
+            (post-processing) and may keep its pull; λ is planned for what the budget leaves. For images, and from the
+            marginal model, it replaces the class marginals (marginals.fraction then defaults to 0). "auto" (default):
+            TABLE_WARM_START for tables under the guarantee, none for images (and under the data-dependent accountings);
+            null: none. On a table under the guarantee a mapping changes the options it names of TABLE_WARM_START and
+            keeps the rest (--model.warm_start.steps 100: the table warm start with 100 steps; the fit summary says
+            so); elsewhere the rest are DP-MERF's release's. Its options: --model.warm_start.help.
+        noise_seed: seed of the vote noise, for tests only (null: secret, from the OS). Anyone who knows the seed can
+            subtract the noise.
+        log_private_diagnostics: also log teacher losses and vote margins, unnoised (debugging only). These are computed
+            from the private data WITHOUT noise: never for a released run.
     """
 
     SUPPORTS_SMOOTH_SENSITIVITY = True  # Laplace votes: the moments bound is a function of the gap
@@ -352,7 +344,7 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float = 1.0,
-        delta: float = 1e-5,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         epsilon_hard_cap: float | None = None,
@@ -571,11 +563,12 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
         x = self.generator(self.latent(y.shape[0]), y)
         onehot = F.one_hot(y, k).to(x.dtype)
         per_class = onehot / onehot.sum(0).clamp_min(1.0)  # rows → their class's mean
-        centres = -1.0 + (2.0 * torch.arange(bins, device=self.device, dtype=x.dtype) + 1.0) / bins
         total = x.new_zeros(())
         for j, (column, (start, end, _)) in enumerate(zip(self.data_spec["columns"], self.data_spec["spans"])):
-            if column["type"] == "numeric":
-                soft = torch.softmax(-0.5 * ((x[:, start, None] - centres) * bins) ** 2, dim=1)
+            if column["type"] == "numeric":  # the column's bins: its edges' (the DataModule's), else `bins` equal parts
+                card = numeric_bins(column, bins)
+                centres = -1.0 + (2.0 * torch.arange(card, device=self.device, dtype=x.dtype) + 1.0) / card
+                soft = torch.softmax(-0.5 * ((x[:, start, None] - centres) * card) ** 2, dim=1)
             elif column["type"] == "binary":
                 p = ((x[:, start] + 1.0) / 2.0).clamp(0.0, 1.0)
                 soft = torch.stack([1.0 - p, p], dim=1)
@@ -785,10 +778,11 @@ class PATEGAN(WarmStartMixin, PrivateGenerativeModel):
     def budget_split(self) -> dict[str, float]:
         """How the budget ε is shared: each paid metadata item, what is left for training, and λ."""
         split = {}
-        for cost in self.data_spec.get("metadata_cost", []):
-            key = re.sub(r"[^\w.\- ]", "", str(cost["what"])).strip()  # MLflow-safe parameter name
-            split[f"metadata/{key}"] = float(cost["epsilon"])
-        split["metadata_total"] = float(sum(c["epsilon"] for c in self.data_spec.get("metadata_cost", [])))
+        metadata = self.metadata_epsilons()
+        for what, epsilon in metadata.items():
+            key = re.sub(r"[^\w.\- ]", "", what).strip()  # MLflow-safe parameter name
+            split[f"metadata/{key}"] = epsilon
+        split["metadata_total"] = float(sum(metadata.values()))
         split["epsilon_budget"] = self.epsilon_budget
         split["epsilon_spent_before_training"] = self.spent_epsilon()
         split["lam"] = self.lam

@@ -24,12 +24,15 @@ from typing import Any
 
 from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
 from lightning_gpate.models.base import CheckpointError, GenerativeModel, refuse_changed_on_resume
-from lightning_gpate.privacy import PrivacyAccountant, PureDPEvent
+from lightning_gpate.privacy import PrivacyAccountant
 from lightning_gpate.privacy.accountant import ADD_REMOVE, GNSSEvent
 from lightning_gpate.privacy.disclosure import PRIVATE_PREFIX, private_diagnostics_allowed
+from lightning_gpate.privacy.dp_stats import metadata_events
 from lightning_gpate.privacy.rdp import rdp_to_epsilon
 
 BUDGET_ACCOUNTING = ("guarantee", "paper", "smooth_sensitivity")
+#: Every private model's default δ: the value the papers use for MNIST-sized data, below 1/n up to ~100,000 records.
+DEFAULT_DELTA = 1e-5
 SMOOTH_SENSITIVITY = "smooth_sensitivity"
 #: The hyperparameters that say what a run promises (its budget, δ, accounting): a training checkpoint
 #: pins them, for a resume from Python too (``trainer.fit(model, ckpt_path=...)``, where the model's other
@@ -53,30 +56,29 @@ class PrivateGenerativeModel(GenerativeModel):
 
     Args:
         data_spec: the DataModule's spec.
-        epsilon: privacy budget ε (> 0); training stops before it would be exceeded.
-        delta: δ of the (ε, δ) guarantee, in (0, 1).
-        budget_accounting: ``"guarantee"`` (default: the budget holds a real (ε, δ)-DP guarantee),
-            ``"paper"`` (the paper's own analysis, e.g. data-dependent PATE ε without smooth
-            sensitivity or GS-WGAN's per-sample composition — NOT a guarantee; the run is tagged so)
-            or ``"smooth_sensitivity"`` (PATE models only: the guarantee is the data-independent bound,
-            kept within ``epsilon_hard_cap``; at the end of a run of fixed length the data-dependent ε is
-            released with smooth sensitivity, and the release artifact is written only if that
-            (high-probability upper bound) meets ``epsilon``, see :meth:`finalize_privacy`).
-        conversion: RDP → (ε, δ) conversion, ``"improved"`` or ``"classic"``.
+        epsilon: the privacy budget ε (> 0); training stops before it would be exceeded.
+        delta: δ of the (ε, δ) guarantee, in (0, 1); default 1e-5. It should be well below 1/n for n training records
+            (1e-5 suits up to about 100,000).
+        budget_accounting: "guarantee" (default), "paper" or "smooth_sensitivity". "guarantee": the budget holds a
+            real (ε, δ)-DP guarantee. "paper": the paper's own analysis (e.g. data-dependent PATE ε without smooth
+            sensitivity, or GS-WGAN's per-sample composition): NOT a guarantee, and the run is tagged so.
+            "smooth_sensitivity" (PATE models only): the guarantee is the data-independent bound, kept within
+            epsilon_hard_cap; at the end of a run of fixed length the data-dependent ε is released with smooth
+            sensitivity, and the release artifact is written only if that high-probability upper bound meets epsilon
+            (finalize_privacy).
+        conversion: RDP to (ε, δ) conversion, "improved" or "classic".
         z_dim: latent size.
-        latent_prior: ``"normal"`` or ``"uniform"``.
-        epsilon_hard_cap: smooth_sensitivity only (required there): the data-independent ε of
-            everything the run releases (training and the GNSS release) never exceeds it; training
-            stops before a step that would.
-        smooth_sensitivity: smooth_sensitivity only: ``{order, beta, sigma, delta_prime}`` of the release
-            (λ, β, σ_ss, and δ′: the released data-dependent value is an upper bound that fails with
-            probability δ′, default δ/2), any of them ``None``/absent for the data-independent default
-            rule (:func:`~lightning_gpate.privacy.smooth_release.default_gnss_parameters`), and
-            optionally ``exact: true`` (walk GNMax's bounds over every distance).
-        log_private_diagnostics: also log diagnostics computed from the private data WITHOUT noise
-            (teacher and critic losses, the discriminator drawn, batch sizes, vote margins) under
-            ``private/*``: for debugging only, never for a run whose logs are shared. Default: only
-            released or noised quantities reach the logger (:meth:`log_private`).
+        latent_prior: "normal" or "uniform".
+        epsilon_hard_cap: smooth_sensitivity only (required): the cap on the data-independent ε. Everything the run
+            releases (training and the GNSS release) stays within it; training stops before a step that would not.
+        smooth_sensitivity: smooth_sensitivity only: the release's order, beta, sigma, delta_prime. These are λ, β, σ_ss
+            and δ′ (the released data-dependent value is an upper bound that fails with probability δ′, default δ/2);
+            any of them null or absent takes the data-independent default rule (default_gnss_parameters), and "exact:
+            true" walks GNMax's bounds over every distance.
+        log_private_diagnostics: also log unnoised diagnostics of the private data (debugging only). These are computed
+            from the private data WITHOUT noise (teacher and critic losses, the discriminator drawn, batch sizes, vote
+            margins) and logged under private/*: never for a run whose logs are shared. By default only released or
+            noised quantities reach the logger (log_private).
     """
 
     #: Whether ``budget_accounting: smooth_sensitivity`` applies to this model (PATE vote mechanisms).
@@ -94,7 +96,7 @@ class PrivateGenerativeModel(GenerativeModel):
         data_spec: dict[str, Any],
         *,
         epsilon: float,
-        delta: float,
+        delta: float = DEFAULT_DELTA,
         budget_accounting: str = "guarantee",
         conversion: str = "improved",
         z_dim: int = 100,
@@ -128,9 +130,8 @@ class PrivateGenerativeModel(GenerativeModel):
             self.smooth_sensitivity = self._smooth_sensitivity_accountant(data_spec, epsilon_hard_cap, smooth_sensitivity or {})
         elif epsilon_hard_cap is not None or smooth_sensitivity:
             raise ValueError("epsilon_hard_cap and smooth_sensitivity apply only with budget_accounting: smooth_sensitivity")
-        for cost in data_spec.get("metadata_cost", []):  # converted to the model's relation by the accountant
-            self.record(PureDPEvent(float(cost["epsilon"]), str(cost.get("what", "metadata")),
-                                    neighbouring=cost.get("neighbouring", ADD_REMOVE)))
+        for event in metadata_events(data_spec.get("metadata_cost", [])):  # converted to the model's relation by the accountant
+            self.record(event)
         self.budget_exhausted = False
         self.stop_reason: str | None = None
         self.log_private_diagnostics = bool(log_private_diagnostics)
@@ -270,6 +271,23 @@ class PrivateGenerativeModel(GenerativeModel):
         """Mechanism events a fit still pays before its first training step, beyond the metadata already
         recorded (none here; PATE-GAN's measured marginals): budget plans start from them."""
         return []
+
+    def metadata_epsilons(self) -> dict[str, float]:
+        """ε of each paid metadata release alone (``data_spec["metadata_cost"]``, by its ``what``): a pure ε-DP
+        release its ε; the quantile edges' exponential mechanisms their composition under the model's accountant at
+        its δ (their pure-DP sum, ``epsilon`` in the entry, is a far looser bound). Their sum bounds the metadata's
+        (ε, δ) by basic composition."""
+        out = {}
+        for cost in self.data_spec.get("metadata_cost", []):
+            if cost.get("mechanism") == "exponential":
+                trial = PrivacyAccountant(delta=self.delta, orders=self.accountant.orders, conversion=self.accountant.conversion,
+                                          neighbouring=self.neighbouring_relation)
+                for event in metadata_events([cost]):
+                    trial.record(event)
+                out[str(cost["what"])] = min(trial.epsilon(), float(cost["epsilon"]))
+            else:
+                out[str(cost["what"])] = float(cost["epsilon"])
+        return out
 
     def epsilon_if(self, event) -> float:
         """ε under the budget's accounting if ``event`` were recorded (nothing is recorded)."""

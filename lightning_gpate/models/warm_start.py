@@ -78,7 +78,10 @@ def default_length_scale(data_spec: dict[str, Any]) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class WarmStart:
-    """The options of a private warm start (module doc). Privacy parameters are keyword-only and checked here.
+    """A private warm start: a share of ε buys one release before the first private step (DP-MERF's random-feature
+    embedding, or on tables MarginalTree's marginals); the generator trains on it and may keep its pull.
+
+    Privacy parameters are keyword-only and checked here; the module doc has the details.
 
     An option left ``None`` takes the model's default warm start's value (:data:`DEFAULT_OPTIONS`, or PATE-GAN's table
     warm start under ``warm_start: auto``; :meth:`over`): a group given in part changes the options it names only.
@@ -316,9 +319,10 @@ class MarginalWarmStartRelease(WarmStartRelease):
         noise_seed, sample_seed = (int(s) for s in torch.randint(2**62, (2,), generator=generator, device=generator.device).cpu())
         tree = self.marginal_model(noise_seed)
         tree.fit_marginals(tree.encode(x.cpu()), y.cpu().numpy().astype(np.int64))
-        recorded = tree.accountant.counts
+        recorded = tree.accountant.counts  # its data spec carries no metadata cost (the model's accountant paid it)
         if recorded["subsampled_gaussian_events"] + recorded["exponential_mechanism_events"] != len(self.planned):
             raise RuntimeError("the marginal model's fit did not record the events the warm start charged")
+        self.label_ratio = tree.generator.label_ratio.detach().clone()  # the tree's noisy class ratio: paid for with it
         rows, labels = tree.generate(int(self.options.sample_rows), seed=sample_seed)
         total = embedding_sum(rows.flatten(1).to(self.frequencies.device), labels.to(self.frequencies.device), self.frequencies,
                               self.num_classes, count_weight=self.options.count_weight, chunk_size=chunk_size)
@@ -491,6 +495,11 @@ class WarmStartMixin:
             seed = shared_seed(self, derived_seed(self.hparams.get("noise_seed"), "warm_start"))
             x, y = datamodule.model_space("train")
             release.measure(x, y, generator=mechanism_generator(self.device, seed))
+            ratio = getattr(release, "label_ratio", None)
+            if ratio is not None and self.data_spec.get("class_ratio_source") not in ("public", "dp") and float(ratio.sum()) > 0:
+                # labels from the class ratio the marginal model measured (paid for), not uniform: kept in the release
+                with torch.no_grad():
+                    self.class_ratio.copy_((ratio / ratio.sum()).to(self.class_ratio))
         if int(release.steps_done) < release.options.steps:
             self.take_warm_start_steps(generator=generator)
         return True

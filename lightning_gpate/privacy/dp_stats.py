@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-__all__ = ["dp_histogram_ratio", "dp_bounds", "dp_quantile"]
+__all__ = ["dp_histogram_ratio", "dp_bounds", "dp_quantile", "metadata_events"]
 
 
 def _rng(rng) -> np.random.Generator:
@@ -144,3 +144,21 @@ def dp_bounds(values, *, epsilon: float, rng, lower_guess: float, upper_guess: f
     hi = dp_quantile(values, quantile=1.0, **kw)
     lo, hi = min(lo, hi), max(lo, hi)
     return (lo, hi), epsilon
+
+
+def metadata_events(costs) -> list:
+    """The accountant's events of a data spec's ``metadata_cost`` entries: a pure ε-DP release (the default) is one
+    :class:`~lightning_gpate.privacy.accountant.PureDPEvent`; an entry with ``mechanism: exponential`` (the private
+    quantile edges) is ``events`` exponential mechanisms of ``epsilon_each`` each, accounted as bounded range."""
+    from lightning_gpate.privacy.accountant import ADD_REMOVE, ExponentialMechanismEvent, PureDPEvent
+
+    out = []
+    for cost in costs:
+        what = str(cost.get("what", "metadata"))
+        if cost.get("mechanism") == "exponential":
+            if cost.get("neighbouring", ADD_REMOVE) != ADD_REMOVE:
+                raise ValueError(f"{what}: an exponential mechanism's metadata is accounted under add/remove only")
+            out += [ExponentialMechanismEvent(float(cost["epsilon_each"]), what)] * int(cost["events"])
+        else:
+            out.append(PureDPEvent(float(cost["epsilon"]), what, neighbouring=cost.get("neighbouring", ADD_REMOVE)))
+    return out
