@@ -92,9 +92,9 @@ class FeatureBlock:
         map: ``"pixels"`` (DP-MERF's random Fourier features of the pixels), ``"dct"`` (of the ``dct_size``² lowest DCT
             frequencies), ``"scattering"`` (wavelet scattering coefficients, a linear kernel) or ``"scattering_rff"``
             (random Fourier features of them); images only except ``"pixels"``.
-        features: random Fourier features ``2M`` of a Fourier map (``None``: the model's ``num_features``).
-        length_scale: ℓ of a Fourier map's Gaussian kernel, or a list (``None``: the pixels' the model's
-            ``length_scale``; others :data:`DEFAULT_BLOCK_LENGTH_SCALES`).
+        features: random Fourier features ``2M`` of a Fourier map (null: the model's ``num_features``).
+        length_scale: ℓ of a Fourier map's Gaussian kernel, or a list (null: the model's ``length_scale`` for pixels,
+            10 for dct, 0.5 for scattering_rff: :data:`DEFAULT_BLOCK_LENGTH_SCALES`).
         share: the block's share of the budget (relative to the other blocks').
         weight: the weight of its gap in the generator's loss.
         dct_size: ``"dct"``: the side ``k`` of the kept ``k × k`` lowest frequencies.
@@ -196,10 +196,10 @@ class DPMERF(PrivateGenerativeModel):
         chunk_size: records embedded at a time in the release (memory only).
         noise_seed: seed of the release's noise, for tests only (null: secret, from the OS at every start).
         log_private_diagnostics: accepted for a uniform interface; DP-MERF logs nothing private.
-        feature_maps: the release's blocks (null, the default: one block of the pixels' random Fourier features, the
-            paper's release). Each block is a data-independent feature map released once with its own share of the
-            budget and matched by the generator: pixels, dct, scattering or scattering_rff (FeatureBlock); block i
-            draws its frequencies from feature_seed + i; stored resolved.
+        feature_maps: the release's blocks, each a fixed feature map with its own share of ε (null, the default: the
+            paper's one block of pixel features). Each block (FeatureBlock: pixels, dct, scattering or scattering_rff)
+            is released once and matched by the generator; block i draws its frequencies from feature_seed + i; stored
+            resolved.
     """
 
     FLAT_OPTIONS = flat_options()
