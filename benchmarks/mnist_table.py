@@ -14,7 +14,7 @@ and time budget, then evaluated:
   digits (the data owner's benchmark: it reads the private split without noise, so these two figures
   are not part of any private release; a private run's own logs train it on held-out digits
   instead), FID against the 10,000 test digits.
-* **ε**: the data-independent guarantee (δ = 1e-5) each row's budget enforces, except where the row's
+* **ε**: the data-independent guarantee (δ = 1e-5 unless the row says another) each row's budget enforces, except where the row's
   name says otherwise: ``paper`` (the paper's accounting, not a guarantee; the sound ε beside it),
   ``smooth_sensitivity`` (the released data-dependent ε, noised; the guarantee is its data-independent
   hard cap), ``noisefree`` (σ ≈ 0, no privacy).
@@ -152,6 +152,22 @@ DPMERF_BEST: tuple[Row, ...] = tuple(
         seed=seed or None, headline=not seed)
     for eps in (1, 10) for seed in (0, 1))
 
+#: δ = 1/(n ln n) for the 60,000 training digits (1.5e-6, rounded up as the field writes it): the δ of DPImageBench's and
+#: FETA-Pro's MNIST rows, which the feature-map rows are also run at.
+FIELD_DELTA = 1.67e-6
+#: DP-MERF's release in blocks of feature maps, the random features of the pixels and of the wavelet scattering
+#: coefficients (configs/mnist/dpmerf_scattering_eps1_guarantee.yaml), at ε = 0.2, 1 and 10, at δ = 1e-5 and the field's δ,
+#: two seeds each: CPU rows (``--rows 'dpmerf_scattering_*' --threads 1 --time-scale 24``: 900 steps, ~15 CPU minutes a
+#: row on one thread; an hour of training at most). Extras beside the headline rows of DP-MERF (DPMERF_BEST, the ε = 0.2
+#: row of DPMERF_CPU_SWEEP): one headline row per model and ε.
+DPMERF_SCATTERING: tuple[Row, ...] = tuple(
+    Row(f"dpmerf_scattering_eps{eps:g}" + ("_delta1.67e-6" if delta else "") + ("_s1" if seed else ""),
+        {0.2: "— (FETA-Pro 0.862, DPDM 0.863)", 1: "— (FETA-Pro 0.971, DP-FETA 0.956)", 10: "— (FETA-Pro 0.986, DP-FETA 0.981)"}[eps],
+        {0.2: "≥ 0.913", 1: "≥ 0.971 (FETA-Pro)", 10: "≥ 0.986 (FETA-Pro)"}[eps] + "; " + DPMERF_TUNED + (" (at ε = 1)" if eps != 1 else ""),
+        150, kind="extra", splittable=True, base="dpmerf_scattering_eps1_guarantee", seed=seed or None,
+        overrides={**({"epsilon": float(eps)} if eps != 1 else {}), **({"delta": FIELD_DELTA} if delta else {})})
+    for eps in (1, 10, 0.2) for delta in (False, True) for seed in (0, 1))
+
 #: In the order a call runs them: the headline rows first. Training budgets sum to ~45 minutes on an H100 (GS-WGAN's
 #: pretraining counted once), plus ~25 s per row of setup and evaluation: ~53 minutes in all (``--list``;
 #: ``--time-scale`` scales them), several sessions of device time. At the
@@ -199,6 +215,8 @@ ROWS: tuple[Row, ...] = (
         kind="extra", splittable=True, base="dpmerf_eps10_guarantee", seed=1),
     # the CPU recipe given the 2,400 steps the validation split still rose at (~35 min a row on one thread): the best config
     *DPMERF_BEST,
+    # its release in two blocks, the random features of the pixels and of the wavelet scattering coefficients
+    *DPMERF_SCATTERING,
     # the DP-MERF paper's own settings (length scale 20.5, 500 digits a step, 600 steps), which DPMERF's defaults are not
     Row("dpmerf_paper_eps1_guarantee", DPMERF_SOK_RERUN[1], "the paper's settings, for comparison", 120,
         kind="extra", splittable=True),
@@ -380,13 +398,14 @@ class RowBudget(pl.Callback):
 
     def __init__(self, seconds: float, sync) -> None:
         self.deadline = time.perf_counter() + seconds
-        self.sync, self.stamps, self.hit = sync, [], False
+        self.sync, self.stamps, self.cpu_stamps, self.hit = sync, [], [], False
         self._last_step = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step != self._last_step:  # a generator step (G-PATE's warm-up steps are not)
             self.sync()
             self.stamps.append(time.perf_counter())
+            self.cpu_stamps.append(time.process_time())
             self._last_step = trainer.global_step
         if time.perf_counter() > self.deadline and not trainer.should_stop:
             self.hit, trainer.should_stop = True, True
@@ -395,6 +414,33 @@ class RowBudget(pl.Callback):
         """Median seconds between generator steps (the fit's own hooks and data included)."""
         gaps = [b - a for a, b in zip(self.stamps[:-1], self.stamps[1:])]
         return statistics.median(gaps) if gaps else None
+
+    def cpu_seconds_per_step(self) -> float | None:
+        """Median CPU seconds of the process between generator steps: on a shared CPU, steadier than the wall clock (its
+        threads' time summed: on one thread, the step's time were it alone on the core)."""
+        gaps = [b - a for a, b in zip(self.cpu_stamps[:-1], self.cpu_stamps[1:])]
+        return statistics.median(gaps) if gaps else None
+
+
+class StepProfile(pl.Callback):
+    """``--profile-steps N``: torch.profiler over ``N`` generator steps after ``skip`` (warm) ones, its table of the
+    operators by self CPU time printed and kept (``rows``)."""
+
+    def __init__(self, steps: int, skip: int = 2, rows: int = 15) -> None:
+        self.first, self.last, self.rows, self.profiler, self.table = skip, skip + steps, rows, None, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.first and self.profiler is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.profiler = profile(activities=[ProfilerActivity.CPU])
+            self.profiler.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.profiler is not None and self.table is None and trainer.global_step >= self.last:
+            self.profiler.__exit__(None, None, None)
+            self.table = self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=self.rows)
+            print(f"   profile of steps {self.first}-{self.last} (self CPU time, {self.last - self.first} steps):\n{self.table}", flush=True)
 
 
 def _trainer(a, *, max_steps: int, callbacks: list, benchmark: bool | None = None):
@@ -414,7 +460,7 @@ def privacy_record(model) -> dict[str, Any]:
     if model.epsilon_budget >= 1e9:
         return {"privacy": "none (noise-free: σ ≈ 0, no budget)"}
     released = released_privacy(model)
-    out = {"privacy": released["budget_accounting"], "epsilon_budget": released["epsilon_budget"],
+    out = {"privacy": released["budget_accounting"], "epsilon_budget": released["epsilon_budget"], "delta": float(model.delta),
            "epsilon_guarantee": float(released["summary"]["epsilon"]), "budget_exhausted": released["budget_exhausted"]}
     ss = released.get("smooth_sensitivity")
     if ss is not None:
@@ -570,7 +616,7 @@ def fit_row(row: Row, a, *, seconds: float, state: Path, resume: Path | None,
     sync()
     record.update(
         steps=int(trainer.global_step), fit_s=time.perf_counter() - fit_start, fit_cpu_s=time.process_time() - fit_cpu,
-        s_per_step=budget.seconds_per_step(),
+        s_per_step=budget.seconds_per_step(), cpu_s_per_step=budget.cpu_seconds_per_step(),
         stopped_by=("row time budget" if budget.hit else (model.stop_reason if getattr(model, "stop_reason", None)
                                                            else f"max_steps={max_steps}")),
         complete=not budget.hit,
@@ -771,8 +817,11 @@ def tune_rows(rows: list[Row], a) -> int:
             return {f"validation_{k}": v for k, v in out.items() if k != "cnn_num_train"}
 
         curve = ValidationCurve(a.score_at or (), score)
-        record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=a.tune_from, callbacks=[curve],
+        profile = [StepProfile(a.profile_steps)] if a.profile_steps else []
+        record, model, dm = fit_row(row, a, seconds=a.tune_seconds, state=a.state, resume=a.tune_from, callbacks=[curve, *profile],
                                     save_to=a.tune_save, weights_from=a.tune_weights_from)
+        if profile and profile[0].table:
+            record["profile"] = profile[0].table
         model.to(a.device)
         record.update(score(model, dm))
         if curve.curve:
@@ -783,7 +832,8 @@ def tune_rows(rows: list[Row], a) -> int:
         (a.state / "tuning_grids").mkdir(parents=True, exist_ok=True)
         save_class_grid(model, a.state / "tuning_grids" / f"{record['name']}.png")
         append_jsonl(a.tune_results, record)
-        print("   " + ", ".join(f"{k}={_f(record.get(k))}" for k in ("steps", "fit_s", "s_per_step", "validation_cnn_accuracy_final",
+        print("   " + ", ".join(f"{k}={_f(record.get(k))}" for k in ("steps", "fit_s", "s_per_step", "cpu_s_per_step",
+                                                                       "validation_cnn_accuracy_final",
                                                                        "validation_cnn_accuracy_val_selected")), flush=True)
         del model, dm
         gc.collect()
@@ -804,6 +854,8 @@ def _epsilons(r: dict[str, Any]) -> tuple[str, str]:
     # under the paper's accounting the budget bounds the other ε (labelled), not the guarantee
     budget = f" of {r['epsilon_budget']:g}" if "epsilon_budget" in r else ""
     guarantee = _f(r.get("epsilon_guarantee"), 2) + ("" if privacy == "paper" else budget)
+    if r.get("delta") not in (None, DEFAULT_DELTA):  # the field's δ = 1/(n ln n) on some rows: said beside ε
+        guarantee += f" (δ={r['delta']:.3g})"
     if privacy == "smooth_sensitivity":
         guarantee = f"≤ {_f(r.get('epsilon_guarantee'), 2)} (data-independent, hard cap {r.get('epsilon_hard_cap', 0):g})"
     other = ""
@@ -818,7 +870,9 @@ def _epsilons(r: dict[str, Any]) -> tuple[str, str]:
     return guarantee, other
 
 
-COLUMNS = ("row", "status", "hardware", "date", "model", "ε spent (guarantee, δ=1e-5)", "other ε (labelled, not a guarantee)", "steps", "stopped by",
+#: The δ of the rows unless a row says another (its ε cell then names it).
+DEFAULT_DELTA = 1e-5
+COLUMNS = ("row", "status", "hardware", "date", "model", "ε spent (guarantee, δ=1e-5 unless said)", "other ε (labelled, not a guarantee)", "steps", "stopped by",
            "s/step", "CNN acc final", "CNN acc val-sel. (synthetic)", "paper", "target", "settings from", "best on test (paper's selection)",
            "IS", "FID", "samples")
 
@@ -893,7 +947,7 @@ def row_status(row: Row, r: dict[str, Any] | None) -> str:
     return "current"
 
 
-HEADLINE_COLUMNS = ("model", "ε (guarantee, δ=1e-5)", "CNN acc (val-sel. on synthetic)", "row (config)", "settings from", "steps",
+HEADLINE_COLUMNS = ("model", "ε (guarantee, δ=1e-5 unless said)", "CNN acc (val-sel. on synthetic)", "row (config)", "settings from", "steps",
                     "hardware", "date", "status")
 
 
@@ -961,7 +1015,8 @@ def table_lines(data: dict[str, Any], *, smoke: bool) -> list[str]:
              "10% of the generated digits held out; the paper's figure is the best test accuracy over epochs (a "
              "selection on the test set), shown for comparison only. IS/FID: feature classifier trained on the real "
              "training digits (the papers' setting; the data owner's evaluation, not released by any run), FID "
-             "against the test digits. ε: the guarantee the row's budget enforced (data-independent, δ = 1e-5); "
+             "against the test digits. ε: the guarantee the row's budget enforced (data-independent, δ = 1e-5 unless its cell "
+             "names another); "
              "another ε only where labelled. Rows stop at their privacy budget, their config's max_steps or the "
              "row's time budget on the GPU (column `stopped by`).", "", SETTINGS_FROM_LEGEND, ""]
     if meta.get("machine"):
@@ -1100,6 +1155,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--tune: also score the generator at these step counts of the run (the steps lever in one fit; "
                         "the scoring does not change the run's trajectory)")
     p.add_argument("--steps", type=int, default=None, help="generator steps (overrides the config's max_steps)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="--tune: torch.profiler over N generator steps (after 2), its operators by self CPU time printed and "
+                        "kept in the run's record")
     p.add_argument("--pretrain-only", action="store_true",
                    help="GS-WGAN: only the discriminators' pretraining of the selected rows (into the cache), no private stage")
     a = p.parse_args(argv)

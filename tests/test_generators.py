@@ -89,3 +89,38 @@ def test_the_cpu_convolution_layout_changes_no_value_or_gradient(monkeypatch, up
     for name, grad in grads_plain.items():
         # atol: a bias just before a batch norm has a true gradient of 0, both layouts give rounding noise (~1e-15)
         torch.testing.assert_close(grads_fast[name], grad, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_the_nearest_layers_phase_convolution_equals_upsampling_then_convolving():
+    """The nearest generator computes ×2 upsampling then a 5×5 convolution as one 3×3 convolution into four phase maps
+    (its label maps without convolving them): its images and every weight's gradient equal those of the plain
+    ``Upsample`` then ``Conv2d`` of the same weights on the label maps concatenated (float64, to rounding), and its
+    state dict keeps the plain layers' names (old releases load)."""
+    import torch.nn.functional as F
+
+    from lightning_gpate.nets.generators import concat_label_maps, one_hot
+
+    torch.manual_seed(0)
+    gen = ConditionalDCGANGenerator(z_dim=5, num_classes=10, out_shape=(1, 28, 28), gf_dim=8, fc_dim=16, upsample="nearest").double()
+    assert {"up1.0.1.weight", "up1.0.1.bias", "up2.1.weight", "up2.1.bias"} <= set(gen.state_dict())
+    z, y, w = torch.randn(40, 5, dtype=torch.float64), torch.arange(40) % 10, torch.randn(40, 1, 28, 28, dtype=torch.float64)
+
+    def plain(layer, h, yo):
+        return layer[1](F.interpolate(concat_label_maps(h, yo), scale_factor=2, mode="nearest"))
+
+    def plain_forward(z, y):
+        yo = one_hot(y, 10)
+        h = gen.fc1(torch.cat([gen.fc0(torch.cat([z, yo], 1)), yo], 1)).view(-1, 16, 7, 7)
+        h = gen.up1[2](gen.up1[1](plain(gen.up1[0], h, yo)))
+        return torch.tanh(plain(gen.up2, h, yo))
+
+    results = []
+    for forward in (gen, plain_forward):
+        gen.zero_grad()
+        out = forward(z, y)
+        (out * w).sum().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in gen.named_parameters()}))
+    (fast, fast_grads), (slow, slow_grads) = results
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    for name, grad in slow_grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-9, atol=1e-9, msg=name)

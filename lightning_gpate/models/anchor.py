@@ -89,16 +89,33 @@ def class_mean_gap(generate: Callable[[torch.Tensor], torch.Tensor], targets: to
         features: images ``[m, ...]`` → ``[m, f]`` (differentiable) whose class means are compared; ``None``: the pixels.
         unbiased: subtract the spread term (see above).
     """
-    k = targets.shape[0]
-    n = -(-int(batch_size) // k)
+    y = balanced_labels(targets.shape[0], batch_size, device=targets.device, unbiased=unbiased)
+    return class_gap(generate(y), y, targets, features, unbiased=unbiased)
+
+
+def balanced_labels(num_classes: int, batch_size: int, *, device: torch.device | None = None, unbiased: bool = False) -> torch.Tensor:
+    """``n = ceil(batch_size / K)`` labels of each class in order, ``[K·n]``: the fakes of :func:`class_mean_gap`."""
+    n = -(-int(batch_size) // num_classes)
     if unbiased and n < 2:
-        raise ValueError(f"the unbiased gap needs at least 2 images a class (ceil(batch_size / {k})): batch_size > {k}, got {batch_size}")
-    y = torch.arange(k, device=targets.device).repeat_interleave(n)
-    x = generate(y)
-    x = x.flatten(1) if features is None else features(x)
+        raise ValueError(f"the unbiased gap needs at least 2 images a class (ceil(batch_size / {num_classes})): "
+                         f"batch_size > {num_classes}, got {batch_size}")
+    return torch.arange(num_classes, device=device).repeat_interleave(n)
+
+
+def class_gap(x: torch.Tensor, y: torch.Tensor, targets: torch.Tensor, features: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              *, unbiased: bool = False) -> torch.Tensor:
+    """:func:`class_mean_gap` of given fakes ``x`` of the :func:`balanced_labels` ``y`` (several feature maps can then
+    read one batch). A map with a ``class_means`` method (:class:`~lightning_gpate.privacy.feature_maps.FeatureMap`)
+    computes the class means itself (a fused gradient) unless ``unbiased`` needs every fake's features."""
+    k = targets.shape[0]
+    n = len(y) // k
     per_class = F.one_hot(y, k).to(x.dtype) / n  # images → their class's mean
-    means = per_class.t() @ x
-    gap = (means - targets.flatten(1).to(x.dtype)).pow(2).mean(1)
+    if features is not None and not unbiased and hasattr(features, "class_means"):
+        means = features.class_means(x, per_class)
+    else:
+        x = x.flatten(1) if features is None else features(x)
+        means = per_class.t() @ x
+    gap = (means - targets.flatten(1).to(means.dtype)).pow(2).mean(1)
     if unbiased:  # minus S²/n = Σ_i (φ_i − mean)² / (n(n − 1))
         gap = gap - (per_class.t() @ (x - means[y]).pow(2)).mean(1) / (n - 1)
     return gap

@@ -17,6 +17,14 @@ mean embedding split by class), p̂_c the class shares (released, or declared pu
 ``generator_batch_size`` fakes in equal numbers per class. The paper weighs class c by p̂_c² (its
 joint embedding); p̂_c keeps a small class in view on an imbalanced table.
 
+**Feature maps** (``feature_maps``, images): the release can be several blocks, each the same mechanism on another
+data-independent feature map ``ψ`` of the records (:mod:`lightning_gpate.privacy.feature_maps`: the pixels' random
+Fourier features, the low DCT frequencies', wavelet scattering coefficients, random Fourier features of those), every
+record's vector of norm at most 1, each block released once with its share of the budget (one Gaussian event each,
+composed in the accountant: together exactly the ε of one release) and the generator's loss the sum of the blocks'
+(each weighted). A Gaussian kernel on pixels gives a fake far from every digit almost no gradient (a white blob stays
+one); the scattering coefficients' linear kernel pulls every fake, and compares strokes and edges rather than pixels.
+
 What is released: the generator and the released class shares (a buffer of the generator, used to
 draw labels unless the class ratio is declared public), and the hyperparameters, among them the
 random features' public ``feature_seed``. The noisy embedding itself stays in the private training
@@ -28,16 +36,19 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import Any, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from lightning_gpate.models.options import GeneratorNet, flat_options
+from lightning_gpate.models.anchor import balanced_labels, class_gap
+from lightning_gpate.models.options import GeneratorNet, flat_options, group_from
 from lightning_gpate.models.private import ConfigError, DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits
-from lightning_gpate.models.warm_start import default_length_scale, embedding_loss, release_event
+from lightning_gpate.models.warm_start import default_length_scale, release_event
 from lightning_gpate.privacy import SubsampledGaussianEvent
-from lightning_gpate.privacy.merf import fourier_frequencies, mean_embeddings, release_embedding_sum
+from lightning_gpate.privacy.feature_maps import FEATURE_MAPS, FOURIER_MAPS, FeatureMap, build_feature_map
+from lightning_gpate.privacy.merf import feature_sum, fourier_frequencies, mean_embeddings, noisy_release
 from lightning_gpate.privacy.randomness import mechanism_generator
 
 # The default length scale (:func:`~lightning_gpate.models.warm_start.default_length_scale`, one definition for DP-MERF and
@@ -58,6 +69,65 @@ VALIDATED_MAX_STEPS = 800
 PAPER_SETTINGS = {"length_scale": 20.5, "generator_batch_size": 500}
 #: The generator (module doc): the paper's small one at its own width.
 DEFAULT_GENERATOR = GeneratorNet(z_dim=5, gf_dim=8, fc_dim=200, upsample="nearest", hidden=(256, 256), ema_decay=0.0)
+
+
+#: The length scale of a block's Gaussian kernel when its ``length_scale`` is null, by map (the pixels': the model's
+#: ``length_scale``). ``dct``: the pixels' 10 (its low frequencies keep most of a digit's distance); ``scattering_rff``:
+#: its normalised coefficients lie in the unit ball (their distances below 2).
+DEFAULT_BLOCK_LENGTH_SCALES = {"dct": 10.0, "scattering_rff": 0.5}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeatureBlock:
+    """One block of DP-MERF's release: a data-independent feature map of the records
+    (:mod:`lightning_gpate.privacy.feature_maps`), released once with its own share of the budget.
+
+    Every block is released as DP-MERF's sum ``Σ_i e_{y_i} ⊗ [a·ψ(x_i), b]`` (``ψ`` the block's map, rows of norm at most 1:
+    sensitivity 1) plus Gaussian noise of multiplier ``σ/√(share/Σ shares)``, ``σ`` the one multiplier the whole budget
+    buys: the blocks' Gaussian mechanisms, composed in the accountant, cost exactly what one release of multiplier ``σ``
+    costs (RDP ``λ/(2σ²)``: their ``1/σ_i²`` add up to ``1/σ²``). The generator matches every block, each one's squared
+    gap times its ``weight``.
+
+    Args:
+        map: ``"pixels"`` (DP-MERF's random Fourier features of the pixels), ``"dct"`` (of the ``dct_size``² lowest DCT
+            frequencies), ``"scattering"`` (wavelet scattering coefficients, a linear kernel) or ``"scattering_rff"``
+            (random Fourier features of them); images only except ``"pixels"``.
+        features: random Fourier features ``2M`` of a Fourier map (null: the model's ``num_features``).
+        length_scale: ℓ of a Fourier map's Gaussian kernel, or a list (null: the model's ``length_scale`` for pixels,
+            10 for dct, 0.5 for scattering_rff: :data:`DEFAULT_BLOCK_LENGTH_SCALES`).
+        share: the block's share of the budget (relative to the other blocks').
+        weight: the weight of its gap in the generator's loss.
+        dct_size: ``"dct"``: the side ``k`` of the kept ``k × k`` lowest frequencies.
+    """
+
+    map: str = "pixels"
+    features: int | None = None
+    length_scale: float | list[float] | None = None
+    share: float = 1.0
+    weight: float = 1.0
+    dct_size: int = 14
+
+    def __post_init__(self) -> None:
+        if self.map not in FEATURE_MAPS:
+            raise ValueError(f"feature_maps: map must be one of {FEATURE_MAPS}, got {self.map!r}")
+        if not (self.share > 0 and math.isfinite(self.share)):
+            raise ValueError(f"feature_maps: share must be a finite number > 0, got {self.share}")
+        if not (self.weight >= 0 and math.isfinite(self.weight)):
+            raise ValueError(f"feature_maps: weight must be a finite number >= 0, got {self.weight}")
+        if int(self.dct_size) != self.dct_size or self.dct_size < 1:
+            raise ValueError(f"feature_maps: dct_size must be an integer >= 1, got {self.dct_size}")
+        if self.length_scale is not None and not isinstance(self.length_scale, (int, float)):
+            object.__setattr__(self, "length_scale", [float(v) for v in self.length_scale])
+        if self.map in FOURIER_MAPS:  # validates the count and the length scale(s)
+            fourier_frequencies(self.features or 2, 1, self.length_scale if self.length_scale is not None else 1.0, 0)
+
+    def resolved(self, *, num_features: int, length_scale: float | list[float]) -> "FeatureBlock":
+        """This block with its Fourier features and length scale resolved (the model's where null and the map's)."""
+        if self.map not in FOURIER_MAPS:
+            return self
+        scale = self.length_scale if self.length_scale is not None else (
+            length_scale if self.map == "pixels" else DEFAULT_BLOCK_LENGTH_SCALES[self.map])
+        return replace(self, features=int(self.features or num_features), length_scale=scale)
 
 
 class LabelledGenerator(nn.Module):
@@ -126,6 +196,10 @@ class DPMERF(PrivateGenerativeModel):
         chunk_size: records embedded at a time in the release (memory only).
         noise_seed: seed of the release's noise, for tests only (null: secret, from the OS at every start).
         log_private_diagnostics: accepted for a uniform interface; DP-MERF logs nothing private.
+        feature_maps: the release's blocks, each a fixed feature map with its own share of ε (null, the default: the
+            paper's one block of pixel features). Each block (FeatureBlock: pixels, dct, scattering or scattering_rff)
+            is released once and matched by the generator; block i draws its frequencies from feature_seed + i; stored
+            resolved.
     """
 
     FLAT_OPTIONS = flat_options()
@@ -155,6 +229,7 @@ class DPMERF(PrivateGenerativeModel):
         chunk_size: int = 2048,
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
+        feature_maps: list[FeatureBlock] | None = None,
     ) -> None:
         if noise_multiplier is not None and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be a finite number > 0 or null (calibrated to the budget), got {noise_multiplier}")
@@ -172,7 +247,14 @@ class DPMERF(PrivateGenerativeModel):
         num_classes = int(data_spec["num_classes"])
         if unbiased and generator_batch_size < 2 * num_classes:
             raise ValueError(f"unbiased needs at least 2 fakes a class: generator_batch_size >= {2 * num_classes}, got {generator_batch_size}")
-        requested = {"length_scale": length_scale, "feature_seed": feature_seed}
+        blocks = None if feature_maps is None else [group_from(FeatureBlock, b, name=f"feature_maps[{i}]")
+                                                       for i, b in enumerate(feature_maps)]
+        if blocks is not None and not blocks:
+            raise ValueError("feature_maps must list at least one block, or be null (DP-MERF's random features of the pixels)")
+        if blocks and data_spec["kind"] != "image" and any(b.map != "pixels" for b in blocks):
+            raise ValueError(f"feature_maps: the maps {[b.map for b in blocks if b.map != 'pixels']} read images; a table "
+                             "takes map 'pixels' (random Fourier features of its encoded row)")
+        requested = {"length_scale": length_scale, "feature_seed": feature_seed, "feature_maps": feature_maps}
         if length_scale is None:
             length_scale = default_length_scale(data_spec)
         elif not isinstance(length_scale, (int, float)):
@@ -187,63 +269,112 @@ class DPMERF(PrivateGenerativeModel):
                              log_private_diagnostics=log_private_diagnostics)
         self.save_hyperparameters()
         self.store_option_groups(generator=net_options)
-        self.store_resolved_hparams(requested, length_scale=length_scale, feature_seed=feature_seed)
+        resolved_blocks = None if blocks is None else [
+            asdict(b.resolved(num_features=int(num_features), length_scale=length_scale)) for b in blocks]
+        self.store_resolved_hparams(requested, length_scale=length_scale, feature_seed=feature_seed, feature_maps=resolved_blocks)
         self.automatic_optimization = False
         self.train_sampling = {"kind": "full"}
         self.generator_options = net_options
         self.generator = LabelledGenerator(self.build_generator(net_options), self.num_classes)
         if net_options.averaged:  # what samples and is released (generator_module), label shares included
             self.generator_ema = copy.deepcopy(self.generator).requires_grad_(False)
-        # Public (redrawn from the stored seed): not saved in checkpoints or the release.
-        self.register_buffer("frequencies", self.draw_frequencies(), persistent=False)
-        # The noisy release (DP; kept in the training checkpoint for a resume, not in the release artifact).
-        self.register_buffer("released_embedding", torch.zeros(self.num_classes, int(num_features) + 1))
+        # Public (their filters and frequencies redrawn from the stored seed): not saved in checkpoints or the release.
+        self.maps = nn.ModuleList(self.draw_feature_maps())
+        # The noisy release, every block's [K, dim + 1] side by side (DP; kept in the training checkpoint for a resume,
+        # not in the release artifact).
+        self.register_buffer("released_embedding", torch.zeros(self.num_classes, sum(m.dim + 1 for m in self.maps)))
         self.register_buffer("released", torch.zeros((), dtype=torch.bool))
         self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else self.calibrated_noise_multiplier()
 
-    RESOLVED_HPARAMS = ("length_scale", "feature_seed")
+    RESOLVED_HPARAMS = ("length_scale", "feature_seed", "feature_maps")
 
-    def draw_frequencies(self) -> torch.Tensor:
-        """The random features' frequencies, drawn from the stored public seed and length scale(s)."""
+    def feature_blocks(self) -> list[FeatureBlock]:
+        """The release's blocks, resolved: ``feature_maps``, or (null) one block of random Fourier features of the pixels
+        with the model's ``num_features`` and ``length_scale`` (DP-MERF's release)."""
         hp = self.hparams
-        return fourier_frequencies(hp.num_features, math.prod(int(s) for s in self.data_spec["shape"]), hp.length_scale, hp.feature_seed)
+        given = hp.get("feature_maps") or [{"map": "pixels"}]
+        return [FeatureBlock(**b).resolved(num_features=int(hp.num_features), length_scale=hp.length_scale) for b in given]
+
+    def draw_feature_maps(self) -> list[FeatureMap]:
+        """Every block's feature map, its frequencies drawn from the stored public seed (block ``i``: ``feature_seed + i``)."""
+        hp, shape = self.hparams, self.data_spec["shape"]
+        return [build_feature_map(b.map, shape, num_features=b.features, length_scale=b.length_scale, seed=int(hp.feature_seed) + i,
+                                  dct_size=b.dct_size) for i, b in enumerate(self.feature_blocks())]
+
+    @property
+    def frequencies(self) -> torch.Tensor:
+        """The first block's random features' frequencies (DP-MERF's, of the pixels, by default)."""
+        return self.maps[0].frequencies
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A resume trains against the features its release was measured with: the checkpoint's seed and
         length scale replace the ones this model drew (a seed given that differs is refused)."""
         super().on_load_checkpoint(checkpoint)
         if self.adopt_resolved_hparams(checkpoint.get("hyper_parameters") or {}):
-            self.frequencies = self.draw_frequencies().to(self.frequencies.device)
+            device = self.released_embedding.device
+            self.maps = nn.ModuleList(self.draw_feature_maps()).to(device)
 
     # ----------------------------------------------------------------- the release
+    def block_noise_multipliers(self, noise_multiplier: float | None = None) -> list[float]:
+        """Each block's σ_i = σ/√(share_i/Σ shares) for the whole release's σ (default the model's): their Gaussian
+        mechanisms compose to exactly one of multiplier σ (their ``1/σ_i²`` add up to ``1/σ²``)."""
+        sigma = self.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
+        shares = [b.share for b in self.feature_blocks()]
+        return [sigma / math.sqrt(share / sum(shares)) if len(shares) > 1 else sigma for share in shares]
+
+    def release_events(self, noise_multiplier: float | None = None) -> list[SubsampledGaussianEvent]:
+        """The release's cost: one Gaussian mechanism a block (:meth:`block_noise_multipliers`)."""
+        return [gaussian_release_event(s) for s in self.block_noise_multipliers(noise_multiplier)]
+
+    def release_epsilon(self, noise_multiplier: float | None = None) -> float:
+        """ε of the guarantee once the release's events are recorded (after any DP metadata already recorded)."""
+        return self.accountant.epsilon_if(*self.release_events(noise_multiplier), *self._gnss_reservation())
+
     def calibrated_noise_multiplier(self) -> float:
         """The smallest σ (to 1e-9 relative) whose release keeps ε within the budget left (after any DP
         metadata already recorded)."""
-        inverse = largest_that_fits(lambda s: self.epsilon_if(gaussian_release_event(1.0 / s)) <= self.budget_limit(),
+        inverse = largest_that_fits(lambda s: self.release_epsilon(1.0 / s) <= self.budget_limit(),
                                     f"DP-MERF's release within epsilon={self.epsilon_budget:g}")
         return 1.0 / inverse
 
-    def release_event(self) -> SubsampledGaussianEvent:
-        return gaussian_release_event(self.noise_multiplier)
-
+    @torch.no_grad()
     def release_embedding(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Charge the release, then release ``Σ_i e_{y_i} ⊗ [a·φ(x_i), b] + N(0, σ²)`` with the
-        mechanism's secret noise; the class shares follow from the released counts."""
-        if not self.charge(self.release_event()):
+        """Charge the release (every block's Gaussian mechanism), then release each block's
+        ``Σ_i e_{y_i} ⊗ [a·ψ(x_i), b] + N(0, σ_i²)`` with the mechanism's secret noise; the class shares follow from the
+        released counts."""
+        if not all(self.charge(event) for event in self.release_events()):
             return  # over budget: NoPrivateStepError was raised (first step) or training stops
         hp = self.hparams
-        released = release_embedding_sum(x, y, self.frequencies, self.num_classes, count_weight=hp.count_weight,
-                                         noise_multiplier=self.noise_multiplier,
-                                         generator=mechanism_generator(self.device, hp.noise_seed), chunk_size=hp.chunk_size)
-        with torch.no_grad():
-            self.released_embedding.copy_(released.float())
-            self.released.fill_(True)
-            counts = mean_embeddings(self.released_embedding, count_weight=hp.count_weight,
-                                     noise_multiplier=self.noise_multiplier)[1].clamp_min(0)
-            shares = counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
-            self.generator.label_ratio.copy_(shares)
-            if hasattr(self, "generator_ema"):
-                self.generator_ema.label_ratio.copy_(shares)
+        generator = mechanism_generator(self.device, hp.noise_seed)
+        parts = [noisy_release(feature_sum(x, y, feature_map, feature_map.dim, self.num_classes, count_weight=hp.count_weight,
+                                           device=self.device, chunk_size=hp.chunk_size), noise_multiplier=sigma, generator=generator)
+                 for feature_map, sigma in zip(self.maps, self.block_noise_multipliers())]
+        self.released_embedding.copy_(torch.cat(parts, 1).float())
+        self.released.fill_(True)
+        counts = self.released_counts().clamp_min(0)
+        shares = counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
+        self.generator.label_ratio.copy_(shares)
+        if hasattr(self, "generator_ema"):
+            self.generator_ema.label_ratio.copy_(shares)
+
+    def released_blocks(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        """Post-processing of the release: per block its class means ``[K, dim]``, noisy counts ``[K]`` and noise σ_i
+        (:func:`~lightning_gpate.privacy.merf.mean_embeddings`)."""
+        out, start = [], 0
+        for feature_map, sigma in zip(self.maps, self.block_noise_multipliers()):
+            part = self.released_embedding[:, start:start + feature_map.dim + 1]
+            start += feature_map.dim + 1
+            out.append((*mean_embeddings(part, count_weight=self.hparams.count_weight, noise_multiplier=sigma), sigma))
+        return out
+
+    def released_counts(self) -> torch.Tensor:
+        """The class counts of the release ``[K]``: every block's noisy counts averaged with weights ``1/σ_i²`` (the
+        least-noisy combination; the one block's counts when there is one)."""
+        blocks = self.released_blocks()
+        if len(blocks) == 1:
+            return blocks[0][1]
+        weights = [sigma**-2 for _, _, sigma in blocks]
+        return sum(w * counts for w, (_, counts, _) in zip(weights, blocks)) / sum(weights)
 
     # ----------------------------------------------------------------- labels
     def class_shares(self) -> torch.Tensor:
@@ -267,7 +398,7 @@ class DPMERF(PrivateGenerativeModel):
     def on_train_start(self) -> None:
         super().on_train_start()
         if not bool(self.released):
-            cost = self.epsilon_if(self.release_event())
+            cost = self.release_epsilon()
             if cost > self.budget_limit():
                 raise ConfigError(
                     f"DP-MERF's release with noise_multiplier={self.noise_multiplier:g} costs epsilon={cost:.4g}, more than the "
@@ -288,14 +419,18 @@ class DPMERF(PrivateGenerativeModel):
         return batch if bool(self.released) else super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def embedding_loss(self) -> torch.Tensor:
-        """``Σ_c p̂_c ‖mean_j φ(G(z_j, c)) − μ̂_c‖²`` over a batch with equal numbers of fakes per class: the
-        per-class gap of :func:`~lightning_gpate.models.anchor.class_mean_gap` (G-PATE's anchor term; a mean over
-        the 2M features, hence the factor 2M)."""
+        """``Σ_blocks w_b Σ_c p̂_c ‖mean_j ψ_b(G(z_j, c)) − μ̂_{b,c}‖²`` over one batch with equal numbers of fakes per class:
+        the per-class gap of :func:`~lightning_gpate.models.anchor.class_gap` (G-PATE's anchor term; a mean over a block's
+        features, hence the factor of its width). It reads the release alone."""
         hp = self.hparams
-        return embedding_loss(lambda y: self.generator(self.latent(len(y)), y), self.released_embedding, self.frequencies,
-                              self.class_shares(), count_weight=hp.count_weight, noise_multiplier=self.noise_multiplier,
-                              batch_size=int(hp.generator_batch_size),
-                              unbiased=hp.unbiased)
+        y = balanced_labels(self.num_classes, int(hp.generator_batch_size), device=self.device, unbiased=hp.unbiased)
+        x = self.generator(self.latent(len(y)), y)
+        shares = self.class_shares()
+        loss = x.new_zeros(())
+        for feature_map, block, (means, _, _) in zip(self.maps, self.feature_blocks(), self.released_blocks()):
+            gap = class_gap(x, y, means, feature_map, unbiased=hp.unbiased)
+            loss = loss + block.weight * means.shape[1] * (shares.to(gap) * gap).sum()
+        return loss
 
     def training_step(self, batch, batch_idx):
         if not bool(self.released):

@@ -28,16 +28,20 @@ public; releasing the sum needs no such assumption.
 
 Everything else — the per-class means, the class ratio, the generator trained to match them — is
 post-processing of the one noisy release.
+
+**Other feature maps.** Nothing above needs ``φ`` to be Fourier features: any fixed map ``ψ`` with ``‖ψ(x)‖ ≤ 1`` for
+every record (:mod:`lightning_gpate.privacy.feature_maps`: low DCT frequencies, wavelet scattering coefficients) keeps
+``‖e_y ⊗ [a·ψ(x), b]‖ ≤ 1``, hence sensitivity at most 1: :func:`feature_sum` sums it, :func:`noisy_release` adds the noise.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "embedding_sum", "noisy_release", "release_embedding_sum",
+__all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "feature_sum", "embedding_sum", "noisy_release", "release_embedding_sum",
            "mean_embeddings", "median_distance_of_uniform", "COUNT_FLOOR_SIGMAS"]
 
 
@@ -102,19 +106,28 @@ def record_embeddings(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tenso
     return out
 
 
-def embedding_sum(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tensor, num_classes: int, *, count_weight: float,
-                  chunk_size: int = 2048) -> torch.Tensor:
-    """``S(D) = Σ_i ψ(x_i, y_i)`` ``[K, 2M + 1]`` (float64), in chunks of records: what
-    :func:`noisy_release` adds noise to. A function of the private data: never released without it."""
+def feature_sum(x: torch.Tensor, y: torch.Tensor, features: Callable[[torch.Tensor], torch.Tensor], dim: int, num_classes: int, *,
+                count_weight: float, device: torch.device | str | None = None, chunk_size: int = 2048) -> torch.Tensor:
+    """``S(D) = Σ_i e_{y_i} ⊗ [a·ψ(x_i), b]`` ``[K, dim + 1]`` (float64) for a feature map ``features`` (records → ``[n, dim]``)
+    whose every row has norm at most 1 (:mod:`lightning_gpate.privacy.feature_maps`; the random Fourier features exactly
+    1), computed on ``device`` in chunks of records: what :func:`noisy_release` adds noise to, at L2 sensitivity at most
+    1 under add/remove. A function of the private data: never released without it."""
     a, b = _weights(count_weight)
     if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
-    total = torch.zeros(num_classes, frequencies.shape[0] * 2 + 1, dtype=torch.float64, device=frequencies.device)
+    total = torch.zeros(num_classes, int(dim) + 1, dtype=torch.float64, device=device)
     for start in range(0, len(y), chunk_size):
-        xs, ys = x[start:start + chunk_size].to(frequencies.device), y[start:start + chunk_size].long().to(frequencies.device)
-        total[:, :-1].index_add_(0, ys, (a * fourier_features(xs, frequencies)).double())
-        total[:, -1].index_add_(0, ys, torch.full((len(ys),), b, dtype=torch.float64, device=frequencies.device))
+        xs, ys = x[start:start + chunk_size].to(total.device), y[start:start + chunk_size].long().to(total.device)
+        total[:, :-1].index_add_(0, ys, (a * features(xs)).double())
+        total[:, -1].index_add_(0, ys, torch.full((len(ys),), b, dtype=torch.float64, device=total.device))
     return total
+
+
+def embedding_sum(x: torch.Tensor, y: torch.Tensor, frequencies: torch.Tensor, num_classes: int, *, count_weight: float,
+                  chunk_size: int = 2048) -> torch.Tensor:
+    """:func:`feature_sum` of the random Fourier features of ``frequencies`` (DP-MERF's ``S(D)`` ``[K, 2M + 1]``)."""
+    return feature_sum(x, y, lambda xs: fourier_features(xs, frequencies), 2 * frequencies.shape[0], num_classes,
+                       count_weight=count_weight, device=frequencies.device, chunk_size=chunk_size)
 
 
 def noisy_release(total: torch.Tensor, *, noise_multiplier: float, generator: torch.Generator) -> torch.Tensor:
