@@ -297,8 +297,11 @@ class GenerativeDataModule(pl.LightningDataModule):
         without being charged. Returns whether anything changed (nothing does when no metadata was
         estimated with DP: declared metadata gives the same spec again). Subclasses that estimate
         metadata with DP implement :meth:`_released_metadata_differs` and use ``self._released_spec``
-        in :meth:`_load`.
+        in :meth:`_load`. Before its first load the DataModule draws nothing: it loads with ``released`` when used.
         """
+        if not self._loaded and released.get("metadata_cost"):
+            self._released_spec = dict(released)
+            return True
         if not self.spec.get("metadata_cost") and not released.get("metadata_cost"):
             return False
         if not self._released_metadata_differs(released):

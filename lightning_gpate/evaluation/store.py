@@ -75,14 +75,9 @@ def datamodule_for(release: dict[str, Any], model, data: str | None = None):
         raise ValueError("the release does not say which data it was trained on: pass --data (a YAML data config or a CSV)")
     if class_path.endswith("TabularDataModule") and not stored.get("path") and not stored.get("builtin"):
         raise ValueError("this model was trained on an in-memory DataFrame: pass --data with the table (CSV) or a data config")
-    released = bool(model.data_spec.get("metadata_cost"))
-    if released:  # the run's paid metadata, not a new DP draw: other bins would move the splits (keyed on the records)
-        from datamodules.base import DP_METADATA_PARAMETERS
-
-        stored.update({k: None for k in DP_METADATA_PARAMETERS if k in stored})
     datamodule = _import(class_path)(**stored)
-    if released:
-        datamodule.adopt_released_spec(model.data_spec)
+    # the run's paid metadata, not a new DP draw: other bins would move the splits (keyed on the records)
+    datamodule.adopt_released_spec(model.data_spec)
     check_data_matches(model.data_spec, datamodule.spec)
     return datamodule
 
