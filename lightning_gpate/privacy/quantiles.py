@@ -241,7 +241,13 @@ def bound_masses(draws: np.ndarray, candidates: np.ndarray, edges: np.ndarray) -
     ``[[k, bound], …]`` (post-processing of the released ``draws``).
 
     A quantile lands on a bound (the first or last candidate) when many rows sit on it: a column's zeros, a cap. Its
-    bin ends at the next candidate and comes back as the bound itself, not spread over the values beside it."""
+    bin ends at the next candidate and comes back as the bound itself, not spread over the values beside it.
+
+    An outer level's quantile can also land on a bound with no row there: every candidate beyond the data scores alike
+    for it, and where only a few candidates lie beyond (a column's top 1% within a grid step of the declared maximum,
+    the grid being coarsest there), the bound is one draw in a few. That bin then holds only the rows within a grid
+    step of the bound, and those come back on the bound instead of spread over that step; the released draws cannot
+    tell the two cases apart."""
     lower, upper = float(candidates[0]), float(candidates[-1])
     on_lower = bool(np.any(draws <= lower)) and edges[0] == lower and edges[1] >= candidates[1]
     on_upper = bool(np.any(draws >= upper)) and edges[-1] == upper and edges[-2] <= candidates[-2]
