@@ -217,6 +217,11 @@ class GPATECLI(LightningCLI):
         parser.add_lightning_class_args(DownstreamUtility, "utility")
         parser.add_lightning_class_args(ImageQuality, "image_quality")
 
+    def _command_config(self):
+        """The parsed config of the command being run (``fit``, ``sample`` …), or the whole config without one."""
+        subcommand = self.config.get("subcommand")
+        return self.config[subcommand] if subcommand else self.config
+
     def parse_arguments(self, parser, args) -> None:
         """Parse, then check that a ``--ckpt_path`` file is a lightning-gpate checkpoint: LightningCLI
         reads its hyperparameters next, and would fail with a traceback on anything else."""
@@ -224,15 +229,14 @@ class GPATECLI(LightningCLI):
         if isinstance(given, (list, tuple)):  # the main parser's errors may be about the command's options
             parser.command = " ".join([PROG, *[a for a in given if a in self.subcommands()][:1]])
         super().parse_arguments(parser, args)
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        ckpt_path = self._command_config().get("ckpt_path") if self.config.get("subcommand") else None
         self._resume_from = self._requested = None
         if ckpt_path and str(ckpt_path) not in _LIGHTNING_CKPT_ALIASES:
             from lightning_gpate.release import read_file
 
             self._resume_from = (str(ckpt_path), read_file(str(ckpt_path)))  # tensors stay on disk
             # what the user asked for, before LightningCLI replaces the model's arguments by the checkpoint's
-            self._requested = copy.deepcopy(self.config[subcommand])
+            self._requested = copy.deepcopy(self._command_config())
 
     def _default_quantile_epsilon(self) -> None:
         """A private model's table gets private quantile bins by default: an unset ``data.quantile_epsilon`` becomes
@@ -240,8 +244,7 @@ class GPATECLI(LightningCLI):
         config and in what a resume asked for alike (a function of the budget, which a resume pins)."""
         from lightning_gpate.release import _import as import_class
 
-        subcommand = self.config.get("subcommand")
-        for config in (self.config[subcommand] if subcommand else self.config, self._requested):
+        for config in (self._command_config(), self._requested):
             data, model = (config or {}).get("data"), (config or {}).get("model")
             if data is None or model is None or not hasattr(data, "init_args") or not hasattr(model, "init_args"):
                 continue
@@ -271,8 +274,7 @@ class GPATECLI(LightningCLI):
         if self._resume_from is not None:
             checkpoint = self._resume_from[1]
         else:
-            subcommand = self.config.get("subcommand")
-            model = (self.config[subcommand] if subcommand else self.config).get("model")
+            model = self._command_config().get("model")
             if model is None or not hasattr(model, "init_args"):
                 return
             try:
@@ -313,7 +315,7 @@ class GPATECLI(LightningCLI):
         from datamodules.base import PRIVACY_PARAMETERS
         from lightning_gpate.release import _import as import_class
 
-        pinned, requested = self.config[self.config.subcommand], self._requested
+        pinned, requested = self._command_config(), self._requested
         ours, theirs = requested.model.class_path, pinned.model.class_path
         if import_class(ours) is not import_class(theirs):
             raise CheckpointError(f"{path} holds a {theirs}, but the config trains a {ours}: resume with the config it was trained with")
