@@ -79,10 +79,11 @@ sampled value falls in each bin as the one-way counts say, as in a compressed co
 the declared range (``pair_tenths``): each tenth takes its share of the groups by its noisy mass, the adjacent
 tenths worth less than half a group sharing theirs, so a histogram of the column on its range's tenths keeps each
 populated tenth's relation to the other columns. Chosen on a validation split of the training data of seven
-development tables (unaccounted tuning): on baseball's 14 correlated counts at ε = 1 the groups took
-the equal-width 2-way TVD from 0.107 to 0.067, and ending them at the tenths took it on breast cancer at ε = 10 from
-0.186 to 0.166 and on cervical at ε = 1 from 0.104 to 0.097; at ε = 10 the groups leave nearly every bin. The generator is a :class:`TreeSampler`: a deterministic function of a uniform latent vector
-and the label, so ``generate``/``sample``/checkpoints work as for every other model.
+development tables (unaccounted tuning): on baseball's 14 correlated counts at ε = 1 the groups took the equal-width
+2-way TVD from 0.107 to 0.067, and ending them at the tenths took it on breast cancer at ε = 10 from 0.186 to 0.166
+and on cervical at ε = 1 from 0.104 to 0.097; at ε = 10 the groups leave nearly every bin. The generator is a
+:class:`TreeSampler`: a deterministic function of a uniform latent vector and the label, so
+``generate``/``sample``/checkpoints work as for every other model.
 """
 
 from __future__ import annotations
