@@ -542,8 +542,9 @@ SCHEMA_TAGS = {"fair": "values", "randhie": "values"}
 
 #: The generation of the private quantile bins a MarginalTree cell ran with (``bins_version``): 2 gives the declared
 #: bounds' point masses a bin of their own, keeps the declared range's tenths beyond the tails and measures the two-way
-#: tables on groups of adjacent bins. A quantile-binned cell without it ran with the first (``marginaltree_q1``).
-BINS_VERSION = 2
+#: tables on groups of adjacent bins (``marginaltree_q2``); 3 ends those groups at the declared range's tenths. A
+#: quantile-binned cell without it ran with the first (``marginaltree_q1``).
+BINS_VERSION = 3
 
 
 def load_results(path: Path) -> list[dict]:
@@ -559,7 +560,7 @@ def load_results(path: Path) -> list[dict]:
         if r.get("system") == "marginaltree" and "quantile_epsilon" not in r:  # before issue 72's quantile bins
             r["system"], r["renamed_from"] = "marginaltree_ew", "marginaltree"
         elif r.get("system") == "marginaltree" and r.get("bins_version") != BINS_VERSION and "options" not in r:
-            r["system"], r["renamed_from"] = "marginaltree_q1", "marginaltree"
+            r["system"], r["renamed_from"] = f"marginaltree_q{r.get('bins_version', 1)}", "marginaltree"
         r["system"] = rung_key(r["system"], r.get("options"))
     return records
 
@@ -593,6 +594,8 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "marginaltree": "MarginalTree (this project; defaults)",
          "marginaltree_q1": "MarginalTree, the first private quantile bins (every bin in the two-way tables, the range "
                             "cut beyond the tails, no point masses)",
+         "marginaltree_q2": "MarginalTree, the second private quantile bins (two-way tables on groups of adjacent bins "
+                            "across the range's tenths)",
          "marginaltree_ew": "MarginalTree, equal-width bins of the declared bounds (the preprocessing before issue 72)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
@@ -631,7 +634,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
                     "steps_mean": g.steps.astype(float).mean(), "wall_s_mean": g.wall_s.astype(float).mean(),
                     "classifiers": int(g.classifiers.iloc[0]), "stop_reason": str(g.stop_reason.iloc[0])[:90] if isinstance(g.stop_reason.iloc[0], str) else "max_steps reached"})
         rows.append(row)
-    order = {k: i for i, k in enumerate(["real", "uniform", PROJECT[0], "marginaltree_q1", *PROJECT[1:], *DEFAULT_GANS, *PEERS])}
+    order = {k: i for i, k in enumerate(["real", "uniform", PROJECT[0], "marginaltree_q2", "marginaltree_q1", *PROJECT[1:], *DEFAULT_GANS, *PEERS])}
     table = pd.DataFrame(rows)
     table["_order"] = table.key.map(lambda k: order.get(k.partition("+")[0], 99) + (0.5 if "+" in k else 0))
     table = table.sort_values(["dataset", "eps_value", "_order"]).drop(columns=["_order"])
@@ -825,7 +828,7 @@ def values_table(results: list[dict]) -> str:
     split seeds it has (their number in brackets where fewer than 5). The last column: MarginalTree's figures against
     the targets (deciles 1-way ≤ 0.06, 2-way ≤ 0.15, W1 ≤ 0.10) and against MST's equal-width 2-way TVD and AUROC."""
     ok = scored_cells(results)
-    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_q1", "marginaltree_ew", "pategan_default",
+    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_q2", "marginaltree_q1", "marginaltree_ew", "pategan_default",
                "gpate_default"]
     measures = ("quantile_tvd_1way", "quantile_tvd_2way", "w1_scaled", "tvd_2way", "auroc", "wall_s")
     lines = ["| table | ε | system | seeds | deciles TVD 1-way | 2-way | W1 ÷ (q95 − q05) | equal-width 2-way TVD | AUROC | fit s | MarginalTree against the targets |",
@@ -1086,6 +1089,9 @@ def main(argv=None) -> None:
                              "ladder rung: use another --out)")
     parser.add_argument("--quantile-options", type=json.loads, default={},
                         help='JSON of lightning_gpate.privacy.quantiles constants for a ladder, e.g. \'{"MAX_BINS": 10}\' (use another --out)')
+    parser.add_argument("--marginaltree-constants", type=json.loads, default={},
+                        help='JSON of lightning_gpate.models.marginal constants for a ladder, e.g. \'{"PAIR_NOISE_CELLS": 2}\' '
+                             '(use another --out)')
     parser.add_argument("--marginaltree-options", type=json.loads, default={},
                         help='JSON of MarginalTree options for a ladder, e.g. \'{"label_edges": 1}\' (use another --out)')
     parser.add_argument("--defaults-table", action="store_true", help="print issue 59's table of the GANs' defaults "
@@ -1151,15 +1157,20 @@ def main(argv=None) -> None:
     classifiers = list(args.classifiers or CLASSIFIERS)
     MARGINALTREE_OPTIONS.update(args.marginaltree_options)
     QUANTILE["share"] = args.quantile_share
-    if args.quantile_options:
-        from lightning_gpate.privacy import quantiles
+    from lightning_gpate.models import marginal
+    from lightning_gpate.privacy import quantiles
 
-        unknown = sorted(set(args.quantile_options) - set(vars(quantiles)))
+    for flag, module, constants in (("--quantile-options", quantiles, args.quantile_options),
+                                    ("--marginaltree-constants", marginal, args.marginaltree_constants)):
+        unknown = sorted(set(constants) - set(vars(module)))
         if unknown:
-            parser.error(f"--quantile-options: no such constants {unknown} in lightning_gpate.privacy.quantiles")
-        for name, value in args.quantile_options.items():
-            setattr(quantiles, name, value)
+            parser.error(f"{flag}: no such constants {unknown} in {module.__name__}")
+        for name, value in constants.items():
+            setattr(module, name, value)
+    if args.quantile_options:
         QUANTILE["options"] = dict(args.quantile_options)
+    if args.marginaltree_constants:
+        QUANTILE["marginaltree_constants"] = dict(args.marginaltree_constants)
     DEFAULT_OPTIONS.update(args.default_options)
     done = {cell_key(r) for r in results if is_complete(r) and r.get("classifiers") == len(classifiers) and r.get("tvd_3way") is not None}
     # a cell without the value-level figures runs again (issue 72); the real floor's are added to its cell (no classifier)
@@ -1198,6 +1209,8 @@ def main(argv=None) -> None:
                         record["quantile_share"] = QUANTILE["share"]
                     if QUANTILE.get("options"):
                         record["quantile_options"] = QUANTILE["options"]
+                    if QUANTILE.get("marginaltree_constants") and system.startswith("marginaltree"):
+                        record["marginaltree_constants"] = QUANTILE["marginaltree_constants"]
                     if system in DEFAULT_GANS and DEFAULT_OPTIONS:
                         record["options"] = dict(DEFAULT_OPTIONS)
                     try:

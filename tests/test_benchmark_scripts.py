@@ -206,7 +206,7 @@ def test_a_ladder_rung_over_the_defaults_is_a_system_of_its_own_in_the_reports_a
 
 def test_cells_of_a_former_schema_or_former_bins_are_history_not_the_defaults(monkeypatch, tmp_path):
     # A cell measured before a table's schema changed (fair's codes declared as values) is its own table, and a MarginalTree
-    # cell on the first private quantile bins is its own system: neither is counted as today's defaults, nor skipped on resume
+    # cell on the first or second private quantile bins is its own system: neither is counted as today's defaults, nor skipped on resume
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import json
 
@@ -214,10 +214,12 @@ def test_cells_of_a_former_schema_or_former_bins_are_history_not_the_defaults(mo
 
     base = {"system": "marginaltree", "epsilon": 1.0, "seed": 0, "status": "ok", "quantile_epsilon": 0.1, "clique_size_chosen": 2}
     cells = [{**base, "dataset": "fair"}, {**base, "dataset": "fair", "schema": "values"},
+             {**base, "dataset": "fair", "schema": "values", "bins_version": 2},
              {**base, "dataset": "fair", "schema": "values", "bins_version": BINS_VERSION},
              {**base, "dataset": "fair", "system": "real", "epsilon": float("inf")}]
     path = tmp_path / "cells.jsonl"
     path.write_text("\n".join(json.dumps(c) for c in cells))
     assert [(r["dataset"], r["system"]) for r in load_results(path)] == [
-        ("fair_before_values", "marginaltree_q1"), ("fair", "marginaltree_q1"), ("fair", "marginaltree"), ("fair", "real")]
+        ("fair_before_values", "marginaltree_q1"), ("fair", "marginaltree_q1"), ("fair", "marginaltree_q2"), ("fair", "marginaltree"),
+        ("fair", "real")]
 

@@ -558,3 +558,40 @@ def test_two_way_tables_join_a_numeric_columns_adjacent_bins_and_keep_each_bins_
     assert auto.pair_codes(4000.0) == int(math.sqrt(4000.0 / (4 * auto.plan["sigma_two_way"])))
     with pytest.raises(ValueError, match="pair_bins must be"):
         MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, pair_bins=1)
+
+
+def test_pair_groups_end_at_the_tenths_of_the_declared_range_that_hold_data_and_split_the_dense_ones():
+    """``pair_tenths`` (the default): a group of adjacent bins in the two-way tables never joins bins on both sides of a
+    tenth of the column's declared range that holds half a group's mass or more, so a view of the column in its range's
+    tenths (the usual histogram, and the equal-width fidelity) keeps each such tenth's relation to the label; a tenth
+    gets its share of the groups by its noisy mass (the dense ones split), and the sparse adjacent tenths share theirs."""
+    from lightning_gpate.models.marginal import groups_within, range_tenths, sparse_runs
+
+    # by hand: tenths of masses 0.04, 0.44, 0.41, 0.07, 0.02, ... of 2 groups: the sparse tail tenths (< 0.25) run together;
+    # two segments of masses 0.74 and 0.26 of 4 groups: 3 groups and 1
+    noisy, tenths = np.array([5.0, 30, 30, 35, 20, 10, 3, 1, 1, 0, -2, 0.5]), np.array([0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert sparse_runs(noisy, tenths, 2).tolist() == [0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3]
+    assert groups_within(noisy, np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]), 4).tolist() == [0, 0, 1, 2, 3, 3, 3, 3, 3, 3, 3, 3]
+
+    rng = np.random.default_rng(3)
+    n = 20000
+    x = np.minimum(rng.exponential(1.2, n), 9.99)
+    y = (rng.random(n) < np.where((x >= 1) & (x < 2), 0.8, 0.1)).astype(int)  # the label follows the second tenth
+    frame = pd.DataFrame({"x": x, "coin": rng.integers(0, 2, n), "y": y})
+    schema = {"x": {"min": 0, "max": 10, "bins": [i / 4 for i in range(41)]}, "coin": {"categories": [0, 1]},
+              "y": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)
+    tenths = range_tenths(dm.spec["columns"][0], 10)
+    assert tenths.tolist() == [k // 4 for k in range(40)]
+    counts = [np.bincount(np.floor(x * 4).astype(int), minlength=40).astype(float), np.array([n / 2, n / 2]), np.bincount(y).astype(float)]
+    model = MarginalTree(dm.spec, epsilon=200.0, delta=1e-5, noise_seed=0, pair_bins=4)
+    groups = model.pair_groups(counts, float(n))[0]
+    # the first tenth (57% of the rows) in two groups, the second (25%) in one, the sparse rest (18%) in one
+    assert groups.tolist() == [0, 0, 1, 1, 2, 2, 2, 2] + [3] * 32
+    _fit(model, dm)
+    synthetic = synthetic_table(model, n, seed=1)
+    for lo in (0, 1, 2):  # the label's rate in a tenth, as in the data (equal-mass groups alone join 1.75-2 to 2-2.5)
+        real, fake = (x >= lo) & (x < lo + 1), synthetic["x"].between(lo, lo + 1, inclusive="left")
+        assert synthetic["y"][fake].mean() == pytest.approx(y[real].mean(), abs=0.04)
+    old = MarginalTree(dm.spec, epsilon=200.0, delta=1e-5, noise_seed=0, pair_bins=4, pair_tenths=False)
+    assert any(len(set(tenths[old.pair_groups(counts, float(n))[0] == g])) > 1 for g in range(3))
