@@ -13,7 +13,8 @@ Panels:
 
 ``--mnist`` draws the README's MNIST figure instead: the CNN accuracy (epoch chosen on synthetic digits) on the
 10,000 real test digits against ε of every model's headline row of ``mnist_table.json``
-(``benchmarks/mnist_table.py``), each point labelled with its hardware; stale or partial runs hollow.
+(``benchmarks/mnist_table.py``) and of DP-MERF's feature-map rows (a line of their own), each point labelled with its
+hardware; stale or partial runs hollow.
 
 Every ε is a guarantee (δ = 1e-5). Writes ``docs/img/utility_vs_epsilon.png`` (``docs/img/mnist_accuracy_vs_epsilon.png``)::
 
@@ -156,13 +157,15 @@ def draw_mnist(out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mnist_table import ROWS, row_status
+    from mnist_table import DPMERF_SCATTERING, ROWS, row_status
 
     table = json.loads((RESULTS / "mnist_table.json").read_text())
     records = table["rows"]
     by_model: dict[str, list[tuple[float, float, str, str]]] = defaultdict(list)
     gan = None
-    for row in (r for r in ROWS if r.headline):
+    # beside each model's headline rows, DP-MERF's feature-map config (seed 0, δ = 1e-5): a second recipe, its own line
+    feature_maps = {row.name for row in DPMERF_SCATTERING if not row.seed and "delta" not in row.overrides}
+    for row in (r for r in ROWS if r.headline or r.name in feature_maps):
         r = records.get(row.name)
         if r is None or r.get("status") != "done" or r.get("cnn_accuracy_val_selected") is None:
             continue
@@ -170,6 +173,7 @@ def draw_mnist(out: Path) -> Path:
             gan = (float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"))
             continue
         series = r["model"] + (" warm-started" if "_warm_" in row.name else "")  # another recipe: its own line
+        series += " (pixels + scattering features)" if row.name in feature_maps else ""
         by_model[series].append((float(r["epsilon_budget"]), float(r["cnn_accuracy_val_selected"]), r.get("machine", "?"),
                                      row_status(row, r)))
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
