@@ -14,7 +14,7 @@ import torch
 
 from datamodules import ImageDataModule
 from lightning_gpate.errors import BudgetExhaustedError
-from lightning_gpate.release import CheckpointError
+from lightning_gpate.release import CheckpointError, build_release, model_from_release
 from lightning_gpate.models import DPMERF
 from lightning_gpate.models import dpmerf as dpmerf_module
 from lightning_gpate.privacy.merf import feature_sum
@@ -153,6 +153,11 @@ def test_a_resume_keeps_epsilon_and_a_spent_budget_refuses_to_train(tmp_path):
     assert resumed.accountant.counts["subsampled_gaussian_events"] == 9
     assert resumed.spent_epsilon() == pytest.approx(_reference_epsilon(sigma, FEW_SHOT["sampling_rate"], 9, orders), rel=1e-9)
     assert torch.equal(resumed.released_counts_sum.bool(), torch.ones(resumed.num_classes, dtype=torch.bool))
+    release = build_release(resumed)  # the generator and its class shares, no step's release or count
+    assert all(k.startswith("net.") or k == "label_ratio" for k in release["generator"])
+    loaded = model_from_release(release)
+    assert loaded.few_shot == resumed.few_shot and loaded.noise_multiplier == sigma
+    torch.testing.assert_close(loaded.generate(20, seed=1)[0], resumed.eval().generate(20, seed=1)[0])
     fit(resumed, dm, steps=40, ckpt_path=str(tmp_path / "five.ckpt"))  # on to the budget's end
     assert resumed.budget_exhausted and resumed.spent_epsilon() <= 1.0
     spent = resumed.spent_epsilon()
