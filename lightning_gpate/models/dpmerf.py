@@ -143,8 +143,9 @@ class FeatureBlock:
 
 @dataclass(frozen=True, kw_only=True)
 class FewShot(OptionGroup):
-    """DP-MERF's release made a few-shot one (DP-Kernel's recipe, module doc): every step a fresh Poisson-subsampled
-    batch's noisy embedding sum, divided by each class's expected count in a batch, which the generator's step matches.
+    """DP-MERF's release made a few-shot one (DP-Kernel's recipe, Jiang, Sun & Yu, NeurIPS 2023): every step a fresh
+    Poisson-subsampled batch's noisy embedding sum, divided by each class's expected count in a batch, which the
+    generator's step matches; all blocks of a step are one subsampled Gaussian in the accountant.
 
     Args:
         sampling_rate: q, the Poisson rate of every batch, declared public (required): an expected batch divided by a
