@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
 from lightning_gpate.models.base import CheckpointError, GenerativeModel, refuse_changed_on_resume
@@ -520,7 +520,7 @@ class PrivateGenerativeModel(GenerativeModel):
             self.smooth_sensitivity.released = GNSSRelease(**released)
 
 
-def smallest_noise_that_fits(spent, limit: float, *, what: str, fix: str) -> float:
+def smallest_noise_that_fits(spent: Callable[[float], float], limit: float, *, what: str, fix: str) -> float:
     """The smallest noise multiplier σ (to 1% relative, rounded up: the result always fits) with ``spent(σ) <= limit``,
     for a cost ``spent`` that falls as σ grows (a planned number of subsampled Gaussian steps): a public function of
     public numbers. Each ``spent`` of a new σ may cost a fraction of a second or more (dp-accounting's per-order loop),
