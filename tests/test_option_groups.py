@@ -126,7 +126,7 @@ def fit_parser(tmp_path_factory):
 
 #: Configs written after the option groups (issue 56's CPU warm-started rows): nothing flat to compare them with
 ADDED_WITH_GROUPS = (*(f"configs/mnist/{model}_warm_eps{eps}_cpu_guarantee.yaml" for model in ("gswgan", "pategan") for eps in (1, 10)),
-                     "configs/mnist/dpmerf_scattering_eps1_guarantee.yaml")
+                     "configs/mnist/dpmerf_scattering_eps1_guarantee.yaml", "configs/mnist/dpmerf_scattering_fewshot_eps1_guarantee.yaml")
 
 
 def test_every_shipped_config_resolves_to_the_settings_it_had_with_the_flat_options(fit_parser):
