@@ -25,6 +25,15 @@ composed in the accountant: together exactly the ε of one release) and the gene
 (each weighted). A Gaussian kernel on pixels gives a fake far from every digit almost no gradient (a white blob stays
 one); the scattering coefficients' linear kernel pulls every fake, and compares strokes and edges rather than pixels.
 
+**Few-shot** (``few_shot``, DP-Kernel's recipe: Jiang, Sun & Yu, "Functional Renyi Differential Privacy for Generative
+Modeling", NeurIPS 2023, as DPImageBench runs it): instead of one release of the whole split, every step releases the same
+blocks' sum over a fresh Poisson-subsampled batch (rate ``q``, declared public) with fresh Gaussian noise, divided by the
+expected count of each class in a batch (public), and the generator takes one step towards it. The blocks of one step
+share the batch, so together they are one Poisson-subsampled Gaussian of multiplier ``σ`` (each block's sum rescaled by
+``σ/σ_i`` is a vector of norm at most 1 per record with noise ``σ`` on every entry); ``σ`` is planned so that the
+configured number of steps fits the budget, each step is charged before its batch is read, and training stops when the
+budget is spent. The class shares follow from every step's noisy counts summed (post-processing).
+
 What is released: the generator and the released class shares (a buffer of the generator, used to
 draw labels unless the class ratio is declared public), and the hyperparameters, among them the
 random features' public ``feature_seed``. The noisy embedding itself stays in the private training
@@ -43,13 +52,15 @@ import torch
 from torch import nn
 
 from lightning_gpate.models.anchor import balanced_labels, class_gap
-from lightning_gpate.models.options import GeneratorNet, flat_options, group_from
-from lightning_gpate.models.private import ConfigError, DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits
+from lightning_gpate.models.base import refuse_changed_on_resume
+from lightning_gpate.models.options import GeneratorNet, OptionGroup, flat_options, group_from
+from lightning_gpate.models.private import (ConfigError, DEFAULT_DELTA, PrivateGenerativeModel, largest_that_fits,
+                                            smallest_noise_that_fits)
 from lightning_gpate.models.warm_start import default_length_scale, release_event
 from lightning_gpate.privacy import SubsampledGaussianEvent
 from lightning_gpate.privacy.feature_maps import FEATURE_MAPS, FOURIER_MAPS, FeatureMap, build_feature_map
-from lightning_gpate.privacy.merf import feature_sum, fourier_frequencies, mean_embeddings, noisy_release
-from lightning_gpate.privacy.randomness import mechanism_generator
+from lightning_gpate.privacy.merf import batch_mean_embeddings, feature_sum, fourier_frequencies, mean_embeddings, noisy_release
+from lightning_gpate.privacy.randomness import derived_seed, mechanism_generator
 
 # The default length scale (:func:`~lightning_gpate.models.warm_start.default_length_scale`, one definition for DP-MERF and
 # every warm start): images 10 at MNIST's 784 pixels, scaled with √d (10 → 0.899, 14 → 0.876 at 300 steps on a validation
@@ -130,6 +141,37 @@ class FeatureBlock:
         return replace(self, features=int(self.features or num_features), length_scale=scale)
 
 
+@dataclass(frozen=True, kw_only=True)
+class FewShot(OptionGroup):
+    """DP-MERF's release made a few-shot one (DP-Kernel's recipe, Jiang, Sun & Yu, NeurIPS 2023): every step a fresh
+    Poisson-subsampled batch's noisy embedding sum, divided by each class's expected count in a batch, which the
+    generator's step matches; all blocks of a step are one subsampled Gaussian in the accountant.
+
+    Args:
+        sampling_rate: q, the Poisson rate of every batch, declared public (required): an expected batch divided by a
+            public number of records (1000 / 60000 for MNIST), never computed from the private row count.
+        expected_batch_size: B = q·N, the batch's expected size, declared public (required): class c's noisy sum is
+            divided by B·p̂_c (p̂ the class shares) to give its mean embedding.
+        steps: the noisy steps the budget is planned for: with ``noise_multiplier`` null, σ is the smallest (to 1%)
+            for which that many Poisson-subsampled Gaussian steps fit ε (set ``trainer.max_steps`` to it; training
+            stops when the budget is spent).
+    """
+
+    sampling_rate: float | None = None
+    expected_batch_size: float | None = None
+    steps: int = 300
+
+    def __post_init__(self) -> None:
+        if self.sampling_rate is None or not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"few_shot.sampling_rate must be declared public in (0, 1] (an expected batch over a public "
+                             f"number of records, e.g. 1000 / 60000), got {self.sampling_rate}")
+        if self.expected_batch_size is None or not (self.expected_batch_size >= 1 and math.isfinite(self.expected_batch_size)):
+            raise ValueError(f"few_shot.expected_batch_size must be declared public, a number >= 1 (sampling_rate times "
+                             f"a public number of records), got {self.expected_batch_size}")
+        if int(self.steps) != self.steps or self.steps < 1:
+            raise ValueError(f"few_shot.steps must be an integer >= 1, got {self.steps}")
+
+
 class LabelledGenerator(nn.Module):
     """A conditional generator with the class shares it samples labels from (``label_ratio``: the
     released noisy ones; zeros before the release), so that they travel with it in the release."""
@@ -200,6 +242,11 @@ class DPMERF(PrivateGenerativeModel):
             paper's one block of pixel features). Each block (FeatureBlock: pixels, dct, scattering or scattering_rff)
             is released once and matched by the generator; block i draws its frequencies from feature_seed + i; stored
             resolved.
+        few_shot: a few-shot release instead of the one-shot one (FewShot: sampling_rate, expected_batch_size, steps;
+            null, the default: one release of the whole split). Every step then pays a Poisson-subsampled Gaussian over
+            a fresh batch of the training split, all blocks at once, σ planned for ``steps`` of them unless
+            noise_multiplier is given; the generator matches each step's release. It costs a pass of the feature maps
+            over a batch every step (about 1,000 records: a few tenths of a second on one CPU thread at MNIST's size).
     """
 
     FLAT_OPTIONS = flat_options()
@@ -230,6 +277,7 @@ class DPMERF(PrivateGenerativeModel):
         noise_seed: int | None = None,
         log_private_diagnostics: bool = False,
         feature_maps: list[FeatureBlock] | None = None,
+        few_shot: FewShot | None = None,
     ) -> None:
         if noise_multiplier is not None and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be a finite number > 0 or null (calibrated to the budget), got {noise_multiplier}")
@@ -254,6 +302,7 @@ class DPMERF(PrivateGenerativeModel):
         if blocks and data_spec["kind"] != "image" and any(b.map != "pixels" for b in blocks):
             raise ValueError(f"feature_maps: the maps {[b.map for b in blocks if b.map != 'pixels']} read images; a table "
                              "takes map 'pixels' (random Fourier features of its encoded row)")
+        few_shot_options = None if few_shot is None else group_from(FewShot, few_shot, name="few_shot")
         requested = {"length_scale": length_scale, "feature_seed": feature_seed, "feature_maps": feature_maps}
         if length_scale is None:
             length_scale = default_length_scale(data_spec)
@@ -272,8 +321,13 @@ class DPMERF(PrivateGenerativeModel):
         resolved_blocks = None if blocks is None else [
             asdict(b.resolved(num_features=int(num_features), length_scale=length_scale)) for b in blocks]
         self.store_resolved_hparams(requested, length_scale=length_scale, feature_seed=feature_seed, feature_maps=resolved_blocks)
+        if few_shot_options is not None:
+            self.store_option_groups(few_shot=few_shot_options)
+        self.few_shot = few_shot_options
         self.automatic_optimization = False
-        self.train_sampling = {"kind": "full"}
+        self.train_sampling = {"kind": "full"} if few_shot_options is None else {
+            "kind": "poisson", "batches": 1, "sample_rate": few_shot_options.sampling_rate,
+            "mechanism_seed": derived_seed(noise_seed, "poisson")}
         self.generator_options = net_options
         self.generator = LabelledGenerator(self.build_generator(net_options), self.num_classes)
         if net_options.averaged:  # what samples and is released (generator_module), label shares included
@@ -284,6 +338,8 @@ class DPMERF(PrivateGenerativeModel):
         # not in the release artifact).
         self.register_buffer("released_embedding", torch.zeros(self.num_classes, sum(m.dim + 1 for m in self.maps)))
         self.register_buffer("released", torch.zeros((), dtype=torch.bool))
+        if few_shot_options is not None:  # every step's noisy class counts summed: the class shares (post-processing)
+            self.register_buffer("released_counts_sum", torch.zeros(self.num_classes, dtype=torch.float64))
         self.noise_multiplier = float(noise_multiplier) if noise_multiplier is not None else self.calibrated_noise_multiplier()
 
     RESOLVED_HPARAMS = ("length_scale", "feature_seed", "feature_maps")
@@ -310,7 +366,11 @@ class DPMERF(PrivateGenerativeModel):
         """A resume trains against the features its release was measured with: the checkpoint's seed and
         length scale replace the ones this model drew (a seed given that differs is refused)."""
         super().on_load_checkpoint(checkpoint)
-        if self.adopt_resolved_hparams(checkpoint.get("hyper_parameters") or {}):
+        pinned = checkpoint.get("hyper_parameters") or {}
+        # the few-shot steps' mechanism: every step of a run the same subsampled Gaussian (its q, σ and plan)
+        names = ("few_shot", "noise_multiplier") if pinned.get("few_shot") or self.few_shot is not None else ()
+        refuse_changed_on_resume("the checkpoint", {k: pinned.get(k) for k in names}, {k: self.hparams.get(k) for k in names})
+        if self.adopt_resolved_hparams(pinned):
             device = self.released_embedding.device
             self.maps = nn.ModuleList(self.draw_feature_maps()).to(device)
 
@@ -322,49 +382,83 @@ class DPMERF(PrivateGenerativeModel):
         shares = [b.share for b in self.feature_blocks()]
         return [sigma / math.sqrt(share / sum(shares)) if len(shares) > 1 else sigma for share in shares]
 
-    def release_events(self, noise_multiplier: float | None = None) -> list[SubsampledGaussianEvent]:
-        """The release's cost: one Gaussian mechanism a block (:meth:`block_noise_multipliers`)."""
-        return [gaussian_release_event(s) for s in self.block_noise_multipliers(noise_multiplier)]
+    def release_events(self, noise_multiplier: float | None = None, *, steps: int = 1) -> list[SubsampledGaussianEvent]:
+        """The release's cost: one Gaussian mechanism a block (:meth:`block_noise_multipliers`). Few-shot: ``steps``
+        Poisson-subsampled Gaussians of multiplier σ at rate q, one a step for all blocks at once (they read the same
+        batch: rescaled by ``σ/σ_i`` the blocks' sums are one sum of vectors of norm at most 1 with noise σ; separate
+        events would compose mechanisms that share their sampling, which the composition theorem does not cover)."""
+        if self.few_shot is None:
+            return [gaussian_release_event(s) for s in self.block_noise_multipliers(noise_multiplier)]
+        sigma = self.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
+        return [SubsampledGaussianEvent(noise_multiplier=sigma, sampling_rate=self.few_shot.sampling_rate, steps=int(steps))]
 
-    def release_epsilon(self, noise_multiplier: float | None = None) -> float:
-        """ε of the guarantee once the release's events are recorded (after any DP metadata already recorded)."""
-        return self.accountant.epsilon_if(*self.release_events(noise_multiplier), *self._gnss_reservation())
+    def release_epsilon(self, noise_multiplier: float | None = None, *, steps: int = 1) -> float:
+        """ε of the guarantee once the release's events are recorded (after any DP metadata already recorded; few-shot:
+        ``steps`` more steps)."""
+        return self.accountant.epsilon_if(*self.release_events(noise_multiplier, steps=steps), *self._gnss_reservation())
 
     def calibrated_noise_multiplier(self) -> float:
         """The smallest σ (to 1e-9 relative) whose release keeps ε within the budget left (after any DP
-        metadata already recorded)."""
+        metadata already recorded). Few-shot: the smallest (to 1%, rounded up) for which ``few_shot.steps`` steps
+        fit, as GS-WGAN plans its steps (each ε of a subsampled Gaussian costs dp-accounting's per-order loop)."""
+        if self.few_shot is not None:
+            steps = int(self.few_shot.steps)
+            return smallest_noise_that_fits(lambda s: self.release_epsilon(s, steps=steps), self.budget_limit(),
+                                            what=f"{steps} few-shot steps", fix="plan fewer (few_shot.steps) or set noise_multiplier")
         inverse = largest_that_fits(lambda s: self.release_epsilon(1.0 / s) <= self.budget_limit(),
                                     f"DP-MERF's release within epsilon={self.epsilon_budget:g}")
         return 1.0 / inverse
 
     @torch.no_grad()
-    def release_embedding(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Charge the release (every block's Gaussian mechanism), then release each block's
-        ``Σ_i e_{y_i} ⊗ [a·ψ(x_i), b] + N(0, σ_i²)`` with the mechanism's secret noise; the class shares follow from the
-        released counts."""
+    def release_embedding(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Charge the release (every block's Gaussian mechanism; few-shot: one step's subsampled Gaussian), then release
+        each block's ``Σ_i e_{y_i} ⊗ [a·ψ(x_i), b] + N(0, σ_i²)`` over the records ``x, y`` (the split, or a step's Poisson
+        batch) with the mechanism's secret noise; the class shares follow from the released counts (few-shot: every
+        step's summed). Returns whether it released (``False``: over budget, nothing read)."""
         if not all(self.charge(event) for event in self.release_events()):
-            return  # over budget: NoPrivateStepError was raised (first step) or training stops
+            return False  # over budget: NoPrivateStepError was raised (first step) or training stops
         hp = self.hparams
-        generator = mechanism_generator(self.device, hp.noise_seed)
+        generator = self.release_noise_generator()
         parts = [noisy_release(feature_sum(x, y, feature_map, feature_map.dim, self.num_classes, count_weight=hp.count_weight,
                                            device=self.device, chunk_size=hp.chunk_size), noise_multiplier=sigma, generator=generator)
                  for feature_map, sigma in zip(self.maps, self.block_noise_multipliers())]
         self.released_embedding.copy_(torch.cat(parts, 1).float())
         self.released.fill_(True)
-        counts = self.released_counts().clamp_min(0)
+        counts = self.released_counts()
+        if self.few_shot is not None:
+            self.released_counts_sum += counts.double()
+            counts = self.released_counts_sum.float()
+        counts = counts.clamp_min(0)
         shares = counts / counts.sum() if counts.sum() > 0 else torch.full_like(counts, 1.0 / self.num_classes)
         self.generator.label_ratio.copy_(shares)
         if hasattr(self, "generator_ema"):
             self.generator_ema.label_ratio.copy_(shares)
+        return True
+
+    def release_noise_generator(self) -> torch.Generator:
+        """The release's secret noise generator (:func:`~lightning_gpate.privacy.randomness.mechanism_generator`: from the
+        OS unless ``noise_seed``, for tests). Few-shot: one per process, drawn on the first step and kept (never saved),
+        so that every step's noise is fresh; a resume draws a new one."""
+        if self.few_shot is None:
+            return mechanism_generator(self.device, self.hparams.noise_seed)
+        if getattr(self, "_noise_generator", None) is None or self._noise_generator.device != self.device:
+            self._noise_generator = mechanism_generator(self.device, self.hparams.noise_seed)
+        return self._noise_generator
 
     def released_blocks(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
         """Post-processing of the release: per block its class means ``[K, dim]``, noisy counts ``[K]`` and noise σ_i
-        (:func:`~lightning_gpate.privacy.merf.mean_embeddings`)."""
+        (:func:`~lightning_gpate.privacy.merf.mean_embeddings`; few-shot: the step's sums over each class's expected
+        count in a batch, ``expected_batch_size`` times its share, :func:`~lightning_gpate.privacy.merf.batch_mean_embeddings`)."""
         out, start = [], 0
+        count_weight = self.hparams.count_weight
+        expected = None if self.few_shot is None else self.few_shot.expected_batch_size * self.class_shares().double()
         for feature_map, sigma in zip(self.maps, self.block_noise_multipliers()):
             part = self.released_embedding[:, start:start + feature_map.dim + 1]
             start += feature_map.dim + 1
-            out.append((*mean_embeddings(part, count_weight=self.hparams.count_weight, noise_multiplier=sigma), sigma))
+            if expected is None:
+                out.append((*mean_embeddings(part, count_weight=count_weight, noise_multiplier=sigma), sigma))
+            else:
+                out.append((*batch_mean_embeddings(part, count_weight=count_weight, expected_counts=expected), sigma))
         return out
 
     def released_counts(self) -> torch.Tensor:
@@ -407,6 +501,11 @@ class DPMERF(PrivateGenerativeModel):
                 )
             if self.logger is not None:
                 self.logger.log_hyperparams({"privacy_split/noise_multiplier": self.noise_multiplier})
+        planned = None if self.few_shot is None else int(self.few_shot.steps)
+        if planned is not None and self.hparams.noise_multiplier is None and (self.trainer.max_steps or -1) not in (-1, planned):
+            warnings.warn(f"DP-MERF's few-shot noise is planned for few_shot.steps={planned} steps but trainer.max_steps is "
+                          f"{self.trainer.max_steps}: training stops where the budget is spent, or leaves budget unspent; "
+                          f"set them equal", stacklevel=2)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -415,8 +514,11 @@ class DPMERF(PrivateGenerativeModel):
         warnings.filterwarnings("ignore", message="You have overridden `transfer_batch_to_device` in `LightningModule`")
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx: int):
-        """After the release the batch (the whole training split) is not read: it stays where it is."""
-        return batch if bool(self.released) else super().transfer_batch_to_device(batch, device, dataloader_idx)
+        """After the one-shot release the batch (the whole training split) is not read: it stays where it is (few-shot:
+        every step's Poisson batch is read)."""
+        if bool(self.released) and self.few_shot is None:
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def embedding_loss(self) -> torch.Tensor:
         """``Σ_blocks w_b Σ_c p̂_c ‖mean_j ψ_b(G(z_j, c)) − μ̂_{b,c}‖²`` over one batch with equal numbers of fakes per class:
@@ -433,10 +535,13 @@ class DPMERF(PrivateGenerativeModel):
         return loss
 
     def training_step(self, batch, batch_idx):
-        if not bool(self.released):
+        if self.few_shot is not None:
+            ((x, y),) = batch  # one Poisson batch a step
+            if not self.release_embedding(x, y):
+                return None
+        elif not bool(self.released):
             x, y = batch
-            self.release_embedding(x, y)
-            if not bool(self.released):
+            if not self.release_embedding(x, y):
                 return None
         opt, scheduler = self.optimizers(), self.lr_schedulers()
         loss = self.embedding_loss()

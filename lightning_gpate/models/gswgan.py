@@ -75,7 +75,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lightning_gpate.models.dpgan import buffers_restored, build_mlp_generator, frozen
 from lightning_gpate.models.options import DiscriminatorNet, GeneratorNet, OptionGroup, positive_widths, flat_options, positive_int
-from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel
+from lightning_gpate.models.private import DEFAULT_DELTA, PrivateGenerativeModel, smallest_noise_that_fits
 from lightning_gpate.models.warm_start import WarmStart, WarmStartMixin
 from lightning_gpate.models.sharding import (gather_members, local_backward, owned_members, rank_and_world,
                                               replicated_backward, select_members, shared_seed)
@@ -466,52 +466,17 @@ class GSWGAN(WarmStartMixin, PrivateGenerativeModel):
 
     def plan_noise_multiplier(self, num_discriminators: int, batch_size: int, planned_steps: int) -> float:
         """The smallest σ (to 1% relative, rounded up: the plan always fits) for which ``planned_steps`` generator
-        steps keep ε within the budget under the model's accounting: a public function of ε, δ, N_D, B and the steps.
-
-        Each ε of a new σ costs seconds (dp-accounting's per-order loop for sampling without replacement), so the
-        search brackets σ by doubling and then interpolates log ε linearly in log σ (false position, Illinois
-        variant): a handful of evaluations."""
-        limit = self.budget_limit()
-
-        def log_excess(sigma: float) -> float:  # <= 0: fits
+        steps keep ε within the budget under the model's accounting: a public function of ε, δ, N_D, B and the steps
+        (:func:`~lightning_gpate.models.private.smallest_noise_that_fits`: each ε of a new σ costs seconds here,
+        dp-accounting's per-order loop for sampling without replacement)."""
+        def spent(sigma: float) -> float:
             event = GSWGANStepEvent(noise_multiplier=sigma, num_discriminators=num_discriminators, batch_size=batch_size,
                                     steps=planned_steps)
             before = self.events_before_first_step()  # the warm start's release, paid first
-            spent = self.accountant.epsilon_if(*before, event) if before else self.epsilon_if(event)
-            return math.log(spent / limit)
+            return self.accountant.epsilon_if(*before, event) if before else self.epsilon_if(event)
 
-        lo, f_lo = 1.0, log_excess(1.0)  # the subsampled Gaussian's RDP is numerically unstable far from σ = 1: stay in [1/16, 2^16]
-        if f_lo <= 0:
-            hi, f_hi = lo, f_lo
-            while f_hi <= 0:
-                if hi <= 1.0 / 16:
-                    return hi
-                lo, f_lo = hi / 2.0, log_excess(hi / 2.0)
-                if f_lo > 0:
-                    break
-                hi, f_hi = lo, f_lo
-        else:
-            hi, f_hi = 2.0, log_excess(2.0)
-            while f_hi > 0:
-                if hi >= 2.0**16:
-                    raise ValueError(f"the budget ε={limit:g} leaves no room for {planned_steps} generator steps even at "
-                                     f"σ = {hi:g}: plan fewer steps (planned_steps) or set noise_multiplier")
-                lo, f_lo = hi, f_hi
-                hi, f_hi = 2.0 * hi, log_excess(2.0 * hi)
-        side = 0
-        while hi / lo > 1.01:
-            t = f_lo / (f_lo - f_hi)  # log ε falls with log σ: f_lo > 0 >= f_hi
-            mid = math.exp(math.log(lo) + min(max(t, 0.01), 0.99) * (math.log(hi) - math.log(lo)))
-            f_mid = log_excess(mid)
-            if f_mid <= 0:
-                hi, f_hi = mid, f_mid
-                f_lo = f_lo / 2 if side == -1 else f_lo
-                side = -1
-            else:
-                lo, f_lo = mid, f_mid
-                f_hi = f_hi / 2 if side == 1 else f_hi
-                side = 1
-        return hi
+        return smallest_noise_that_fits(spent, self.budget_limit(), what=f"{planned_steps} generator steps",
+                                        fix="plan fewer steps (planned_steps) or set noise_multiplier")
 
     @property
     def single_process_only(self) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from lightning_gpate.errors import BudgetExhaustedError, ConfigError, NoPrivateStepError, UserError  # noqa: F401 (re-exported)
 from lightning_gpate.models.base import CheckpointError, GenerativeModel, refuse_changed_on_resume
@@ -518,6 +518,50 @@ class PrivateGenerativeModel(GenerativeModel):
             from lightning_gpate.privacy.smooth_release import GNSSRelease
 
             self.smooth_sensitivity.released = GNSSRelease(**released)
+
+
+def smallest_noise_that_fits(spent: Callable[[float], float], limit: float, *, what: str, fix: str) -> float:
+    """The smallest noise multiplier σ (to 1% relative, rounded up: the result always fits) with ``spent(σ) <= limit``,
+    for a cost ``spent`` that falls as σ grows (a planned number of subsampled Gaussian steps): a public function of
+    public numbers. Each ``spent`` of a new σ may cost a fraction of a second or more (dp-accounting's per-order loop),
+    so the search brackets σ by doubling and then interpolates log ε linearly in log σ (false position, Illinois
+    variant): a handful of evaluations. It stays in [1/16, 2^16], where the subsampled Gaussian's RDP is numerically
+    stable; below 1/16 it returns 1/16, above 2^16 it raises ``ValueError`` naming ``what`` does not fit and ``fix``."""
+
+    def log_excess(sigma: float) -> float:  # <= 0: fits
+        return math.log(spent(sigma) / limit)
+
+    lo, f_lo = 1.0, log_excess(1.0)
+    if f_lo <= 0:
+        hi, f_hi = lo, f_lo
+        while f_hi <= 0:
+            if hi <= 1.0 / 16:
+                return hi
+            lo, f_lo = hi / 2.0, log_excess(hi / 2.0)
+            if f_lo > 0:
+                break
+            hi, f_hi = lo, f_lo
+    else:
+        hi, f_hi = 2.0, log_excess(2.0)
+        while f_hi > 0:
+            if hi >= 2.0**16:
+                raise ValueError(f"the budget ε={limit:g} leaves no room for {what} even at σ = {hi:g}: {fix}")
+            lo, f_lo = hi, f_hi
+            hi, f_hi = 2.0 * hi, log_excess(2.0 * hi)
+    side = 0
+    while hi / lo > 1.01:
+        t = f_lo / (f_lo - f_hi)  # log ε falls with log σ: f_lo > 0 >= f_hi
+        mid = math.exp(math.log(lo) + min(max(t, 0.01), 0.99) * (math.log(hi) - math.log(lo)))
+        f_mid = log_excess(mid)
+        if f_mid <= 0:
+            hi, f_hi = mid, f_mid
+            f_lo = f_lo / 2 if side == -1 else f_lo
+            side = -1
+        else:
+            lo, f_lo = mid, f_mid
+            f_hi = f_hi / 2 if side == 1 else f_hi
+            side = 1
+    return hi
 
 
 def largest_that_fits(fits, what: str) -> float:

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["fourier_frequencies", "fourier_features", "record_embeddings", "feature_sum", "embedding_sum", "noisy_release", "release_embedding_sum",
-           "mean_embeddings", "median_distance_of_uniform", "COUNT_FLOOR_SIGMAS"]
+           "mean_embeddings", "batch_mean_embeddings", "median_distance_of_uniform", "COUNT_FLOOR_SIGMAS"]
 
 
 def median_distance_of_uniform(dim: int) -> float:
@@ -179,4 +179,17 @@ def mean_embeddings(released: torch.Tensor, *, count_weight: float, noise_multip
     counts = released[:, -1] / b
     floor = max(1.0, COUNT_FLOOR_SIGMAS * float(noise_multiplier) / b)
     means = released[:, :-1] / (a * counts.clamp_min(floor)[:, None])
+    return means, counts
+
+
+def batch_mean_embeddings(released: torch.Tensor, *, count_weight: float, expected_counts: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-processing of one Poisson batch's release ``[K, dim + 1]`` (a few-shot step): the per-class mean embeddings
+    ``[K, dim]``, each class's noisy sum over its **expected** count in a batch (public: the expected batch size times the
+    class's share, at least 1), as DP-SGD divides its noisy sum by the expected batch size; and the noisy counts ``[K]``.
+    Unbiased for the class's mean embedding when the expected count is right: the sum's expectation is ``q·n_c`` times
+    it."""
+    a, b = _weights(count_weight)
+    counts = released[:, -1] / b
+    means = released[:, :-1] / (a * expected_counts.to(released).clamp_min(1.0)[:, None])
     return means, counts
