@@ -205,7 +205,7 @@ def draw_mnist(out: Path) -> Path:
     ax.set_ylim(0, 1)
     ax.set_xlabel("ε (guarantee, δ = 1e-5)")
     ax.set_ylabel("CNN accuracy on the 10,000 real test digits")
-    ax.set_title("MNIST, each model's headline row (mnist_table.md); hollow: stale or partial; grey: published", fontsize=9)
+    ax.set_title("MNIST, each model's headline row and DP-MERF's feature-map rows; hollow: stale or partial; grey: published", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
