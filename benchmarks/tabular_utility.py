@@ -554,7 +554,8 @@ def load_results(path: Path) -> list[dict]:
     for r in records:
         tag = SCHEMA_TAGS.get(r.get("dataset"))
         if tag and r.get("schema") != tag and r.get("system") != "real":
-            r["dataset"], r["renamed_from_dataset"] = f"{r['dataset']}_before_{tag}", r["dataset"]  # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
+            r["dataset"], r["renamed_from_dataset"] = f"{r['dataset']}_before_{tag}", r["dataset"]
+        # MarginalTree's default was the tree until issue 59's "auto" width: those cells are the tree's
         if r.get("system") == "marginaltree" and "clique_size_chosen" not in r and "clique_size" not in r.get("options", {}):
             r["system"] = "marginaltree2"
         if r.get("system") == "marginaltree" and "quantile_epsilon" not in r:  # before issue 72's quantile bins

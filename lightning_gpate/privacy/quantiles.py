@@ -225,14 +225,13 @@ def tail_bins(edges: np.ndarray, scale: float, lower: float, upper: float, *, ra
     return np.unique(np.clip(edges, lower, upper))
 
 
-def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: int | None = None,
-                     beyond: bool | None = None) -> np.ndarray:
+def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: int | None = None) -> np.ndarray:
     """``edges`` and the edges of ``num_bins`` equal-width bins of the declared ``[lower, upper]`` that fall between
     them (public): no bin straddles a tenth of the declared range, so a view of the column in equal-width bins of
     its range (the usual histogram; ``fidelity``'s equal-width TVD) stays as exact as with those bins alone. With
-    ``beyond`` (``RANGE_BEYOND``) those beyond them too, to the declared bounds: no value of the range is clipped."""
+    ``RANGE_BEYOND`` those beyond them too, to the declared bounds: no value of the range is clipped."""
     grid = np.linspace(lower, upper, int(RANGE_BINS if num_bins is None else num_bins) + 1)
-    keep = np.ones(len(grid), dtype=bool) if (RANGE_BEYOND if beyond is None else beyond) else (grid > edges[0]) & (grid < edges[-1])
+    keep = np.ones(len(grid), dtype=bool) if RANGE_BEYOND else (grid > edges[0]) & (grid < edges[-1])
     return np.unique(np.concatenate([edges, grid[keep]]))
 
 
