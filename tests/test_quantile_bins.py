@@ -135,6 +135,18 @@ def test_the_dp_metadata_reads_the_training_rows_only(monkeypatch):
     splits = [TabularDataModule(**declared, quantile_epsilon=q).split_indices for q in (1.0, 1.0, 0.0)]
     for split in ("train", "val", "test"):
         assert splits[0][split].tolist() == splits[1][split].tolist() == splits[2][split].tolist()
+    # resumed on its released spec: the same split; a spec written before keeps splitting on its released features
+    from datamodules.partition import record_keys
+
+    for released in (dm.spec, {k: v for k, v in dm.spec.items() if k != "split_keys"}):
+        resumed = TabularDataModule(**options, metadata_epsilon=1.0, label_ratio_epsilon=0.5, quantile_epsilon=1.0)
+        assert resumed.adopt_released_spec(released)
+        if "split_keys" in released:
+            assert resumed.split_indices["test"].tolist() == dm.split_indices["test"].tolist()
+        else:
+            features, labels = resumed.transformer.transform(frame)
+            keys = record_keys(features.astype(np.float32), labels)
+            assert resumed.split_indices["test"].tolist() == resumed.split_rows(keys)["test"].tolist()
 
 
 def test_the_piecewise_transform_is_exact_and_integer_columns_come_back_integral():
