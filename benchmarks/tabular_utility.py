@@ -544,7 +544,8 @@ SCHEMA_TAGS = {"fair": "values", "randhie": "values"}
 #: bounds' point masses a bin of their own, keeps the declared range's tenths beyond the tails and measures the two-way
 #: tables on groups of adjacent bins (``marginaltree_q2``); 3 ends those groups at the declared range's tenths
 #: (``marginaltree_q3``); 4 draws the bins from the training rows only (before: from the whole table, whose split then
-#: moved with the noise). A quantile-binned cell without it ran with the first (``marginaltree_q1``).
+#: moved with the noise) and splits MarginalTree's ρ 30/30/30 between the one-way marginals, the label edges and the
+#: other measurements (before: 25/40/25). A quantile-binned cell without it ran with the first (``marginaltree_q1``).
 BINS_VERSION = 4
 
 
@@ -599,7 +600,7 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
          "marginaltree_q2": "MarginalTree, the second private quantile bins (two-way tables on groups of adjacent bins "
                             "across the range's tenths)",
          "marginaltree_q3": "MarginalTree, the third private quantile bins (today's, drawn from the whole table before "
-                            "its split)",
+                            "its split; ρ 25/40/25 to the one-way marginals, label edges and other measurements)",
          "marginaltree_ew": "MarginalTree, equal-width bins of the declared bounds (the preprocessing before issue 72)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
