@@ -319,9 +319,25 @@ class GenerativeDataModule(pl.LightningDataModule):
 
     # ----------------------------------------------------------------- loading
     def _load(self) -> dict[str, Any]:
-        """Return ``{"splits": {name: (x, y)}, "spec": dict}``; ``splits`` has ``train`` and may have
-        ``test`` (then only ``val`` is cut from train)."""
+        """Return ``{"splits": {name: (x, y)}, "spec": dict}``, and optionally ``"keys"`` (the rows' split keys, see
+        :meth:`split_rows`; default: :func:`~datamodules.partition.record_keys` of ``train``); ``splits`` has ``train``
+        and may have ``test`` (then only ``val`` is cut from train)."""
         raise NotImplementedError
+
+    def split_rows(self, keys: np.ndarray, *, has_test: bool = False) -> dict[str, torch.Tensor]:
+        """The row indices of the ``train``, ``val`` and ``test`` splits: each record's by its key alone, the public
+        ``split_seed`` and the fractions, so a DataModule can decide the split before it reads anything else of the
+        rows (and draw its DP metadata on the training rows only). ``has_test``: the dataset brings its own test split
+        (then only ``val`` is cut)."""
+        u = torch.from_numpy(keyed_uniform(keys, self.split_seed, "split"))
+        test_fraction = 0.0 if has_test else self.test_fraction
+        is_test = u < test_fraction
+        is_val = ~is_test & (u < test_fraction + self.val_fraction)
+        is_train = ~(is_test | is_val)
+        if not is_train.any():
+            raise DataError("no training rows left after the val/test split: lower data.val_fraction and "
+                            "data.test_fraction, or give more data")
+        return {name: mask.nonzero().flatten() for name, mask in (("train", is_train), ("val", is_val), ("test", is_test))}
 
     def _ensure_loaded(self) -> None:
         if self._loaded:
@@ -330,22 +346,17 @@ class GenerativeDataModule(pl.LightningDataModule):
         splits = dict(loaded["splits"])
         x, y = splits.pop("train")
         # Per record, from its content: one record more or less moves no other record between splits.
-        keys = record_keys(x, y)
-        u = torch.from_numpy(keyed_uniform(keys, self.split_seed, "split"))
-        test_fraction = 0.0 if "test" in splits else self.test_fraction
-        is_test = u < test_fraction
-        is_val = ~is_test & (u < test_fraction + self.val_fraction)
-        is_train = ~(is_test | is_val)
-        if not is_train.any():
-            raise DataError("no training rows left after the val/test split: lower data.val_fraction and "
-                            "data.test_fraction, or give more data")
-        n_train = int(is_train.sum())
+        keys = loaded.get("keys")
+        if keys is None:
+            keys = record_keys(x, y)
+        rows = self.split_rows(keys, has_test="test" in splits)
+        train_idx, val_idx, test_idx = rows["train"], rows["val"], rows["test"]
+        n_train = int(len(train_idx))
         if n_train < self.num_teachers:  # refused here, when the data is loaded: before any run starts
             raise DataError(  # no row counts in messages: they are private (issue 20, finding 9)
                 f"too few rows per teacher: the training rows (after the val/test split) cannot be split among "
                 f"{self.num_teachers} teachers, each needs at least one: set fewer data.num_teachers or give more data"
             )
-        test_idx, val_idx, train_idx = (m.nonzero().flatten() for m in (is_test, is_val, is_train))
         self.split_indices = {"train": train_idx, "val": val_idx, "test": test_idx}
         self.train_keys = keys[train_idx.numpy()]
         self.splits = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx])}

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from datamodules.base import DataError, GenerativeDataModule, read_data_csv
+from datamodules.partition import record_keys
 from lightning_gpate.privacy import quantiles as dp_quantiles
 from lightning_gpate.privacy.dp_stats import dp_bounds, dp_histogram_ratio
 from lightning_gpate.privacy.randomness import secret_seed
@@ -654,11 +655,29 @@ class TabularDataModule(GenerativeDataModule):
 
     #: Data-spec entries that may hold metadata estimated with DP (and what follows from it).
     RELEASED_METADATA_KEYS = ("metadata_cost", "columns", "label", "column_order", "class_ratio", "class_ratio_source",
-                              "shape", "spans", "class_names")
+                              "shape", "spans", "class_names", "split_keys")
+    #: ``split_keys`` of a spec whose split was decided on the rows in their declared scale, before any DP draw (a spec
+    #: without it split its rows by their features in the released bins: it keeps doing so when resumed).
+    DECLARED_SPLIT_KEYS = "declared_schema"
 
     def _released_metadata_differs(self, released: dict[str, Any]) -> bool:
         mine = self.spec
         return any(mine.get(k) != released.get(k) for k in self.RELEASED_METADATA_KEYS)
+
+    @staticmethod
+    def _declared_keys(frame: pd.DataFrame, columns: Sequence[ColumnSpec], label: ColumnSpec) -> np.ndarray:
+        """The rows' split keys from the columns as declared, before any DP draw: each row's features on its declared
+        bounds and bins, a numeric column whose bounds are drawn with DP by its value itself; so the split depends on
+        nothing but each record, the public seed and fractions (and equals the split of the same table without DP
+        metadata, whose features these are)."""
+        declared = TabularTransformer(columns, label, list(frame.columns))
+        with warnings.catch_warnings():  # the fit's own transform warns of clipped values once
+            warnings.simplefilter("ignore")
+            features, labels = declared.transform(frame)
+        for (start, _, _), c in zip(declared.spans(), columns):
+            if c.type == "numeric" and not c.public:
+                features[:, start] = _numeric_values(frame[c.name], c.name).to_numpy(dtype=np.float64)
+        return record_keys(features.astype(np.float32), labels)
 
     def _load(self) -> dict[str, Any]:
         frame = self.read_frame()
@@ -670,31 +689,46 @@ class TabularDataModule(GenerativeDataModule):
             if [c["name"] for c in released["columns"]] != [c.name for c in columns] or released["label"]["name"] != label_spec.name:
                 raise DataError("the released data spec this fit continues (its checkpoint's) has other columns than this data: "
                                 "continue with the data it was drawn from")
+            keys = (self._declared_keys(frame, columns, label_spec)
+                    if released.get("split_keys") == self.DECLARED_SPLIT_KEYS else None)
             self.transformer = TabularTransformer.from_spec(released)
             features, labels = self.transformer.transform(frame)
             spec = {k: released[k] for k in self.RELEASED_METADATA_KEYS if k in released}
             spec.update(kind="tabular", num_classes=int(released["num_classes"]), private_metadata=[])
             tensors = (torch.from_numpy(features.astype(np.float32)), torch.from_numpy(labels.copy()))
-            return {"splits": {"train": tensors}, "spec": spec}
+            return {"splits": {"train": tensors}, "spec": spec, "keys": keys}
+        # The split first, from public seeds and fractions: every DP draw then reads the training rows only (held-out
+        # rows neither shape the bins nor cost privacy). Where the columns' transform takes DP draws (bounds, quantile
+        # bins), the split is decided on the columns as declared; else on the features themselves, as it always was.
+        draws_columns = self.metadata_epsilon is not None or bool(self.quantile_epsilon)
+        if draws_columns:
+            keys = self._declared_keys(frame, columns, label_spec)
+        else:
+            self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
+            features, labels = self.transformer.transform(frame)
+            keys = record_keys(features.astype(np.float32), labels)
+        train_rows = self.split_rows(keys)["train"].numpy()
+        train = frame.iloc[train_rows]
         rng = np.random.default_rng(secret_seed() if self.metadata_seed is None else self.metadata_seed)
-        paid = dp_metadata(frame, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
+        paid = dp_metadata(train, columns, guesses, epsilon=self.metadata_epsilon, rng=rng)
         if self.quantile_epsilon:  # after the bounds: the quantiles' candidates lie within public (or paid) ones
             bounded = {c.name for c in columns if c.public} | {n for cost in paid for n in cost.get("columns", [])}
-            paid += quantile_metadata(frame, [c for c in columns if c.name in bounded], epsilon=float(self.quantile_epsilon), rng=rng)
-        self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
-        features, labels = self.transformer.transform(frame)
+            paid += quantile_metadata(train, [c for c in columns if c.name in bounded], epsilon=float(self.quantile_epsilon), rng=rng)
+        if draws_columns:  # the features in the drawn bounds and bins
+            self.transformer = TabularTransformer(columns, label_spec, list(frame.columns))
+            features, labels = self.transformer.transform(frame)
         num_classes = len(label_spec.categories)
         if self.class_ratio is not None:
             if len(self.class_ratio) != num_classes or min(self.class_ratio) < 0 or sum(self.class_ratio) <= 0:
                 raise DataError(f"class_ratio must give {num_classes} non-negative weights, got {self.class_ratio}")
             ratio, source = list(np.asarray(self.class_ratio) / sum(self.class_ratio)), "public"
         elif self.label_ratio_epsilon is not None:
-            ratio, eps = dp_histogram_ratio(labels, num_classes=num_classes, epsilon=self.label_ratio_epsilon, rng=rng)
+            ratio, eps = dp_histogram_ratio(labels[train_rows], num_classes=num_classes, epsilon=self.label_ratio_epsilon, rng=rng)
             ratio, source = list(ratio), "dp"
             paid.append({"what": f"class ratio of {label_spec.name!r} (Laplace counts)", "epsilon": float(eps),
                          "neighbouring": "add_remove"})
         else:
-            ratio, source = list(np.bincount(labels, minlength=num_classes) / len(labels)), "data"
+            ratio, source = list(np.bincount(labels[train_rows], minlength=num_classes) / len(train_rows)), "data"
         if self.metadata_seed is not None:  # replayable noise: the run's ε is no guarantee (privacy.disclosure)
             paid = [{**cost, "mechanism_seed": "fixed"} for cost in paid]
         paid_columns = {name for cost in paid for name in cost.get("columns", [])}
@@ -713,5 +747,7 @@ class TabularDataModule(GenerativeDataModule):
             "spans": [list(s) for s in self.transformer.spans()],
             **self.transformer.to_spec(),
         }
+        if draws_columns:
+            spec["split_keys"] = self.DECLARED_SPLIT_KEYS
         tensors = (torch.from_numpy(features.astype(np.float32)), torch.from_numpy(labels.copy()))
-        return {"splits": {"train": tensors}, "spec": spec}
+        return {"splits": {"train": tensors}, "spec": spec, "keys": keys}

@@ -416,7 +416,8 @@ def test_width_two_is_todays_tree_to_the_bit():
                      "34b4f43d98eb6bab2fcc754ee5d9f03ea041fac00cff8b4b6ca975baa95da2c5"}, "915e17d344a2ab8313c53974725dcd983daf425416bb92b00c797f850bfd6156")}
     for seed, (tables, rows) in expected.items():
         dm = _datamodule(_table())
-        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, clique_size=2, pair_bins=None)
+        model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, noise_seed=seed, clique_size=2, pair_bins=None,
+                             label_edge_fraction=0.4, one_way_fraction=0.25)  # the budget split of then
         _fit(model, dm)
         g = model.generator
         assert hashlib.sha256(g.cpt.numpy().tobytes() + g.parents.numpy().tobytes()).hexdigest() in tables

@@ -59,7 +59,7 @@ def test_the_release_is_charged_as_bounded_range_events_within_its_epsilon():
     count = [e for e in events if isinstance(e, PureDPEvent)]
     selections = [e for e in events if isinstance(e, ExponentialMechanismEvent)]
     assert len(count) == 1 and len(selections) == costs[1]["events"] and len(selections) % 2 == 0  # 2 columns alike
-    assert len(selections) == 2 * 8  # 3,000 rows at this budget: 8 quantiles a column (9 bins)
+    assert len(selections) == 2 * 7  # 3,000 rows, about 2,400 of them training rows, at this budget: 7 quantiles a column (8 bins)
     # their zCDP costs add up to the release's eps_q²/8: the count eps²/2, each selection eps²/8
     rho = count[0].epsilon ** 2 / 2 + sum(e.epsilon ** 2 / 8 for e in selections)
     assert rho == pytest.approx(eps_q ** 2 / 8, rel=1e-9)
@@ -97,6 +97,56 @@ def test_the_bins_depend_on_the_data_only_through_the_release(monkeypatch):
         specs.append(TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], quantile_epsilon=0.5).spec)
     assert specs[0]["columns"] == specs[1]["columns"] and specs[0]["metadata_cost"] == specs[1]["metadata_cost"]
     assert calls and all(isinstance(c, int) for c in calls)
+
+
+def test_the_dp_metadata_reads_the_training_rows_only(monkeypatch):
+    """Spies on every mechanism that reads the rows (the bounds, the row count, the quantiles, the class ratio): each
+    sees the training split's rows, never the held-out ones; and the split itself is the one the same table gets
+    without DP metadata, whatever the noise drew."""
+    from datamodules import tabular
+
+    seen = {}
+
+    def spy(name, mechanism):
+        def wrapped(values, *args, **kwargs):
+            seen.setdefault(name, []).append(np.sort(np.asarray(values, dtype=np.float64)) if np.ndim(values) else values)
+            return mechanism(values, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(dp_quantiles, "private_quantiles", spy("quantiles", dp_quantiles.private_quantiles))
+    monkeypatch.setattr(dp_quantiles, "noisy_count", spy("count", dp_quantiles.noisy_count))
+    monkeypatch.setattr(tabular, "dp_bounds", spy("bounds", tabular.dp_bounds))
+    monkeypatch.setattr(tabular, "dp_histogram_ratio", spy("ratio", tabular.dp_histogram_ratio))
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"a": rng.lognormal(3, 1, 3000), "b": rng.normal(50, 10, 3000), "y": rng.integers(0, 2, 3000)})
+    schema = {"a": {"min": 0, "max": 1e4}, "b": {"guess": [0, 100]}, "y": {"categories": [0, 1]}}
+    options = dict(frame=frame, label="y", schema=schema, val_fraction=0.2, test_fraction=0.2, split_seed=3)
+    dm = TabularDataModule(**options, metadata_epsilon=1.0, label_ratio_epsilon=0.5, quantile_epsilon=1.0)
+    train = dm.split_frame("train")
+    assert 0.5 < len(train) / len(frame) < 0.7  # val and test held out
+    assert seen["count"] == [len(train)]
+    assert len(seen["bounds"]) == 1 and np.array_equal(seen["bounds"][0], np.sort(train["b"].to_numpy()))
+    assert np.array_equal(seen["quantiles"][0], np.sort(np.clip(train["a"].to_numpy(), 0, 1e4)))
+    b = dm.spec["columns"][1]
+    assert np.array_equal(seen["quantiles"][-1], np.sort(np.clip(train["b"].to_numpy(), b["min"], b["max"])))
+    assert np.array_equal(seen["ratio"][0], np.sort(train["y"].to_numpy()))
+    # the split: the same rows under every draw of the noise, and those of the same table binned on its declared bounds
+    declared = dict(options, schema={**schema, "b": {"min": 0, "max": 100}}, class_ratio=[1, 1])
+    splits = [TabularDataModule(**declared, quantile_epsilon=q).split_indices for q in (1.0, 1.0, 0.0)]
+    for split in ("train", "val", "test"):
+        assert splits[0][split].tolist() == splits[1][split].tolist() == splits[2][split].tolist()
+    # resumed on its released spec: the same split; a spec written before keeps splitting on its released features
+    from datamodules.partition import record_keys
+
+    for released in (dm.spec, {k: v for k, v in dm.spec.items() if k != "split_keys"}):
+        resumed = TabularDataModule(**options, metadata_epsilon=1.0, label_ratio_epsilon=0.5, quantile_epsilon=1.0)
+        assert resumed.adopt_released_spec(released)
+        if "split_keys" in released:
+            assert resumed.split_indices["test"].tolist() == dm.split_indices["test"].tolist()
+        else:
+            features, labels = resumed.transformer.transform(frame)
+            keys = record_keys(features.astype(np.float32), labels)
+            assert resumed.split_indices["test"].tolist() == resumed.split_rows(keys)["test"].tolist()
 
 
 def test_the_piecewise_transform_is_exact_and_integer_columns_come_back_integral():

@@ -319,7 +319,7 @@ def test_a_warm_start_from_the_marginal_model_pays_its_planned_fit_once_and_embe
     monkeypatch.setattr(warm_start_module, "embedding_sum", lambda x, *a, **k: (embedded.append(x.shape[0]), original_embed(x, *a, **k))[1])
     model, dm = _table_pategan(MARGINAL_WARM)
     release = model.warm_release
-    tree = MarginalTree(dm.spec, epsilon=5.0, delta=1e-5)  # the plan of the share alone: ε 5 of 10
+    tree = MarginalTree(dm.spec, epsilon=5.0, delta=1e-5, **warm_start_module.TREE_FRACTIONS)  # the share alone: ε 5 of 10
     assert release.events() == tree.planned_event_list() and len(release.events()) == 2 + 2 * 3
     trainer = fit(model, dm, steps=2, default_root_dir=tmp_path)
     assert fitted == [600] and embedded == [MARGINAL_WARM["sample_rows"]]  # the tree read the split; the embedding its rows

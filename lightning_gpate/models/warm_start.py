@@ -54,6 +54,9 @@ AUTO_WARM_START = "auto"
 #: ``fraction``, its shape from ``features``, its frequencies from ``length_scale`` and ``feature_seed``); the other
 #: options only read it.
 RELEASE_OPTIONS = ("source", "fraction", "features", "length_scale", "feature_seed", "count_weight")
+#: The marginal model's budget split under ``source: marginals``: the one PATE-GAN's table default was chosen with (a
+#: release keeps its planned events; MarginalTree's own defaults moved after, chosen for its own samples).
+TREE_FRACTIONS = {"label_edge_fraction": 0.4, "one_way_fraction": 0.25}
 #: The options a warm start takes where it is given none (``None`` in :class:`WarmStart`): DP-MERF's release of 10,000
 #: features on half of ε, 800 generator steps on it, no pull (``length_scale`` ``None``: by data kind). A model's own
 #: default warm start (PATE-GAN's on tables) takes their place (:meth:`WarmStart.over`): a mapping given over it
@@ -291,7 +294,7 @@ class MarginalWarmStartRelease(WarmStartRelease):
         # the model's accountant has paid the DP metadata (bounds, the class ratio) already: were the tree to record it
         # too, its plan would fill only what its share leaves after paying it a second time
         self.data_spec = {**data_spec, "metadata_cost": []}
-        self.tree_options = {"epsilon": float(epsilon), "delta": float(delta), "conversion": conversion}
+        self.tree_options = {"epsilon": float(epsilon), "delta": float(delta), "conversion": conversion, **TREE_FRACTIONS}
         self.planned = self.marginal_model().planned_event_list()  # a public function of the schema and the budget: no data read
 
     def marginal_model(self, noise_seed: int | None = None):
