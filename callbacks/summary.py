@@ -188,6 +188,7 @@ class FitSummary(pl.Callback):
         """The summary of a finished fit (call it on global rank 0, after ``trainer.fit``)."""
         from callbacks.artifacts import ReleaseArtifact
         from callbacks.periodic import PeriodicEvaluation
+        from lightning_gpate.evaluation.fidelity import value_advice
 
         rows: list[tuple[str, str]] = []
         rows.append(("model", type(pl_module).__name__))
@@ -210,6 +211,7 @@ class FitSummary(pl.Callback):
         advice = table_advice(pl_module)
         if advice:
             rows.append(("advice", advice))
+        rows += [("advice", line) for line in value_advice(metrics, pl_module.data_spec, "utility/fidelity/")]
         artifacts = next((cb for cb in trainer.callbacks if isinstance(cb, ReleaseArtifact)), None)
         release = artifacts.release_path if artifacts is not None else None
         training_ckpt = artifacts.training_checkpoint_path if artifacts is not None else None

@@ -542,6 +542,12 @@ def evaluate_command(argv: Sequence[str]) -> int:
     width = max((len(k) for k in metrics), default=0)
     for key, value in metrics.items():
         print(f"{key:<{width}}  {value:.4f}")
+    from lightning_gpate.evaluation.fidelity import value_advice
+    from lightning_gpate.release import load_release
+
+    spec = load_release(args.ckpt_path)["hyper_parameters"].get("data_spec", {})
+    for line in value_advice(metrics, spec, "utility/fidelity/") if spec.get("kind") == "tabular" else []:
+        print(f"advice: {line}")
     if args.output:
         print(f"wrote {write_report(metrics, args.output, run_id=run_id, checkpoint=args.ckpt_path, notes=notes)}")
     print(f"logged to MLflow run {run_id}")

@@ -191,3 +191,29 @@ def test_value_fidelity_ties_worst_column_and_names():
 
     assert any("worst column 'STDs: _number_'" in line and "median real 0 → synthetic 1" in line
                for line in _metric_lines({f"utility/fidelity/{k}": v for k, v in m.items()}))
+
+
+def test_the_summary_names_columns_whose_values_come_back_off_and_the_declaration_that_fixes_them():
+    """A user reads values: a column whose median is far off (or whose W1 is) is named, with what to declare for it;
+    a column within the bars, or one whose declared values come back as themselves, is not."""
+    from lightning_gpate.evaluation.fidelity import columns_off, metric_name, value_advice
+
+    def figures(name, med_r, med_s, w1):
+        key = f"utility/fidelity/column/{metric_name(name)}/"
+        return {key + "median_real": med_r, key + "median_synthetic": med_s, key + "w1_scaled": w1, key + "quantile_tvd": 0.1}
+
+    metrics = {**figures("popul (k)", 22.0, 337.0, 0.29), **figures("ClinLR", 2.0, 2.9, 0.07), **figures("age", 45.0, 47.0, 0.03),
+               **figures("income", 17.0, 16.0, 0.15), **figures("PID", 3.0, 6.0, 0.2), **figures("debt", 0.0, 100.0, 0.05)}
+    off = columns_off(metrics, "utility/fidelity/")
+    # popul: log(337/22)/log(1.5) = 6.7 bars; PID: log 2/log 1.5 = 1.7, its W1 2 bars; income: W1 1.5 bars; ClinLR: 0.91 (within)
+    assert [name for name, _, _ in off] == ["popul _k_", "PID", "income"]
+    assert off[0][2] == pytest.approx(math.log(337 / 22) / math.log(1.5))
+    assert columns_off(metrics, "utility/fidelity/", limit=1)[0][0] == "popul _k_"
+    spec = {"columns": [{"name": "popul (k)", "type": "numeric", "edges_source": "dp_quantiles"},
+                        {"name": "income", "type": "numeric", "edges_source": "log"},
+                        {"name": "PID", "type": "numeric", "edges_source": "values"}]}
+    lines = value_advice(metrics, spec, "utility/fidelity/")
+    assert len(lines) == 2  # PID's declared values come back as themselves: nothing to declare
+    assert "'popul _k_' (median real 22 → synthetic 337" in lines[0] and "`scale: log`" in lines[0] and "PID" not in lines[0]
+    assert "'income'" in lines[1] and "`bins: [...]`" in lines[1] and "`scale: log`" not in lines[1]
+    assert value_advice(figures("age", 45.0, 47.0, 0.03), spec, "utility/fidelity/") == []

@@ -28,7 +28,8 @@ real column itself (the reference split handed in: the evaluator's data, never t
 * ``w1_scaled``: the Wasserstein-1 distance of the real and synthetic values divided by the real
   column's ``q95 − q05`` (its spread, robust to the tails), the mean over numeric columns (``_max``);
 * per column ``column/<name>/{quantile_tvd, w1_scaled, median_real, median_synthetic}``: the worst column is the
-  one of the largest ``quantile_tvd`` (:func:`worst_column`).
+  one of the largest ``quantile_tvd`` (:func:`worst_column`); a column whose median or W1 is far off is one a
+  user reading its values would notice (:func:`columns_off`), and ``fit``'s summary names it.
 
 Why not SDMetrics: it bins numeric columns on the real column's own range (``np.histogram_bin_edges``
 of the real data) rather than public bounds, and it requires pandas < 3, which this project pins.
@@ -36,6 +37,7 @@ of the real data) rather than public bounds, and it requires pandas < 3, which t
 
 from __future__ import annotations
 
+import math
 import itertools
 import warnings
 from typing import Any, Mapping, Sequence
@@ -274,20 +276,72 @@ def value_fidelity(real: pd.DataFrame, synthetic: pd.DataFrame, spec: Mapping[st
     return out
 
 
-def worst_column(metrics: Mapping[str, float], prefix: str = "") -> tuple[str, dict[str, float]] | None:
-    """The column of the largest ``quantile_tvd`` among ``prefix + "column/<name>/…"`` figures, and its figures
-    (``quantile_tvd``, ``w1_scaled``, ``median_real``, ``median_synthetic``); ``None`` when there is none."""
+def column_figures(metrics: Mapping[str, float], prefix: str = "") -> dict[str, dict[str, float]]:
+    """The per-column figures among ``prefix + "column/<name>/<measure>"`` metrics: ``{name: {measure: value}}``."""
     head = prefix + "column/"
     columns: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():
         if key.startswith(head):
             name, _, measure = key[len(head):].rpartition("/")
             columns.setdefault(name, {})[measure] = value
+    return columns
+
+
+def worst_column(metrics: Mapping[str, float], prefix: str = "") -> tuple[str, dict[str, float]] | None:
+    """The column of the largest ``quantile_tvd`` among ``prefix + "column/<name>/…"`` figures, and its figures
+    (``quantile_tvd``, ``w1_scaled``, ``median_real``, ``median_synthetic``); ``None`` when there is none."""
+    columns = column_figures(metrics, prefix)
     scored = [(v["quantile_tvd"], name) for name, v in columns.items() if "quantile_tvd" in v and np.isfinite(v["quantile_tvd"])]
     if not scored:
         return None
     name = max(scored)[1]
     return name, columns[name]
+
+
+#: A numeric column comes back off when its synthetic median is more than ``MEDIAN_RATIO`` times from the real one (both
+#: positive) or its W1 ÷ (q95 − q05) exceeds ``W1_SCALED``: a user reading its values would notice.
+MEDIAN_RATIO, W1_SCALED = 1.5, 0.10
+
+
+def columns_off(metrics: Mapping[str, float], prefix: str = "", *, limit: int = 3) -> list[tuple[str, dict[str, float], float]]:
+    """The numeric columns whose values come back off (:data:`MEDIAN_RATIO`, :data:`W1_SCALED`), worst first, at most
+    ``limit``: ``(name, figures, severity)``, the severity being how many times over the larger bar it is
+    (``max(W1 / W1_SCALED, log(ratio) / log(MEDIAN_RATIO))``, above 1)."""
+    out = []
+    for name, v in column_figures(metrics, prefix).items():
+        med_r, med_s, w1 = v.get("median_real", np.nan), v.get("median_synthetic", np.nan), v.get("w1_scaled", np.nan)
+        severity = w1 / W1_SCALED if np.isfinite(w1) else 0.0
+        if np.isfinite(med_r) and np.isfinite(med_s) and med_r > 0 and med_s > 0:
+            severity = max(severity, abs(math.log(med_s / med_r)) / math.log(MEDIAN_RATIO))
+        if severity > 1.0:
+            out.append((name, v, float(severity)))
+    return sorted(out, key=lambda item: -item[2])[:limit]
+
+
+#: What a column's schema entry can declare to bring its values back, by where its bins came from (``edges_source``:
+#: None for the declared range's equal-width bins, ``dp_quantiles`` for the private quantiles the budget affords).
+_SKEWED_OR_CODES = ("declare `scale: log` for a skewed one (counts, amounts, sizes), `values: [...]` for one that holds "
+                    "a few codes, or public `bins: [...]` (free: no budget)")
+BINNING_FIXES = {None: _SKEWED_OR_CODES, "dp_quantiles": _SKEWED_OR_CODES,
+                 "log": "declare public `bins: [...]` where its values are (free)",
+                 "declared": "declare finer public `bins: [...]` where its values are (free)"}
+
+
+def value_advice(metrics: Mapping[str, float], spec: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The numeric columns whose values come back off (:func:`columns_off` of the ``prefix + "column/…"`` figures, worst
+    first) with their figures, grouped by the schema declaration that brings most such columns back
+    (:data:`BINNING_FIXES`; none for declared ``values:``, which come back as themselves). The figures are the
+    evaluation split's (printed, like every figure of it); the advice reads only the public spec."""
+    sources = {metric_name(c["name"]): c.get("edges_source") for c in spec.get("columns", []) if c.get("type") == "numeric"}
+    by_fix: dict[str, list[str]] = {}
+    for name, figures, _ in columns_off(metrics, prefix):
+        fix = BINNING_FIXES.get(sources.get(name))
+        if fix is not None:
+            by_fix.setdefault(fix, []).append(
+                f"{name!r} (median real {figures.get('median_real', math.nan):.4g} → synthetic "
+                f"{figures.get('median_synthetic', math.nan):.4g}, W1 ÷ (q95 − q05) {figures.get('w1_scaled', math.nan):.2g})")
+    return [f"values off (a median over {MEDIAN_RATIO:g}× away or W1 ÷ (q95 − q05) over {W1_SCALED:g}) in "
+            f"{', '.join(columns)}: in the schema, {fix}" for fix, columns in by_fix.items()]
 
 
 def uniform_table(spec: Mapping[str, Any], num_rows: int, *, seed: int = 0) -> pd.DataFrame:
