@@ -19,7 +19,8 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
   evenly would put synthetic values far beyond the data), one tail bin added at each end, as wide as its
   neighbour (:func:`tail_bins`: the values beyond the outer quantiles stay near the data instead of being
   spread to the declared bounds), the declared range's tenths joined to them, beyond the tail bins too
-  (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers,
+  (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers
+  (an integer column whose range's tenths already give every integer a bin, :func:`integer_bins`, buys no quantile),
   and a declared bound that a quantile was released on (many rows on it: zeros, a cap) given a bin of its own that
   comes back as the bound itself (:func:`bound_masses`).
 
@@ -48,6 +49,8 @@ COUNT_SHARE = 0.05
 CANDIDATES = 400
 #: Levels of the edges: evenly spaced in ``[TAIL, 1 − TAIL]``.
 TAIL = 0.01
+#: Fewer quantiles than this a column sit at the levels ``i/(m + 1)`` instead (:func:`quantile_levels`).
+TAILS_FROM = 2
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
 #: A quantile's noise (the exponential mechanism's scale, in rows) at most this fraction's inverse of a bin's rows.
@@ -133,9 +136,11 @@ def candidate_grid(lower: float, upper: float, *, integer: bool, size: int = CAN
 
 
 def quantile_levels(num_quantiles: int, tail: float | None = None) -> np.ndarray:
-    """The levels of ``num_quantiles`` edges: evenly spaced in ``[tail, 1 − tail]`` (``TAIL``); one edge is the median."""
-    tail = TAIL if tail is None else tail
-    return np.array([0.5]) if int(num_quantiles) == 1 else np.linspace(tail, 1.0 - tail, int(num_quantiles))
+    """The levels of ``m = num_quantiles`` edges: evenly spaced in ``[tail, 1 − tail]`` (``TAIL``) from ``TAILS_FROM``
+    quantiles on; fewer sit at ``i/(m + 1)`` (one edge: the median), bins of equal mass, where two of a handful spent on
+    the outer percentiles would leave the bulk of a skewed column in one wide bin."""
+    tail, m = (TAIL if tail is None else tail), int(num_quantiles)
+    return np.arange(1, m + 1) / (m + 1.0) if m < max(TAILS_FROM, 2) else np.linspace(tail, 1.0 - tail, m)
 
 
 def epsilon_per_quantile(epsilon: float, num_quantiles: int) -> float:
@@ -235,6 +240,24 @@ def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: in
     return np.unique(np.concatenate([edges, grid[keep]]))
 
 
+def on_half_integers(edges: np.ndarray, lower: float, upper: float) -> np.ndarray:
+    """An integer column's ``edges`` moved to the half-integer below them, within ``[lower, upper]`` (post-processing)."""
+    return np.unique(np.clip(np.floor(np.asarray(edges, dtype=np.float64)) + 0.5, lower, upper))
+
+
+def integer_bins(lower: float, upper: float) -> np.ndarray | None:
+    """An integer column's public edges, one bin for each integer of its declared ``[lower, upper]``, where its range's
+    tenths (:func:`with_range_edges`) on half-integers already give every integer a bin of its own (a range of at most
+    ``RANGE_BINS`` integers: codes, ratings, small counts); else ``None``. No bins are finer, so quantiles would add
+    nothing there: such a column is left out of the release, and its share of the budget goes to the other columns.
+    Decided from the declared range and the dtype only (public)."""
+    lo, hi = math.ceil(lower) - 0.5, math.floor(upper) + 0.5
+    if hi - lo > 4 * RANGE_BINS:  # far too many integers for the tenths (and no large grid built)
+        return None
+    edges = on_half_integers(with_range_edges(np.array([lo, hi]), lo, hi), lo, hi)
+    return edges if len(edges) == round(hi - lo) + 1 else None
+
+
 def bound_masses(draws: np.ndarray, candidates: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, list[list[float]]]:
     """``edges`` with a bin of its own at each declared bound that a quantile was released on, and those bins,
     ``[[k, bound], …]`` (post-processing of the released ``draws``).
@@ -285,7 +308,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     edges = tail_bins(cap_outer_bins(edges, scale), scale, lower, upper)
     edges = with_range_edges(edges, lower, upper)
     if integer:  # its own bins hold one integer where they are that narrow
-        edges = np.unique(np.clip(np.floor(edges) + 0.5, lower, upper))
+        edges = on_half_integers(edges, lower, upper)
     masses = []
     if BOUND_MASSES and not integer and len(candidates) > 2:
         edges, masses = bound_masses(draws, candidates, edges)
