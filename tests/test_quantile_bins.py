@@ -250,7 +250,8 @@ def test_the_command_line_gives_a_private_models_table_its_quantile_bins(tmp_pat
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml")], run=False)
     assert cli.datamodule.quantile_epsilon == pytest.approx(dp_quantiles.default_quantile_epsilon(1.0, 1e-5))
-    assert all(c["edges_source"] == "dp_quantiles" for c in cli.model.data_spec["columns"] if c["type"] == "numeric")
+    sources = {c["name"]: c["edges_source"] for c in cli.model.data_spec["columns"] if c["type"] == "numeric"}
+    assert sources == {"a": "dp_quantiles", "b": "dp_quantiles", "c": "integers"}  # c: the integers 0-9, one bin each
     assert cli.model.accountant.counts["exponential_mechanism_events"] == cli.datamodule.spec["metadata_cost"][1]["events"]
     cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml"), "--data.init_args.quantile_epsilon", "0"], run=False)
     assert cli.model.data_spec["metadata_cost"] == [] and cli.model.data_spec["columns"][0]["edges"] is None
@@ -373,3 +374,19 @@ def test_an_integer_column_of_a_short_range_buys_no_quantile_and_leaves_the_budg
     wide = TabularDataModule(frame=frame, label="y", class_ratio=[0.5, 0.5], quantile_epsilon=eps_q,
                              schema={**schema, "pid": {"min": 0, "max": 10, "dtype": "int64"}})
     assert wide.spec["metadata_cost"][1]["columns"] == ["popul", "pid"]
+
+
+def test_a_few_quantiles_cut_the_bulk_of_a_skewed_column_not_its_outer_percentiles():
+    """Two quantiles a column (a small table with several numeric columns): they sit at the thirds, so the bulk of a
+    log-normal column declared on a range far wider than its data is cut near its median, not left in one bin between
+    its 1st and 99th percentiles; from ``TAILS_FROM`` quantiles on, the outer levels are the tails again."""
+    assert dp_quantiles.quantile_levels(1).tolist() == [0.5]
+    assert dp_quantiles.quantile_levels(2) == pytest.approx([1 / 3, 2 / 3])
+    m = dp_quantiles.TAILS_FROM
+    assert dp_quantiles.quantile_levels(m - 1) == pytest.approx(np.arange(1, m) / m)
+    assert dp_quantiles.quantile_levels(m)[[0, -1]] == pytest.approx([dp_quantiles.TAIL, 1 - dp_quantiles.TAIL])
+    values = np.random.default_rng(7).lognormal(3, 1.5, 800)
+    released = dp_quantiles.quantile_edges(values, lower=0.0, upper=1e4, integer=False, num_bins=3, epsilon=20.0)
+    q20, q50, q80 = np.quantile(values, [0.2, 0.5, 0.8])
+    edges = np.asarray(released["edges"])
+    assert np.any((edges > q20) & (edges < q50)) and np.any((edges > q50) & (edges < q80)), (edges[:6], q20, q50, q80)

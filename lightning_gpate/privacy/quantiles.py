@@ -7,7 +7,9 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
 * a noisy row count ``n̂`` (the Laplace mechanism, pure DP) sizes the number of bins, :func:`bins_for_rows`, no more
   than the budget keeps informative (:func:`quantiles_per_column`; none on a small table at a small ε: the declared
   range's bins, and the quantiles' share stays with the model);
-* each edge is one exponential-mechanism quantile over a public grid of candidates (Smith 2011, on a grid),
+* each edge is one exponential-mechanism quantile over a public grid of candidates (Smith 2011, on a grid) at a
+  level of :func:`quantile_levels` (from the 1st to the 99th percentile; where the count affords a column only a
+  handful, at the levels of equal mass, so that a skewed column's bulk is cut and not only its tails),
   OpenDP's ``make_private_quantile``: a candidate ``c`` is drawn with probability
   ``∝ exp(−|#(x < c) − α·(n − #(x = c))| / s)``. The score moves by at most ``Δ = max(α, 1 − α)`` when one
   record is added or removed, so the draw is ε-DP and ε-bounded range with ``ε = 2Δ / s``
@@ -49,8 +51,9 @@ COUNT_SHARE = 0.05
 CANDIDATES = 400
 #: Levels of the edges: evenly spaced in ``[TAIL, 1 − TAIL]``.
 TAIL = 0.01
-#: Fewer quantiles than this a column sit at the levels ``i/(m + 1)`` instead (:func:`quantile_levels`).
-TAILS_FROM = 2
+#: Fewer quantiles than this a column sit at the levels ``i/(m + 1)`` instead (:func:`quantile_levels`); 2: the tails
+#: from two quantiles on (the levels before a handful moved inside).
+TAILS_FROM = 6
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
 #: A quantile's noise (the exponential mechanism's scale, in rows) at most this fraction's inverse of a bin's rows.
@@ -63,6 +66,9 @@ TAIL_BIN_RATIO = 1.0
 RANGE_BINS = 10
 #: Whether the declared range's tenths beyond the tail bins are kept as bins too (the range is never cut off).
 RANGE_BEYOND = True
+#: The interpolation's scale (:func:`interpolation_scale`): ``"median_width"`` of the released bins, or
+#: ``"smallest_draw"``, the smallest positive magnitude of a released quantile.
+SCALE_FROM = "median_width"
 #: Whether a quantile released on a declared bound makes that bound a point mass of its own bin (:func:`bound_masses`).
 BOUND_MASSES = True
 
@@ -198,6 +204,11 @@ def unwarp(values: np.ndarray, offset: float, scale: float | None) -> np.ndarray
 def interpolation_scale(edges: np.ndarray) -> float:
     """The scale of released edges' interpolation (post-processing): the median width of their bins, so that a bin
     is filled evenly where bins are alike and log-like where they widen (a skewed column's tail)."""
+    if SCALE_FROM == "smallest_draw":
+        positive = np.abs(np.asarray(edges, dtype=np.float64))
+        positive = positive[positive > 0]
+        if len(positive):
+            return float(positive.min())
     widths = np.diff(np.asarray(edges, dtype=np.float64))
     widths = widths[widths > 0]
     return float(np.median(widths)) if len(widths) else 1.0
@@ -285,7 +296,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     """A column's released edges (see the module doc): ``{"edges", "offset", "scale", "point_masses"}`` of
     :class:`~datamodules.tabular.ColumnSpec`. ``values`` are clipped to the declared ``[lower, upper]`` first.
 
-    ``num_bins − 1`` quantiles at levels evenly spaced in ``[TAIL, 1 − TAIL]`` (one: the median; their outer bins capped,
+    ``num_bins − 1`` quantiles at the levels of :func:`quantile_levels` (their outer bins capped,
     :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`), the declared range's tenths
     (:func:`with_range_edges`) and the bounds' point masses (:func:`bound_masses`); fewer bins where edges coincide,
     up to ``RANGE_BINS + 1`` more.
