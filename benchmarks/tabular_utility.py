@@ -604,8 +604,8 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
                             "across the range's tenths)",
          "marginaltree_q3": "MarginalTree, the third private quantile bins (drawn from the whole table before "
                             "its split; ρ 25/40/25 to the one-way marginals, label edges and other measurements)",
-         "marginaltree_q4": "MarginalTree, the fourth private quantile bins (a column's few quantiles at the 1st and 99th "
-                            "percentiles first; short integer ranges buying quantiles too)",
+         "marginaltree_q4": "MarginalTree, the fourth private quantile bins (a column's few quantiles including the 1st and "
+                            "99th percentiles; short integer ranges buying quantiles too)",
          "marginaltree_ew": "MarginalTree, equal-width bins of the declared bounds (the preprocessing before issue 72)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",

@@ -49,10 +49,10 @@ QUANTILE_SHARE = 0.1
 COUNT_SHARE = 0.05
 #: Candidates of a quantile: points of the declared range, evenly spaced in ``asinh(v / s)`` (log-like away from 0).
 CANDIDATES = 400
-#: Levels of the edges: evenly spaced in ``[TAIL, 1 − TAIL]``.
+#: Levels of the edges: evenly spaced in ``[TAIL, 1 − TAIL]`` (from ``TAILS_FROM`` quantiles a column).
 TAIL = 0.01
-#: Fewer quantiles than this a column sit at the levels ``i/(m + 1)`` instead (:func:`quantile_levels`); 2: the tails
-#: from two quantiles on (the levels before a handful moved inside).
+#: Fewer quantiles than this a column sit at the levels of equal mass ``i/(m + 1)`` (:func:`quantile_levels`): two of a
+#: handful spent on the outer percentiles leave a skewed column's bulk in one wide bin; ``2``: the tails from two on.
 TAILS_FROM = 6
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
@@ -203,7 +203,8 @@ def unwarp(values: np.ndarray, offset: float, scale: float | None) -> np.ndarray
 
 def interpolation_scale(edges: np.ndarray) -> float:
     """The scale of released edges' interpolation (post-processing): the median width of their bins, so that a bin
-    is filled evenly where bins are alike and log-like where they widen (a skewed column's tail)."""
+    is filled evenly where bins are alike and log-like where they widen (a skewed column's tail); with ``SCALE_FROM``
+    ``"smallest_draw"``, the smallest positive magnitude among them (log-like above it)."""
     if SCALE_FROM == "smallest_draw":
         positive = np.abs(np.asarray(edges, dtype=np.float64))
         positive = positive[positive > 0]
