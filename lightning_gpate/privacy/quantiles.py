@@ -264,10 +264,8 @@ def integer_bins(lower: float, upper: float) -> np.ndarray | None:
     nothing there: such a column is left out of the release, and its share of the budget goes to the other columns.
     Decided from the declared range and the dtype only (public)."""
     lo, hi = math.ceil(lower) - 0.5, math.floor(upper) + 0.5
-    if hi - lo > 4 * RANGE_BINS:  # far too many integers for the tenths (and no large grid built)
-        return None
     edges = on_half_integers(with_range_edges(np.array([lo, hi]), lo, hi), lo, hi)
-    return edges if len(edges) == round(hi - lo) + 1 else None
+    return edges if hi > lo and len(edges) == round(hi - lo) + 1 else None
 
 
 def bound_masses(draws: np.ndarray, candidates: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, list[list[float]]]:
