@@ -47,7 +47,8 @@ class ColumnSpec:
     categories: list[Any] = field(default_factory=list)
     public: bool = False  # metadata declared by the user (not read from the private data)
     # A numeric column's bins (None: the bounds' linear scale), filled in asinh((v − edges_offset)/edges_scale)
-    # (edges_scale None: in v); edges_source "declared", "log" (scale: log), "values" (declared) or "dp_quantiles" (paid for).
+    # (edges_scale None: in v); edges_source "declared", "log" (scale: log), "values" (declared), "dp_quantiles" (paid for)
+    # or "integers" (one bin per integer of a short declared range: public, no quantile bought).
     edges: list[float] | None = None
     edges_offset: float = 0.0
     edges_scale: float | None = None
@@ -264,13 +265,20 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
     when the budget cannot make them informative, and the columns keep their declared ranges), then every
     edge is an exponential-mechanism quantile (:func:`~lightning_gpate.privacy.quantiles.quantile_edges`); the release
     costs what one ``epsilon``-bounded-range mechanism costs (``ε²/8``-zCDP), split as the module doc of
-    :mod:`lightning_gpate.privacy.quantiles` says. Nothing else of the data reaches the spec.
+    :mod:`lightning_gpate.privacy.quantiles` says. An integer column of a short range (codes, ratings, small counts:
+    :func:`~lightning_gpate.privacy.quantiles.integer_bins`) gets one bin per integer instead, public, and buys no
+    quantile. Nothing else of the data reaches the spec.
 
     Returns:
         The metadata cost: the count (pure DP) and the quantiles (``mechanism: exponential``: ``events`` draws of
         ``epsilon_each``), for the model to charge at init.
     """
     chosen = [c for c in columns if c.type == "numeric" and c.edges is None and c.max > c.min]
+    for c in chosen:  # an integer column whose range's tenths hold one integer each: those bins, no quantile bought
+        own = dp_quantiles.integer_bins(c.min, c.max) if c.is_integer else None
+        if own is not None:
+            c.set_edges(own, source="integers")
+    chosen = [c for c in chosen if c.edges is None]
     if not chosen:
         return []
     eps_count = dp_quantiles.count_epsilon(epsilon)

@@ -250,7 +250,8 @@ def test_the_command_line_gives_a_private_models_table_its_quantile_bins(tmp_pat
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml")], run=False)
     assert cli.datamodule.quantile_epsilon == pytest.approx(dp_quantiles.default_quantile_epsilon(1.0, 1e-5))
-    assert all(c["edges_source"] == "dp_quantiles" for c in cli.model.data_spec["columns"] if c["type"] == "numeric")
+    sources = {c["name"]: c["edges_source"] for c in cli.model.data_spec["columns"] if c["type"] == "numeric"}
+    assert sources == {"a": "dp_quantiles", "b": "dp_quantiles", "c": "integers"}  # c: the integers 0-9, one bin each
     assert cli.model.accountant.counts["exponential_mechanism_events"] == cli.datamodule.spec["metadata_cost"][1]["events"]
     cli = run_lightning_cli(["--config", str(tmp_path / "c.yaml"), "--data.init_args.quantile_epsilon", "0"], run=False)
     assert cli.model.data_spec["metadata_cost"] == [] and cli.model.data_spec["columns"][0]["edges"] is None
@@ -340,3 +341,52 @@ def test_rows_on_a_declared_bound_come_back_on_it():
     inner = np.array([candidates[5], candidates[200], candidates[-3]])
     kept, masses = dp_quantiles.bound_masses(inner, candidates, np.array([0.0, *inner, 1.0]))
     assert masses == [] and kept.tolist() == [0.0, *inner.tolist(), 1.0]
+
+
+def test_an_integer_column_of_a_short_range_buys_no_quantile_and_leaves_the_budget_to_the_others(monkeypatch):
+    """A 0–6 code (dtype integer) already has one bin per integer from its declared range's tenths: it keeps exactly
+    those public bins, every value coming back as itself, and the release buys quantiles for the skewed column only,
+    at the ε that one column's share gives each (computed here from the release's rule, not read from it)."""
+    monkeypatch.setattr(dp_quantiles, "noisy_count", lambda n, *, epsilon, rng: 2000.0)  # the count's noise aside
+    rng = np.random.default_rng(6)
+    n = 2500
+    frame = pd.DataFrame({"popul": rng.lognormal(3, 2, n).clip(0, 1e4), "pid": rng.integers(0, 7, n), "y": rng.integers(0, 2, n)})
+    schema = {"popul": {"min": 0, "max": 1e4}, "pid": {"min": 0, "max": 6, "dtype": "int64"}, "y": {"categories": [0, 1]}}
+    eps_q = 0.3
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, class_ratio=[0.5, 0.5], quantile_epsilon=eps_q)
+    popul, pid = dm.spec["columns"]
+    assert pid["edges"] == [k - 0.5 for k in range(8)] and pid["edges_source"] == "integers"
+    assert popul["edges_source"] == "dp_quantiles"
+    x, labels = dm.transformer.transform(frame)
+    assert dm.transformer.inverse_transform(x, labels)["pid"].tolist() == frame["pid"].tolist()
+    # one column's quantiles: the most m <= bins - 1 (√2000/6 ≈ 7 bins) whose draws' scale 2/ε_m stays within a third
+    # of a bin's rows, 2000/(m+1), with ε_m = ε·√(0.95/m) of the release (zCDP composition over one column's m draws)
+    m = max(m for m in range(1, 7) if 2 / (eps_q * math.sqrt(0.95 / m)) <= 2000 / (3 * (m + 1)))
+    cost = dm.spec["metadata_cost"][1]
+    assert cost["columns"] == ["popul"] and cost["events"] == m
+    assert cost["epsilon_each"] == pytest.approx(eps_q * math.sqrt(0.95 / m), rel=1e-12)
+    rho = dm.spec["metadata_cost"][0]["epsilon"] ** 2 / 2 + m * cost["epsilon_each"] ** 2 / 8
+    assert rho == pytest.approx(eps_q ** 2 / 8, rel=1e-9)
+    # a table of such codes only releases nothing (no count either); a wider integer range still buys its quantiles
+    only = TabularDataModule(frame=frame[["pid", "y"]], label="y", schema={k: schema[k] for k in ("pid", "y")},
+                             class_ratio=[0.5, 0.5], quantile_epsilon=eps_q)
+    assert only.spec["metadata_cost"] == [] and only.spec["columns"][0]["edges"] == pid["edges"]
+    wide = TabularDataModule(frame=frame, label="y", class_ratio=[0.5, 0.5], quantile_epsilon=eps_q,
+                             schema={**schema, "pid": {"min": 0, "max": 10, "dtype": "int64"}})
+    assert wide.spec["metadata_cost"][1]["columns"] == ["popul", "pid"]
+
+
+def test_a_few_quantiles_cut_the_bulk_of_a_skewed_column_not_its_outer_percentiles():
+    """Two quantiles a column (a small table with several numeric columns): they sit at the thirds, so the bulk of a
+    log-normal column declared on a range far wider than its data is cut near its median, not left in one bin between
+    its 1st and 99th percentiles; from ``TAILS_FROM`` quantiles on, the outer levels are the tails again."""
+    assert dp_quantiles.quantile_levels(1).tolist() == [0.5]
+    assert dp_quantiles.quantile_levels(2) == pytest.approx([1 / 3, 2 / 3])
+    m = dp_quantiles.TAILS_FROM
+    assert dp_quantiles.quantile_levels(m - 1) == pytest.approx(np.arange(1, m) / m)
+    assert dp_quantiles.quantile_levels(m)[[0, -1]] == pytest.approx([dp_quantiles.TAIL, 1 - dp_quantiles.TAIL])
+    values = np.random.default_rng(7).lognormal(3, 1.5, 800)
+    released = dp_quantiles.quantile_edges(values, lower=0.0, upper=1e4, integer=False, num_bins=3, epsilon=20.0)
+    q20, q50, q80 = np.quantile(values, [0.2, 0.5, 0.8])
+    edges = np.asarray(released["edges"])
+    assert np.any((edges > q20) & (edges < q50)) and np.any((edges > q50) & (edges < q80)), (edges[:6], q20, q50, q80)

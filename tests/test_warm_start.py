@@ -591,7 +591,7 @@ def test_the_marginal_warm_start_fits_on_private_quantile_bins(tmp_path):
 
     dm = TabularDataModule(frame=public_frame(2000), label="y", schema=SCHEMA, class_ratio=[0.5, 0.5], num_teachers=6,
                            teacher_batch_size=8, batch_size=32, test_fraction=0.0, quantile_epsilon=default_quantile_epsilon(10.0, 1e-5))
-    assert {c["edges_source"] for c in dm.spec["columns"]} == {"dp_quantiles"}
+    assert [c["edges_source"] for c in dm.spec["columns"]] == ["dp_quantiles", "dp_quantiles", "integers"]  # c: 0-9, a bin each
     model = PATEGAN(dm.spec, epsilon=10.0, delta=1e-5, planned_queries=64, teacher_steps=1, student_steps=1, query_batch_size=16,
                     z_dim=8, generator_hidden=list(HIDDEN), teacher_hidden=[8], student_hidden=[8], marginals={"fraction": 0.0},
                     warm_start=MARGINAL_WARM)

@@ -320,8 +320,8 @@ def columns_off(metrics: Mapping[str, float], prefix: str = "", *, limit: int = 
 
 #: What a column's schema entry can declare to bring its values back, by where its bins came from (``edges_source``:
 #: None for the declared range's equal-width bins, ``dp_quantiles`` for the private quantiles the budget affords).
-_SKEWED_OR_CODES = ("declare `scale: log` for a skewed one (counts, amounts, sizes), `values: [...]` for one that holds "
-                    "a few codes, or public `bins: [...]` (free: no budget)")
+_SKEWED_OR_CODES = ("declare `scale: log` for a skewed one (counts, amounts, sizes), `dtype: int64` for one of a few "
+                    "integer codes or `values: [...]` for other codes, or public `bins: [...]` (free: no budget)")
 BINNING_FIXES = {None: _SKEWED_OR_CODES, "dp_quantiles": _SKEWED_OR_CODES,
                  "log": "declare public `bins: [...]` where its values are (free)",
                  "declared": "declare finer public `bins: [...]` where its values are (free)"}

@@ -7,7 +7,9 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
 * a noisy row count ``n̂`` (the Laplace mechanism, pure DP) sizes the number of bins, :func:`bins_for_rows`, no more
   than the budget keeps informative (:func:`quantiles_per_column`; none on a small table at a small ε: the declared
   range's bins, and the quantiles' share stays with the model);
-* each edge is one exponential-mechanism quantile over a public grid of candidates (Smith 2011, on a grid),
+* each edge is one exponential-mechanism quantile over a public grid of candidates (Smith 2011, on a grid) at a
+  level of :func:`quantile_levels` (from the 1st to the 99th percentile; where the count affords a column only a
+  handful, at the levels of equal mass, so that a skewed column's bulk is cut and not only its tails),
   OpenDP's ``make_private_quantile``: a candidate ``c`` is drawn with probability
   ``∝ exp(−|#(x < c) − α·(n − #(x = c))| / s)``. The score moves by at most ``Δ = max(α, 1 − α)`` when one
   record is added or removed, so the draw is ε-DP and ε-bounded range with ``ε = 2Δ / s``
@@ -19,7 +21,8 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
   evenly would put synthetic values far beyond the data), one tail bin added at each end, as wide as its
   neighbour (:func:`tail_bins`: the values beyond the outer quantiles stay near the data instead of being
   spread to the declared bounds), the declared range's tenths joined to them, beyond the tail bins too
-  (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers,
+  (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers
+  (an integer column whose range's tenths already give every integer a bin, :func:`integer_bins`, buys no quantile),
   and a declared bound that a quantile was released on (many rows on it: zeros, a cap) given a bin of its own that
   comes back as the bound itself (:func:`bound_masses`).
 
@@ -46,8 +49,11 @@ QUANTILE_SHARE = 0.1
 COUNT_SHARE = 0.05
 #: Candidates of a quantile: points of the declared range, evenly spaced in ``asinh(v / s)`` (log-like away from 0).
 CANDIDATES = 400
-#: Levels of the edges: evenly spaced in ``[TAIL, 1 − TAIL]``.
+#: Levels of the edges: evenly spaced in ``[TAIL, 1 − TAIL]`` (from ``TAILS_FROM`` quantiles a column).
 TAIL = 0.01
+#: Fewer quantiles than this a column sit at the levels of equal mass ``i/(m + 1)`` (:func:`quantile_levels`): two of a
+#: handful spent on the outer percentiles leave a skewed column's bulk in one wide bin; ``2``: the tails from two on.
+TAILS_FROM = 6
 #: Bins of a column sized from the noisy row count: ``√n̂ / ROWS_PER_BIN_ROOT`` within ``[MIN_BINS, MAX_BINS]``.
 MIN_BINS, MAX_BINS, ROWS_PER_BIN_ROOT = 6, 16, 6.0
 #: A quantile's noise (the exponential mechanism's scale, in rows) at most this fraction's inverse of a bin's rows.
@@ -60,6 +66,9 @@ TAIL_BIN_RATIO = 1.0
 RANGE_BINS = 10
 #: Whether the declared range's tenths beyond the tail bins are kept as bins too (the range is never cut off).
 RANGE_BEYOND = True
+#: The interpolation's scale (:func:`interpolation_scale`): ``"median_width"`` of the released bins, or
+#: ``"smallest_draw"``, the smallest positive magnitude of a released quantile.
+SCALE_FROM = "median_width"
 #: Whether a quantile released on a declared bound makes that bound a point mass of its own bin (:func:`bound_masses`).
 BOUND_MASSES = True
 
@@ -133,9 +142,11 @@ def candidate_grid(lower: float, upper: float, *, integer: bool, size: int = CAN
 
 
 def quantile_levels(num_quantiles: int, tail: float | None = None) -> np.ndarray:
-    """The levels of ``num_quantiles`` edges: evenly spaced in ``[tail, 1 − tail]`` (``TAIL``); one edge is the median."""
-    tail = TAIL if tail is None else tail
-    return np.array([0.5]) if int(num_quantiles) == 1 else np.linspace(tail, 1.0 - tail, int(num_quantiles))
+    """The levels of ``m = num_quantiles`` edges: evenly spaced in ``[tail, 1 − tail]`` (``TAIL``) from ``TAILS_FROM``
+    quantiles on; fewer sit at ``i/(m + 1)`` (one edge: the median), bins of equal mass, where two of a handful spent on
+    the outer percentiles would leave the bulk of a skewed column in one wide bin."""
+    tail, m = (TAIL if tail is None else tail), int(num_quantiles)
+    return np.arange(1, m + 1) / (m + 1.0) if m < max(TAILS_FROM, 2) else np.linspace(tail, 1.0 - tail, m)
 
 
 def epsilon_per_quantile(epsilon: float, num_quantiles: int) -> float:
@@ -192,7 +203,13 @@ def unwarp(values: np.ndarray, offset: float, scale: float | None) -> np.ndarray
 
 def interpolation_scale(edges: np.ndarray) -> float:
     """The scale of released edges' interpolation (post-processing): the median width of their bins, so that a bin
-    is filled evenly where bins are alike and log-like where they widen (a skewed column's tail)."""
+    is filled evenly where bins are alike and log-like where they widen (a skewed column's tail); with ``SCALE_FROM``
+    ``"smallest_draw"``, the smallest positive magnitude among them (log-like above it)."""
+    if SCALE_FROM == "smallest_draw":
+        positive = np.abs(np.asarray(edges, dtype=np.float64))
+        positive = positive[positive > 0]
+        if len(positive):
+            return float(positive.min())
     widths = np.diff(np.asarray(edges, dtype=np.float64))
     widths = widths[widths > 0]
     return float(np.median(widths)) if len(widths) else 1.0
@@ -235,6 +252,22 @@ def with_range_edges(edges: np.ndarray, lower: float, upper: float, num_bins: in
     return np.unique(np.concatenate([edges, grid[keep]]))
 
 
+def on_half_integers(edges: np.ndarray, lower: float, upper: float) -> np.ndarray:
+    """An integer column's ``edges`` moved to the half-integer below them, within ``[lower, upper]`` (post-processing)."""
+    return np.unique(np.clip(np.floor(np.asarray(edges, dtype=np.float64)) + 0.5, lower, upper))
+
+
+def integer_bins(lower: float, upper: float) -> np.ndarray | None:
+    """An integer column's public edges, one bin for each integer of its declared ``[lower, upper]``, where its range's
+    tenths (:func:`with_range_edges`) on half-integers already give every integer a bin of its own (a range of at most
+    ``RANGE_BINS`` integers: codes, ratings, small counts); else ``None``. No bins are finer, so quantiles would add
+    nothing there: such a column is left out of the release, and its share of the budget goes to the other columns.
+    Decided from the declared range and the dtype only (public)."""
+    lo, hi = math.ceil(lower) - 0.5, math.floor(upper) + 0.5
+    edges = on_half_integers(with_range_edges(np.array([lo, hi]), lo, hi), lo, hi)
+    return edges if hi > lo and len(edges) == round(hi - lo) + 1 else None
+
+
 def bound_masses(draws: np.ndarray, candidates: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, list[list[float]]]:
     """``edges`` with a bin of its own at each declared bound that a quantile was released on, and those bins,
     ``[[k, bound], …]`` (post-processing of the released ``draws``).
@@ -262,7 +295,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     """A column's released edges (see the module doc): ``{"edges", "offset", "scale", "point_masses"}`` of
     :class:`~datamodules.tabular.ColumnSpec`. ``values`` are clipped to the declared ``[lower, upper]`` first.
 
-    ``num_bins − 1`` quantiles at levels evenly spaced in ``[TAIL, 1 − TAIL]`` (one: the median; their outer bins capped,
+    ``num_bins − 1`` quantiles at the levels of :func:`quantile_levels` (their outer bins capped,
     :func:`cap_outer_bins`), then a tail bin at each end (:func:`tail_bins`), the declared range's tenths
     (:func:`with_range_edges`) and the bounds' point masses (:func:`bound_masses`); fewer bins where edges coincide,
     up to ``RANGE_BINS + 1`` more.
@@ -285,7 +318,7 @@ def quantile_edges(values: np.ndarray, *, lower: float, upper: float, integer: b
     edges = tail_bins(cap_outer_bins(edges, scale), scale, lower, upper)
     edges = with_range_edges(edges, lower, upper)
     if integer:  # its own bins hold one integer where they are that narrow
-        edges = np.unique(np.clip(np.floor(edges) + 0.5, lower, upper))
+        edges = on_half_integers(edges, lower, upper)
     masses = []
     if BOUND_MASSES and not integer and len(candidates) > 2:
         edges, masses = bound_masses(draws, candidates, edges)
