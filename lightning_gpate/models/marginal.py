@@ -579,7 +579,7 @@ class MarginalTree(PrivateGenerativeModel):
         """Whether the label steps after the first extend the first label clique (``label_clique``; cliques of 3 only):
         for ``"auto"``, when the noisy row count ``n_hat`` reaches ``AUTO_ROWS_PER_CELL·num_bins³`` (a function of a
         released count: post-processing)."""
-        joint = self.hparams.get("label_clique", False)
+        joint = self.hparams.label_clique
         return n_hat >= AUTO_ROWS_PER_CELL * int(self.hparams.num_bins) ** 3 if joint == "auto" else bool(joint)
 
     def pair_codes(self, n_hat: float) -> int | None:

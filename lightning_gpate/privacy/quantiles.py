@@ -65,8 +65,8 @@ TAIL_BIN_RATIO = 1.0
 #: Equal-width bins of the declared range whose edges join the quantiles' (:func:`with_range_edges`).
 RANGE_BINS = 10
 #: An integer column of at most this many integers in its declared range gets one bin each, public (:func:`integer_bins`):
-#: as many as the most bins a release buys a column (``MAX_BINS``).
-INTEGER_BINS = 16
+#: as many as the most bins a release buys a column.
+INTEGER_BINS = MAX_BINS
 #: Whether the declared range's tenths beyond the tail bins are kept as bins too (the range is never cut off).
 RANGE_BEYOND = True
 #: The interpolation's scale (:func:`interpolation_scale`): ``"median_width"`` of the released bins, or
