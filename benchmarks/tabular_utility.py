@@ -547,9 +547,11 @@ SCHEMA_TAGS = {"fair": "values", "randhie": "values"}
 #: moved with the noise) and splits MarginalTree's ρ 30/30/30 between the one-way marginals, the label edges and the
 #: other measurements (before: 25/40/25); 5 puts a column's quantiles at the levels of equal mass ``i/(m + 1)`` where
 #: the count affords it fewer than six (before: the outer two at the 1st and 99th percentiles) and gives an integer
-#: column of at most ten integers one bin each instead of quantiles (``marginaltree_q4``: the fourth). A quantile-binned
-#: cell without it ran with the first (``marginaltree_q1``).
-BINS_VERSION = 5
+#: column of at most ten integers one bin each instead of quantiles (``marginaltree_q4``: the fourth); 6 gives an integer
+#: column of at most sixteen integers one bin each and, from 2,000 noisy rows, makes MarginalTree's second label step
+#: extend its first label clique (``label_clique``; ``marginaltree_q5``: the fifth). A quantile-binned cell without it
+#: ran with the first (``marginaltree_q1``).
+BINS_VERSION = 6
 
 
 def load_results(path: Path) -> list[dict]:
@@ -606,6 +608,8 @@ NAMES = {"real": "real test split (Setting A; fidelity: the noise floor)", "unif
                             "its split; ρ 25/40/25 to the one-way marginals, label edges and other measurements)",
          "marginaltree_q4": "MarginalTree, the fourth private quantile bins (a column's few quantiles including the 1st and "
                             "99th percentiles; short integer ranges buying quantiles too)",
+         "marginaltree_q5": "MarginalTree, the fifth private quantile bins (integer columns of 11 to 16 integers buying "
+                            "quantiles; two label edges of their own at any size)",
          "marginaltree_ew": "MarginalTree, equal-width bins of the declared bounds (the preprocessing before issue 72)", "marginaltree2": "MarginalTree, tree (clique_size=2: the default before issue 59)",
          "marginaltree3": "MarginalTree, cliques of 3 (clique_size=3)", "pategan": "PATE-GAN", "gpate": "G-PATE",
          "dpgan": "DP-GAN (PLD)", "gswgan": "GS-WGAN (sound)", "dpmerf": "DP-MERF", "gan": "GAN (non-private)",
@@ -644,7 +648,7 @@ def summarise(results: list[dict], out: Path) -> pd.DataFrame:
                     "steps_mean": g.steps.astype(float).mean(), "wall_s_mean": g.wall_s.astype(float).mean(),
                     "classifiers": int(g.classifiers.iloc[0]), "stop_reason": str(g.stop_reason.iloc[0])[:90] if isinstance(g.stop_reason.iloc[0], str) else "max_steps reached"})
         rows.append(row)
-    order = {k: i for i, k in enumerate(["real", "uniform", PROJECT[0], "marginaltree_q4", "marginaltree_q3", "marginaltree_q2", "marginaltree_q1", *PROJECT[1:], *DEFAULT_GANS, *PEERS])}
+    order = {k: i for i, k in enumerate(["real", "uniform", PROJECT[0], "marginaltree_q5", "marginaltree_q4", "marginaltree_q3", "marginaltree_q2", "marginaltree_q1", *PROJECT[1:], *DEFAULT_GANS, *PEERS])}
     table = pd.DataFrame(rows)
     table["_order"] = table.key.map(lambda k: order.get(k.partition("+")[0], 99) + (0.5 if "+" in k else 0))
     table = table.sort_values(["dataset", "eps_value", "_order"]).drop(columns=["_order"])
@@ -838,7 +842,7 @@ def values_table(results: list[dict]) -> str:
     split seeds it has (their number in brackets where fewer than 5). The last column: MarginalTree's figures against
     the targets (deciles 1-way ≤ 0.06, 2-way ≤ 0.15, W1 ≤ 0.10) and against MST's equal-width 2-way TVD and AUROC."""
     ok = scored_cells(results)
-    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_q4", "marginaltree_q3", "marginaltree_q2", "marginaltree_q1", "marginaltree_ew", "pategan_default",
+    systems = ["marginaltree", "real", "mst_pgm", "mst_pgm_q", "aim_pgm", "marginaltree_q5", "marginaltree_q4", "marginaltree_q3", "marginaltree_q2", "marginaltree_q1", "marginaltree_ew", "pategan_default",
                "gpate_default"]
     measures = ("quantile_tvd_1way", "quantile_tvd_2way", "w1_scaled", "tvd_2way", "auroc", "wall_s")
     lines = ["| table | ε | system | seeds | deciles TVD 1-way | 2-way | W1 ÷ (q95 − q05) | equal-width 2-way TVD | AUROC | fit s | MarginalTree against the targets |",

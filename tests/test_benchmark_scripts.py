@@ -217,12 +217,13 @@ def test_cells_of_a_former_schema_or_former_bins_are_history_not_the_defaults(mo
              {**base, "dataset": "fair", "schema": "values", "bins_version": 2},
              {**base, "dataset": "fair", "schema": "values", "bins_version": 3},
              {**base, "dataset": "fair", "schema": "values", "bins_version": 4},
+             {**base, "dataset": "fair", "schema": "values", "bins_version": 5},
              {**base, "dataset": "fair", "schema": "values", "bins_version": BINS_VERSION},
              {**base, "dataset": "fair", "system": "real", "epsilon": float("inf")}]
     path = tmp_path / "cells.jsonl"
     path.write_text("\n".join(json.dumps(c) for c in cells))
     assert [(r["dataset"], r["system"]) for r in load_results(path)] == [
         ("fair_before_values", "marginaltree_q1"), ("fair", "marginaltree_q1"), ("fair", "marginaltree_q2"), ("fair", "marginaltree_q3"),
-        ("fair", "marginaltree_q4"), ("fair", "marginaltree"),
+        ("fair", "marginaltree_q4"), ("fair", "marginaltree_q5"), ("fair", "marginaltree"),
         ("fair", "real")]
 

@@ -596,3 +596,34 @@ def test_pair_groups_end_at_the_tenths_of_the_declared_range_that_hold_data_and_
         assert synthetic["y"][fake].mean() == pytest.approx(y[real].mean(), abs=0.04)
     old = MarginalTree(dm.spec, epsilon=200.0, delta=1e-5, noise_seed=0, pair_bins=4, pair_tenths=False)
     assert any(len(set(tenths[old.pair_groups(counts, float(n))[0] == g])) > 1 for g in range(3))
+
+
+def test_the_second_label_step_joins_the_first_label_clique_so_the_labels_features_keep_their_own_relation():
+    # Two copies of one signal that both predict the label: two label edges of their own would tie each copy to the label
+    # alone, and the copies would agree only through it (a count column stuck on a binary label loses its relation to
+    # the counts it moves with). With label_clique the second label step extends the first label clique, and the copies
+    # stay together; the same planned events, so the same ε.
+    rng = np.random.default_rng(0)
+    n = 4000
+    signal = rng.integers(0, 6, n)
+    copy_a = np.where(rng.random(n) < 0.9, signal, rng.integers(0, 6, n))
+    copy_b = np.where(rng.random(n) < 0.9, signal, rng.integers(0, 6, n))
+    y = np.where(rng.random(n) < 0.9, (signal >= 3).astype(int), rng.integers(0, 2, n))
+    frame = pd.DataFrame({"a": copy_a, "b": copy_b, "noise": rng.integers(0, 2, n), "y": y})
+    schema = {"a": {"categories": list(range(6))}, "b": {"categories": list(range(6))},
+              "noise": {"type": "binary", "categories": [0, 1]}, "y": {"categories": [0, 1]}}
+    dm = TabularDataModule(frame=frame, label="y", schema=schema, test_fraction=0.0, val_fraction=0.0)
+    agreement, spent = {}, {}
+    for joint in (True, False):
+        model = MarginalTree(dm.spec, epsilon=50.0, delta=1e-5, clique_size=3, label_clique=joint, noise_seed=0)
+        _fit(model, dm)
+        synthetic = synthetic_table(model, 20000, seed=1)
+        agreement[joint], spent[joint] = float((synthetic["a"] == synthetic["b"]).mean()), model.spent_epsilon()
+    real = float((frame["a"] == frame["b"]).mean())  # ~0.82
+    assert abs(agreement[True] - real) < 0.03 and agreement[False] < real - 0.2
+    assert spent[True] == pytest.approx(spent[False], rel=1e-12)
+    # "auto" (the default): from 2·num_bins³ noisy rows (2,000 at 10 bins), as the cliques' width
+    model = MarginalTree(dm.spec, epsilon=1.0, delta=1e-5)
+    assert not model.joins_label_clique(1999.9) and model.joins_label_clique(2000.0)
+    with pytest.raises(ValueError, match="label_clique"):
+        MarginalTree(dm.spec, epsilon=1.0, delta=1e-5, label_clique="yes")

@@ -344,8 +344,8 @@ def test_rows_on_a_declared_bound_come_back_on_it():
 
 
 def test_an_integer_column_of_a_short_range_buys_no_quantile_and_leaves_the_budget_to_the_others(monkeypatch):
-    """A 0–6 code (dtype integer) already has one bin per integer from its declared range's tenths: it keeps exactly
-    those public bins, every value coming back as itself, and the release buys quantiles for the skewed column only,
+    """A 0–6 code (dtype integer) gets one public bin per integer: it keeps exactly those bins, every value coming back as
+    itself, and the release buys quantiles for the skewed column only,
     at the ε that one column's share gives each (computed here from the release's rule, not read from it)."""
     monkeypatch.setattr(dp_quantiles, "noisy_count", lambda n, *, epsilon, rng: 2000.0)  # the count's noise aside
     rng = np.random.default_rng(6)
@@ -367,12 +367,19 @@ def test_an_integer_column_of_a_short_range_buys_no_quantile_and_leaves_the_budg
     assert cost["epsilon_each"] == pytest.approx(eps_q * math.sqrt(0.95 / m), rel=1e-12)
     rho = dm.spec["metadata_cost"][0]["epsilon"] ** 2 / 2 + m * cost["epsilon_each"] ** 2 / 8
     assert rho == pytest.approx(eps_q ** 2 / 8, rel=1e-9)
-    # a table of such codes only releases nothing (no count either); a wider integer range still buys its quantiles
+    # a table of such codes only releases nothing (no count either); so does a count of 0–15 (sixteen integers, as many
+    # bins as a release buys a column at most: a count of diagnoses, of children), one bin each, where the range's tenths
+    # would join two integers in a bin; a range of seventeen integers buys its quantiles
     only = TabularDataModule(frame=frame[["pid", "y"]], label="y", schema={k: schema[k] for k in ("pid", "y")},
                              class_ratio=[0.5, 0.5], quantile_epsilon=eps_q)
     assert only.spec["metadata_cost"] == [] and only.spec["columns"][0]["edges"] == pid["edges"]
+    counts = TabularDataModule(frame=frame[["pid", "y"]], label="y", class_ratio=[0.5, 0.5], quantile_epsilon=eps_q,
+                               schema={"pid": {"min": 0, "max": 15, "dtype": "int64"}, "y": schema["y"]})
+    assert counts.spec["metadata_cost"] == [] and counts.spec["columns"][0]["edges"] == [k - 0.5 for k in range(17)]
+    x, labels = counts.transformer.transform(frame[["pid", "y"]])
+    assert counts.transformer.inverse_transform(x, labels)["pid"].tolist() == frame["pid"].tolist()
     wide = TabularDataModule(frame=frame, label="y", class_ratio=[0.5, 0.5], quantile_epsilon=eps_q,
-                             schema={**schema, "pid": {"min": 0, "max": 10, "dtype": "int64"}})
+                             schema={**schema, "pid": {"min": 0, "max": 16, "dtype": "int64"}})
     assert wide.spec["metadata_cost"][1]["columns"] == ["popul", "pid"]
 
 

@@ -22,7 +22,7 @@ ten. This cuts each numeric column at its quantiles instead, released with diffe
   neighbour (:func:`tail_bins`: the values beyond the outer quantiles stay near the data instead of being
   spread to the declared bounds), the declared range's tenths joined to them, beyond the tail bins too
   (:func:`with_range_edges`: public; no value is clipped onto the tails), integer columns' edges on half-integers
-  (an integer column whose range's tenths already give every integer a bin, :func:`integer_bins`, buys no quantile),
+  (an integer column of at most ``INTEGER_BINS`` integers gets one bin each, :func:`integer_bins`, and buys no quantile),
   and a declared bound that a quantile was released on (many rows on it: zeros, a cap) given a bin of its own that
   comes back as the bound itself (:func:`bound_masses`).
 
@@ -64,6 +64,9 @@ OUTER_BIN_RATIO = 2.0
 TAIL_BIN_RATIO = 1.0
 #: Equal-width bins of the declared range whose edges join the quantiles' (:func:`with_range_edges`).
 RANGE_BINS = 10
+#: An integer column of at most this many integers in its declared range gets one bin each, public (:func:`integer_bins`):
+#: as many as the most bins a release buys a column.
+INTEGER_BINS = MAX_BINS
 #: Whether the declared range's tenths beyond the tail bins are kept as bins too (the range is never cut off).
 RANGE_BEYOND = True
 #: The interpolation's scale (:func:`interpolation_scale`): ``"median_width"`` of the released bins, or
@@ -258,14 +261,13 @@ def on_half_integers(edges: np.ndarray, lower: float, upper: float) -> np.ndarra
 
 
 def integer_bins(lower: float, upper: float) -> np.ndarray | None:
-    """An integer column's public edges, one bin for each integer of its declared ``[lower, upper]``, where its range's
-    tenths (:func:`with_range_edges`) on half-integers already give every integer a bin of its own (a range of at most
-    ``RANGE_BINS`` integers: codes, ratings, small counts); else ``None``. No bins are finer, so quantiles would add
-    nothing there: such a column is left out of the release, and its share of the budget goes to the other columns.
-    Decided from the declared range and the dtype only (public)."""
+    """An integer column's public edges, one bin for each integer of its declared ``[lower, upper]``, where the range
+    holds at most ``INTEGER_BINS`` integers (codes, ratings, small counts); else ``None``. A quantile cannot cut finer
+    than an integer, and each integer's bin keeps the range's tenths apart: such a column is left out of the release,
+    and its share of the budget goes to the other columns. Decided from the declared range and the dtype only
+    (public)."""
     lo, hi = math.ceil(lower) - 0.5, math.floor(upper) + 0.5
-    edges = on_half_integers(with_range_edges(np.array([lo, hi]), lo, hi), lo, hi)
-    return edges if hi > lo and len(edges) == round(hi - lo) + 1 else None
+    return np.arange(lo, hi + 0.5) if hi > lo and round(hi - lo) <= INTEGER_BINS else None
 
 
 def bound_masses(draws: np.ndarray, candidates: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, list[list[float]]]:
