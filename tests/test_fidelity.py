@@ -217,3 +217,8 @@ def test_the_summary_names_columns_whose_values_come_back_off_and_the_declaratio
     assert "'popul _k_' (median real 22 → synthetic 337" in lines[0] and "`scale: log`" in lines[0] and "PID" not in lines[0]
     assert "'income'" in lines[1] and "`bins: [...]`" in lines[1] and "`scale: log`" not in lines[1]
     assert value_advice(figures("age", 45.0, 47.0, 0.03), spec, "utility/fidelity/") == []
+    # a column nothing can be declared for does not take the place of one that can: three worse coded columns first
+    codes = {f"code{k}": {"name": f"code{k}", "type": "numeric", "edges_source": "integers"} for k in range(3)}
+    crowded = {**metrics, **{k: v for k in codes for k, v in figures(k, 1.0, 9.0, 1.0).items()}}
+    lines = value_advice(crowded, {"columns": [*spec["columns"], *codes.values()]}, "utility/fidelity/")
+    assert "'popul _k_'" in lines[0] and "'income'" in lines[1] and "'code" not in " ".join(lines)

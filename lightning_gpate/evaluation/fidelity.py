@@ -303,9 +303,9 @@ def worst_column(metrics: Mapping[str, float], prefix: str = "") -> tuple[str, d
 MEDIAN_RATIO, W1_SCALED = 1.5, 0.10
 
 
-def columns_off(metrics: Mapping[str, float], prefix: str = "", *, limit: int = 3) -> list[tuple[str, dict[str, float], float]]:
+def columns_off(metrics: Mapping[str, float], prefix: str = "", *, limit: int | None = 3) -> list[tuple[str, dict[str, float], float]]:
     """The numeric columns whose values come back off (:data:`MEDIAN_RATIO`, :data:`W1_SCALED`), worst first, at most
-    ``limit``: ``(name, figures, severity)``, the severity being how many times over the larger bar it is
+    ``limit`` (``None``: all): ``(name, figures, severity)``, the severity being how many times over the larger bar it is
     (``max(W1 / W1_SCALED, log(ratio) / log(MEDIAN_RATIO))``, above 1)."""
     out = []
     for name, v in column_figures(metrics, prefix).items():
@@ -329,17 +329,18 @@ BINNING_FIXES = {None: _SKEWED_OR_CODES, "dp_quantiles": _SKEWED_OR_CODES,
 
 def value_advice(metrics: Mapping[str, float], spec: Mapping[str, Any], prefix: str = "") -> list[str]:
     """The numeric columns whose values come back off (:func:`columns_off` of the ``prefix + "column/…"`` figures, worst
-    first) with their figures, grouped by the schema declaration that brings most such columns back
-    (:data:`BINNING_FIXES`; none for declared ``values:``, which come back as themselves). The figures are the
+    first; the worst three that a declaration can fix) with their figures, grouped by the schema declaration that brings
+    most such columns back (:data:`BINNING_FIXES`; none for declared ``values:`` or a short integer range's own bins,
+    which come back as themselves). The figures are the
     evaluation split's (printed, like every figure of it); the advice reads only the public spec."""
     sources = {metric_name(c["name"]): c.get("edges_source") for c in spec.get("columns", []) if c.get("type") == "numeric"}
     by_fix: dict[str, list[str]] = {}
-    for name, figures, _ in columns_off(metrics, prefix):
-        fix = BINNING_FIXES.get(sources.get(name))
-        if fix is not None:
-            by_fix.setdefault(fix, []).append(
-                f"{name!r} (median real {figures.get('median_real', math.nan):.4g} → synthetic "
-                f"{figures.get('median_synthetic', math.nan):.4g}, W1 ÷ (q95 − q05) {figures.get('w1_scaled', math.nan):.2g})")
+    fixable = [(name, figures) for name, figures, _ in columns_off(metrics, prefix, limit=None)
+               if BINNING_FIXES.get(sources.get(name)) is not None]
+    for name, figures in fixable[:3]:  # the worst three a user can fix by a declaration
+        by_fix.setdefault(BINNING_FIXES[sources.get(name)], []).append(
+            f"{name!r} (median real {figures.get('median_real', math.nan):.4g} → synthetic "
+            f"{figures.get('median_synthetic', math.nan):.4g}, W1 ÷ (q95 − q05) {figures.get('w1_scaled', math.nan):.2g})")
     return [f"values off (a median over {MEDIAN_RATIO:g}× away or W1 ÷ (q95 − q05) over {W1_SCALED:g}) in "
             f"{', '.join(columns)}: in the schema, {fix}" for fix, columns in by_fix.items()]
 
