@@ -274,7 +274,7 @@ def quantile_metadata(frame: pd.DataFrame, columns: Sequence[ColumnSpec], *, eps
         ``epsilon_each``), for the model to charge at init.
     """
     chosen = [c for c in columns if c.type == "numeric" and c.edges is None and c.max > c.min]
-    for c in chosen:  # an integer column whose range's tenths hold one integer each: those bins, no quantile bought
+    for c in chosen:  # an integer column of a short range: one bin per integer, public, no quantile bought
         own = dp_quantiles.integer_bins(c.min, c.max) if c.is_integer else None
         if own is not None:
             c.set_edges(own, source="integers")

@@ -530,7 +530,7 @@ def evaluate_command(argv: Sequence[str]) -> int:
     from lightning_gpate.evaluation.report import write_report
     from lightning_gpate.evaluation.store import evaluate_checkpoint
 
-    metrics, run_id, notes = evaluate_checkpoint(
+    metrics, run_id, notes, spec = evaluate_checkpoint(
         args.ckpt_path, data=args.data, run_id=args.run_id, tracking_uri=args.tracking_uri, new_run_experiment=args.new_run,
         utility=not args.no_utility, quality=not args.no_quality, figures=not args.no_figures, num_samples=args.num_samples,
         seed=args.seed, classifiers=args.classifiers.split(",") if args.classifiers else None, settings=list(args.settings),
@@ -543,9 +543,7 @@ def evaluate_command(argv: Sequence[str]) -> int:
     for key, value in metrics.items():
         print(f"{key:<{width}}  {value:.4f}")
     from lightning_gpate.evaluation.fidelity import value_advice
-    from lightning_gpate.release import load_release
 
-    spec = load_release(args.ckpt_path)["hyper_parameters"].get("data_spec", {})
     for line in value_advice(metrics, spec, "utility/fidelity/") if spec.get("kind") == "tabular" else []:
         print(f"advice: {line}")
     if args.output:

@@ -49,7 +49,7 @@ def test_evaluate_into_a_new_run_creates_a_model_training_experiment():
     dm = ImageDataModule("digits")
     model = GAN(dm.spec, z_dim=8, gf_dim=8, df_dim=8, fc_dim=16)
     save_release(build_release(model, datamodule=dm), "release.pt")  # no run: evaluate starts one
-    _, run_id, _ = evaluate_checkpoint("release.pt", new_run_experiment="evaluations", utility=False, quality=False, figures=False)
+    _, run_id, _, _ = evaluate_checkpoint("release.pt", new_run_experiment="evaluations", utility=False, quality=False, figures=False)
     assert _kind("evaluations") == "custom_model_development"
     assert _client().get_run(run_id).info.experiment_id == _client().get_experiment_by_name("evaluations").experiment_id
 

@@ -302,7 +302,7 @@ def evaluate_checkpoint(
     tracking_uri: str | None = None,
     new_run_experiment: str | None = None,
     **options: Any,
-) -> tuple[dict[str, float], str, list[str]]:
+) -> tuple[dict[str, float], str, list[str], dict[str, Any]]:
     """Compute :func:`evaluate_generator` for a release artifact and attach it to its MLflow run (metrics
     at the release's step, files under the artifact folder ``evaluation/``, tag ``evaluated_checkpoint``).
 
@@ -317,7 +317,7 @@ def evaluate_checkpoint(
         **options: passed to :func:`evaluate_generator`.
 
     Returns:
-        ``(metrics, run_id, notes)``.
+        ``(metrics, run_id, notes, data_spec)``: the last the release's public spec (what its columns' bins came from).
     """
     import mlflow
 
@@ -347,4 +347,4 @@ def evaluate_checkpoint(
     client.set_tag(run_id, "evaluated_checkpoint", str(Path(ckpt_path).resolve()))
     for note in notes:
         client.set_tag(run_id, "quality/skipped", note[:5000])
-    return metrics, run_id, notes
+    return metrics, run_id, notes, model.data_spec
